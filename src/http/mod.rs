@@ -1,0 +1,34 @@
+//! HTTP/1.1 framing, pure (RFC 9112): request and response heads (via
+//! `httparse`), `Content-Length`, chunked and close-delimited bodies, query
+//! strings, and rendering of responses. One copy, used by the consul client,
+//! the monitoring/pprof server and the dev KV.
+//!
+//! In: bytes, in whatever pieces the socket delivered them. Out: a parsed
+//! head, decoded body bytes, or a reason the peer's bytes are not acceptable.
+//! Always holds: no function here does IO, panics on any input, or allocates
+//! more than its input (plus a bounded head); the result never depends on
+//! how the bytes were split.
+
+mod body;
+mod head;
+mod query;
+mod render;
+
+pub use body::{BodyDecoder, BodyError};
+pub use head::{parse_request_head, parse_response_head, Framing, Method, RequestHead, ResponseHead};
+pub use query::{percent_decode, query_pairs};
+pub use render::{render_response, Response};
+
+/// Result of parsing a head from the bytes seen so far.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Parse<T> {
+    /// The head is complete; it used this many bytes of the input.
+    Done(T, usize),
+    /// More bytes are needed.
+    Partial,
+    /// The bytes can never become an acceptable head.
+    Invalid(&'static str),
+}
+
+/// Most header lines accepted in one head.
+pub const MAX_HEADERS: usize = 64;

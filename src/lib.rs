@@ -1,0 +1,27 @@
+//! gitlab-haproxy-agent: an HAProxy agent-check responder that answers each
+//! backend server's desired admin state from an in-memory copy of consul KV.
+//!
+//! The library holds every part so that tests, benches and fuzz targets can
+//! reach the pure parsers directly; `main.rs` only wires them together.
+//!
+//! Layout (one place per part of the spec):
+//! - [`contract`]: KV value -> typed desired state -> reply bytes (pure);
+//! - [`agent`]: the haproxy side: request-line parser (pure) and the
+//!   per-connection state machine;
+//! - [`state`]: the snapshot the responder answers from, swapped whole;
+//! - [`http`]: HTTP/1.1 framing (pure), shared by every HTTP peer;
+//! - [`consul`]: KV JSON decoding (pure), the watcher machine, backoff;
+//! - [`monitoring`]: metrics registry and the health/metrics/debug server;
+//! - [`devkv`]: the `-dev` consul-compatible KV (also the tests' consul);
+//! - [`config`], [`logging`], [`event_loop`]: start-up and the one mio loop.
+
+pub mod agent;
+pub mod config;
+pub mod consul;
+pub mod contract;
+pub mod devkv;
+pub mod event_loop;
+pub mod http;
+pub mod logging;
+pub mod monitoring;
+pub mod state;
