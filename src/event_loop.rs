@@ -1,1 +1,737 @@
-//! (in progress)
+//! The one mio poll loop (SPEC §8): owns every socket and token, the
+//! timers, and shutdown; knows no protocol (bytes are parsed by the
+//! machines it drives).
+//!
+//! In: bound listeners, the configuration, signals. Out: answers, state
+//! swaps, metrics, logs; returns on SIGTERM/SIGINT once in-flight answers are
+//! done (bounded). Always holds: one thread; the loop never blocks except in
+//! `poll`, whose timeout is the nearest deadline; the clock is read once per
+//! turn and passed down (answers read it for the duration histogram only).
+//!
+//! Tokens: fixed ones for the listeners, consul and signals; agent
+//! connections at `AGENT_BASE + slab key`, HTTP connections at
+//! `HTTP_BASE + slab key`. Slab keys are reused, so timer records carry a
+//! generation and a stale one is ignored.
+
+use std::collections::{BinaryHeap, VecDeque};
+use std::cmp::Reverse;
+use std::io;
+use std::time::{Duration, Instant, SystemTime};
+
+use log::{debug, error, info, trace, warn};
+use mio::net::TcpListener;
+use mio::{Events, Interest, Poll, Token};
+use slab::Slab;
+
+use crate::agent::conn::{AgentConn, Progress};
+use crate::agent::Outcome;
+use crate::config::{Config, ListenAddr};
+use crate::consul::client::Client;
+use crate::consul::watch::Update;
+use crate::devkv::{DevKv, Handled, Wait};
+use crate::logging::escape;
+use crate::monitoring::metrics::Metrics;
+use crate::monitoring::server::{is_head, HttpConn, HttpProgress};
+use crate::monitoring::{handle_monitoring, handle_pprof, Status, WatchStatus};
+use crate::state::Snapshot;
+
+const AGENT_LISTENER: Token = Token(0);
+const MONITORING_LISTENER: Token = Token(1);
+const PPROF_LISTENER: Token = Token(2);
+const DEVKV_LISTENER: Token = Token(3);
+const CONSUL: Token = Token(4);
+const SIGNALS: Token = Token(5);
+const AGENT_BASE: usize = 1 << 8;
+const HTTP_BASE: usize = 1 << 40;
+
+/// The listen backlog: new connections wait here while the gate is closed.
+pub const BACKLOG: i32 = 4096;
+/// Accept at most this many per turn, so one busy listener cannot starve
+/// the rest of the loop; the loop comes back at once if more are waiting.
+const ACCEPT_BATCH: usize = 256;
+/// After EMFILE/ENFILE, retry accepting after this (no busy loop).
+const ACCEPT_PAUSE: Duration = Duration::from_millis(100);
+/// HTTP connections (monitoring, pprof, dev KV) idle longer are closed.
+const HTTP_IDLE: Duration = Duration::from_secs(60);
+const MAX_HTTP_CONNS: usize = 1024;
+/// A dev KV request body (a PUT value) may be at most this (consul: 512 KiB).
+const HTTP_MAX_BODY: usize = 1024 * 1024;
+/// Shutdown waits at most this long for in-flight answers.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+/// Repeated warnings (missing newline, accept errors) at most this often.
+const HINT_EVERY: Duration = Duration::from_secs(10);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Role {
+    Monitoring,
+    Pprof,
+    DevKv,
+}
+
+enum Tok {
+    Listener(Role),
+    AgentListener,
+    Consul,
+    Signals,
+    Agent(usize),
+    Http(usize),
+    Unknown,
+}
+
+fn classify(t: Token) -> Tok {
+    match t {
+        AGENT_LISTENER => Tok::AgentListener,
+        MONITORING_LISTENER => Tok::Listener(Role::Monitoring),
+        PPROF_LISTENER => Tok::Listener(Role::Pprof),
+        DEVKV_LISTENER => Tok::Listener(Role::DevKv),
+        CONSUL => Tok::Consul,
+        SIGNALS => Tok::Signals,
+        Token(n) if n >= HTTP_BASE => Tok::Http(n - HTTP_BASE),
+        Token(n) if n >= AGENT_BASE => Tok::Agent(n - AGENT_BASE),
+        _ => Tok::Unknown,
+    }
+}
+
+/// Listeners bound at start-up (a bind failure is fatal, exit 1).
+pub struct Listeners {
+    pub agent: Option<std::net::TcpListener>,
+    pub monitoring: Option<std::net::TcpListener>,
+    pub pprof: Option<std::net::TcpListener>,
+    pub devkv: Option<std::net::TcpListener>,
+}
+
+/// Binds a listener: `SO_REUSEADDR`, nonblocking, backlog [`BACKLOG`];
+/// `:port` is `[::]` dual-stack, or `0.0.0.0` where IPv6 is absent.
+pub fn bind(addr: &ListenAddr) -> io::Result<std::net::TcpListener> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let make = |sa: std::net::SocketAddr, dual: bool| -> io::Result<std::net::TcpListener> {
+        let s = Socket::new(Domain::for_address(sa), Type::STREAM, Some(Protocol::TCP))?;
+        if dual {
+            s.set_only_v6(false)?;
+        }
+        s.set_reuse_address(true)?;
+        s.set_nonblocking(true)?;
+        s.bind(&sa.into())?;
+        s.listen(BACKLOG)?;
+        Ok(s.into())
+    };
+    match addr {
+        ListenAddr::Addr(sa) => make(*sa, false),
+        ListenAddr::AnyDualStack(port) => {
+            let v6 = std::net::SocketAddr::from((std::net::Ipv6Addr::UNSPECIFIED, *port));
+            match make(v6, true) {
+                Ok(l) => Ok(l),
+                Err(e) if matches!(e.raw_os_error(), Some(libc::EAFNOSUPPORT) | Some(libc::EADDRNOTAVAIL)) => {
+                    make(std::net::SocketAddr::from((std::net::Ipv4Addr::UNSPECIFIED, *port)), false)
+                }
+                Err(e) => Err(e),
+            }
+        }
+    }
+}
+
+struct AgentSlot {
+    conn: AgentConn,
+    gen: u32,
+    accepted: Instant,
+    registered: Option<Interest>,
+}
+
+struct HttpSlot {
+    conn: HttpConn,
+    role: Role,
+    gen: u32,
+    /// Idle deadline (lazy: timer records older than this are ignored).
+    idle_deadline: Instant,
+    registered: Option<Interest>,
+    parked: Option<Wait>,
+}
+
+/// The loop and everything it owns.
+pub struct EventLoop {
+    poll: Poll,
+    agent_listener: Option<TcpListener>,
+    monitoring_listener: Option<TcpListener>,
+    pprof_listener: Option<TcpListener>,
+    devkv_listener: Option<TcpListener>,
+    signals: signal_hook_mio::v1_0::Signals,
+
+    agents: Slab<AgentSlot>,
+    /// (deadline, key, generation), pushed in deadline order: every agent
+    /// connection has the same read timeout.
+    agent_timers: VecDeque<(Instant, usize, u32)>,
+    https: Slab<HttpSlot>,
+    http_timers: VecDeque<(Instant, usize, u32)>,
+    park_timers: BinaryHeap<Reverse<(Instant, usize, u32)>>,
+    next_gen: u32,
+
+    client: Client,
+    snapshot: Option<Snapshot>,
+    last_error: Option<String>,
+    outage: Option<(Instant, u64)>,
+    devkv: Option<DevKv>,
+    updates: Vec<Update>,
+
+    metrics: Metrics,
+    started: SystemTime,
+    kv_prefix: String,
+    read_timeout: Duration,
+    max_line_bytes: usize,
+    max_connections: usize,
+    scratch: Vec<u8>,
+
+    gate_open: bool,
+    accept_paused_until: Option<Instant>,
+    accept_pending: bool,
+    last_hint: Option<Instant>,
+    hints_suppressed: u64,
+    last_accept_warning: Option<Instant>,
+    shutdown_deadline: Option<Instant>,
+}
+
+impl EventLoop {
+    pub fn new(config: &Config, listeners: Listeners) -> io::Result<EventLoop> {
+        let poll = Poll::new()?;
+        let reg = poll.registry();
+        let mut wrap = |l: Option<std::net::TcpListener>, t: Token| -> io::Result<Option<TcpListener>> {
+            l.map(|l| {
+                let mut l = TcpListener::from_std(l);
+                reg.register(&mut l, t, Interest::READABLE)?;
+                Ok(l)
+            })
+            .transpose()
+        };
+        let agent_listener = wrap(listeners.agent, AGENT_LISTENER)?;
+        let monitoring_listener = wrap(listeners.monitoring, MONITORING_LISTENER)?;
+        let pprof_listener = wrap(listeners.pprof, PPROF_LISTENER)?;
+        let devkv_listener = wrap(listeners.devkv, DEVKV_LISTENER)?;
+        let mut signals = signal_hook_mio::v1_0::Signals::new([signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT])?;
+        reg.register(&mut signals, SIGNALS, Interest::READABLE)?;
+        let seed = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64) ^ u64::from(std::process::id());
+        let devkv = devkv_listener.as_ref().map(|_| DevKv::new(true));
+        Ok(EventLoop {
+            poll,
+            agent_listener,
+            monitoring_listener,
+            pprof_listener,
+            devkv_listener,
+            signals,
+            agents: Slab::with_capacity(1024),
+            agent_timers: VecDeque::with_capacity(1024),
+            https: Slab::new(),
+            http_timers: VecDeque::new(),
+            park_timers: BinaryHeap::new(),
+            next_gen: 0,
+            client: Client::new(config.consul.clone(), &config.kv_prefix, CONSUL, seed),
+            snapshot: None,
+            last_error: None,
+            outage: None,
+            devkv,
+            updates: Vec::new(),
+            metrics: Metrics::default(),
+            started: SystemTime::now(),
+            kv_prefix: config.kv_prefix.clone(),
+            read_timeout: config.read_timeout,
+            max_line_bytes: config.max_line_bytes,
+            max_connections: config.max_connections,
+            scratch: vec![0; config.max_line_bytes + 1],
+            gate_open: true,
+            accept_paused_until: None,
+            accept_pending: false,
+            last_hint: None,
+            hints_suppressed: 0,
+            last_accept_warning: None,
+            shutdown_deadline: None,
+        })
+    }
+
+    /// Runs until SIGTERM/SIGINT and in-flight answers are done.
+    pub fn run(&mut self) -> io::Result<()> {
+        let mut events = Events::with_capacity(1024);
+        loop {
+            let now = Instant::now();
+            if self.shutdown_done(now) {
+                info!(open_connections = self.agents.len(); "shut down");
+                return Ok(());
+            }
+            let timeout = if self.accept_pending { Some(Duration::ZERO) } else { Some(self.next_deadline(now).saturating_duration_since(now)) };
+            if let Err(e) = self.poll.poll(&mut events, timeout) {
+                if e.kind() == io::ErrorKind::Interrupted {
+                    continue;
+                }
+                return Err(e);
+            }
+            let now = Instant::now();
+            for event in events.iter() {
+                self.dispatch(event.token(), now);
+            }
+            self.on_time(now);
+            if self.accept_pending {
+                self.accept_agents(now);
+            }
+        }
+    }
+
+    fn dispatch(&mut self, token: Token, now: Instant) {
+        match classify(token) {
+            Tok::AgentListener => self.accept_agents(now),
+            Tok::Listener(role) => self.accept_http(role, now),
+            Tok::Consul => {
+                self.client.on_event(self.poll.registry(), now, &mut self.updates);
+                self.apply_updates(now);
+            }
+            Tok::Signals => self.on_signals(now),
+            Tok::Agent(key) => self.agent_event(key),
+            Tok::Http(key) => self.http_event(key, now),
+            Tok::Unknown => {}
+        }
+    }
+
+    fn next_deadline(&self, now: Instant) -> Instant {
+        let mut d = self.client.deadline(now);
+        if let Some(&(t, _, _)) = self.agent_timers.front() {
+            d = d.min(t);
+        }
+        if let Some(&(t, _, _)) = self.http_timers.front() {
+            d = d.min(t);
+        }
+        if let Some(Reverse((t, _, _))) = self.park_timers.peek() {
+            d = d.min(*t);
+        }
+        if let Some(t) = self.accept_paused_until {
+            d = d.min(t);
+        }
+        if let Some(t) = self.shutdown_deadline {
+            d = d.min(t);
+        }
+        d
+    }
+
+    fn gen(&mut self) -> u32 {
+        self.next_gen = self.next_gen.wrapping_add(1);
+        self.next_gen
+    }
+
+    // ---- agent connections ----
+
+    fn accept_agents(&mut self, now: Instant) {
+        self.accept_pending = false;
+        if self.shutdown_deadline.is_some() || self.accept_paused_until.is_some_and(|t| now < t) {
+            return;
+        }
+        self.accept_paused_until = None;
+        for _ in 0..ACCEPT_BATCH {
+            if self.agents.len() >= self.max_connections {
+                if self.gate_open {
+                    self.gate_open = false;
+                    self.metrics.gate_closings += 1;
+                    warn!(open_connections = self.agents.len(), limit = self.max_connections; "connection limit reached: not accepting until below 90% (new connections wait in the backlog)");
+                }
+                return;
+            }
+            let Some(listener) = self.agent_listener.as_ref() else { return };
+            match listener.accept() {
+                Ok((stream, _)) => self.serve_new(stream),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) if matches!(e.kind(), io::ErrorKind::Interrupted | io::ErrorKind::ConnectionAborted) => {}
+                Err(e) => {
+                    self.metrics.accept_errors += 1;
+                    self.accept_paused_until = Some(now + ACCEPT_PAUSE);
+                    if self.last_accept_warning.is_none_or(|t| now >= t + HINT_EVERY) {
+                        self.last_accept_warning = Some(now);
+                        warn!(error = e.to_string(); "accept failed (out of file descriptors?): pausing accepts briefly; open connections are still served");
+                    }
+                    return;
+                }
+            }
+        }
+        self.accept_pending = true;
+    }
+
+    /// The fast path: the line is usually in the socket already, so read it
+    /// before registering anything; only a connection that must wait gets a
+    /// slab entry, a registration and a timer.
+    fn serve_new(&mut self, stream: mio::net::TcpStream) {
+        let accepted = Instant::now();
+        let mut conn = AgentConn::new(stream);
+        let progress = conn.on_readable(self.snapshot.as_ref(), self.max_line_bytes, &mut self.scratch);
+        let interest = match progress {
+            Progress::Done(outcome) => return self.count(outcome, accepted, &conn),
+            Progress::NeedRead => Interest::READABLE,
+            Progress::NeedWrite => Interest::WRITABLE,
+        };
+        let gen = self.gen();
+        let entry = self.agents.vacant_entry();
+        let key = entry.key();
+        if let Err(e) = self.poll.registry().register(conn.stream_mut(), Token(AGENT_BASE + key), interest) {
+            debug!(error = e.to_string(); "register failed");
+            return self.count(Outcome::IoError, accepted, &conn);
+        }
+        entry.insert(AgentSlot { conn, gen, accepted, registered: Some(interest) });
+        self.agent_timers.push_back((accepted + self.read_timeout, key, gen));
+        self.metrics.open_connections = self.agents.len() as u64;
+    }
+
+    fn agent_event(&mut self, key: usize) {
+        let Some(slot) = self.agents.get_mut(key) else { return };
+        let progress = slot.conn.on_readable(self.snapshot.as_ref(), self.max_line_bytes, &mut self.scratch);
+        let want = match progress {
+            Progress::Done(outcome) => return self.close_agent(key, outcome),
+            Progress::NeedRead => Interest::READABLE,
+            Progress::NeedWrite => Interest::WRITABLE,
+        };
+        if slot.registered != Some(want) {
+            if self.poll.registry().reregister(slot.conn.stream_mut(), Token(AGENT_BASE + key), want).is_err() {
+                return self.close_agent(key, Outcome::IoError);
+            }
+            slot.registered = Some(want);
+        }
+    }
+
+    fn close_agent(&mut self, key: usize, outcome: Outcome) {
+        let mut slot = self.agents.remove(key);
+        let _ = self.poll.registry().deregister(slot.conn.stream_mut());
+        self.count(outcome, slot.accepted, &slot.conn);
+        self.metrics.open_connections = self.agents.len() as u64;
+        if !self.gate_open && self.agents.len() * 10 < self.max_connections * 9 {
+            self.gate_open = true;
+            info!(open_connections = self.agents.len(); "below 90% of the connection limit: accepting again");
+            self.accept_pending = true;
+        }
+    }
+
+    fn count(&mut self, outcome: Outcome, accepted: Instant, conn: &AgentConn) {
+        let replied = matches!(outcome, Outcome::Ready | Outcome::Drain | Outcome::Maint);
+        let took = replied.then(|| accepted.elapsed());
+        self.metrics.count_request(outcome, took);
+        trace!(outcome = outcome.label(); "agent connection done");
+        if outcome == Outcome::NoNewline {
+            self.hint_no_newline(conn.received());
+        }
+    }
+
+    fn hint_no_newline(&mut self, received: &[u8]) {
+        let now = Instant::now();
+        if self.last_hint.is_some_and(|t| now < t + HINT_EVERY) {
+            self.hints_suppressed += 1;
+            return;
+        }
+        self.last_hint = Some(now);
+        let suppressed = std::mem::take(&mut self.hints_suppressed);
+        warn!(received = escape(received, 64), similar_suppressed = suppressed;
+            "agent connection sent bytes but no newline: does the haproxy agent-send end in \\n? (e.g. agent-send \"be_web/srv1\\n\")");
+    }
+
+    // ---- HTTP connections (monitoring, pprof, dev KV) ----
+
+    fn accept_http(&mut self, role: Role, now: Instant) {
+        loop {
+            let listener = match role {
+                Role::Monitoring => self.monitoring_listener.as_ref(),
+                Role::Pprof => self.pprof_listener.as_ref(),
+                Role::DevKv => self.devkv_listener.as_ref(),
+            };
+            let Some(listener) = listener else { return };
+            match listener.accept() {
+                Ok((stream, _)) => {
+                    if self.https.len() >= MAX_HTTP_CONNS {
+                        continue; // dropped: closed at once
+                    }
+                    let _ = stream.set_nodelay(true);
+                    let gen = self.gen();
+                    let entry = self.https.vacant_entry();
+                    let key = entry.key();
+                    let slot = entry.insert(HttpSlot {
+                        conn: HttpConn::new(stream, HTTP_MAX_BODY),
+                        role,
+                        gen,
+                        idle_deadline: now + HTTP_IDLE,
+                        registered: None,
+                        parked: None,
+                    });
+                    if self.poll.registry().register(slot.conn.stream_mut(), Token(HTTP_BASE + key), Interest::READABLE).is_err() {
+                        self.https.remove(key);
+                        continue;
+                    }
+                    slot.registered = Some(Interest::READABLE);
+                    self.http_timers.push_back((now + HTTP_IDLE, key, gen));
+                    self.http_event(key, now);
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) if matches!(e.kind(), io::ErrorKind::Interrupted | io::ErrorKind::ConnectionAborted) => {}
+                Err(e) => {
+                    debug!(error = e.to_string(); "http accept failed");
+                    return;
+                }
+            }
+        }
+    }
+
+    fn http_event(&mut self, key: usize, now: Instant) {
+        let Some(slot) = self.https.get_mut(key) else { return };
+        let progress = slot.conn.on_readable();
+        self.http_progress(key, progress, now);
+    }
+
+    fn http_progress(&mut self, key: usize, mut progress: HttpProgress, now: Instant) {
+        loop {
+            let want = match progress {
+                HttpProgress::Close => return self.close_http(key),
+                HttpProgress::NeedRead => Interest::READABLE,
+                HttpProgress::NeedWrite => Interest::READABLE | Interest::WRITABLE,
+                HttpProgress::Request(head, body) => {
+                    progress = self.handle_http(key, head, body, now);
+                    continue;
+                }
+            };
+            let Some(slot) = self.https.get_mut(key) else { return };
+            if slot.registered != Some(want) {
+                if self.poll.registry().reregister(slot.conn.stream_mut(), Token(HTTP_BASE + key), want).is_err() {
+                    return self.close_http(key);
+                }
+                slot.registered = Some(want);
+            }
+            return;
+        }
+    }
+
+    fn handle_http(&mut self, key: usize, head: crate::http::RequestHead, body: Vec<u8>, now: Instant) -> HttpProgress {
+        let role = self.https[key].role;
+        let head_only = is_head(&head);
+        match role {
+            Role::Monitoring | Role::Pprof => {
+                let st = self.status(now);
+                let resp = if role == Role::Monitoring { handle_monitoring(&head, &st) } else { handle_pprof(&head, &st) };
+                self.arm_idle(key, now);
+                self.https[key].conn.respond(&resp, head_only, None)
+            }
+            Role::DevKv => {
+                let Some(kv) = self.devkv.as_mut() else { return HttpProgress::Close };
+                let before = kv.generation();
+                let handled = kv.handle(&head, &body, now);
+                let changed = kv.generation() != before;
+                let progress = match handled {
+                    Handled::Respond(resp) => {
+                        self.arm_idle(key, now);
+                        self.https[key].conn.respond(&resp, head_only, Some(2048))
+                    }
+                    Handled::Wait(wait) => {
+                        let slot = &mut self.https[key];
+                        self.park_timers.push(Reverse((wait.deadline, key, slot.gen)));
+                        slot.parked = Some(wait);
+                        HttpProgress::NeedRead
+                    }
+                };
+                if changed {
+                    self.wake_parked(now);
+                }
+                progress
+            }
+        }
+    }
+
+    fn arm_idle(&mut self, key: usize, now: Instant) {
+        let slot = &mut self.https[key];
+        slot.idle_deadline = now + HTTP_IDLE;
+        self.http_timers.push_back((slot.idle_deadline, key, slot.gen));
+    }
+
+    /// After a dev KV write: answer every parked query whose prefix moved.
+    fn wake_parked(&mut self, now: Instant) {
+        let Some(kv) = self.devkv.as_ref() else { return };
+        let ready: Vec<usize> = self.https.iter().filter(|(_, s)| s.parked.as_ref().is_some_and(|w| kv.is_ready(w))).map(|(k, _)| k).collect();
+        for key in ready {
+            self.answer_parked(key, now);
+        }
+    }
+
+    fn answer_parked(&mut self, key: usize, now: Instant) {
+        let Some(kv) = self.devkv.as_ref() else { return };
+        let Some(slot) = self.https.get_mut(key) else { return };
+        let Some(wait) = slot.parked.take() else { return };
+        let resp = kv.answer(&wait);
+        self.arm_idle(key, now);
+        let progress = self.https[key].conn.respond(&resp, false, Some(2048));
+        self.http_progress(key, progress, now);
+    }
+
+    fn close_http(&mut self, key: usize) {
+        if let Some(mut slot) = self.https.try_remove(key) {
+            let _ = self.poll.registry().deregister(slot.conn.stream_mut());
+        }
+    }
+
+    // ---- consul ----
+
+    fn apply_updates(&mut self, now: Instant) {
+        let updates = std::mem::take(&mut self.updates);
+        for u in updates {
+            self.apply(u, now);
+        }
+    }
+
+    fn apply(&mut self, update: Update, now: Instant) {
+        match update {
+            Update::Swap(new) => {
+                self.consul_ok(now);
+                self.log_swap(&new);
+                self.metrics.swaps += 1;
+                self.metrics.last_change = Some(SystemTime::now());
+                self.snapshot = Some(new);
+            }
+            Update::Unchanged => {
+                self.consul_ok(now);
+                self.metrics.consul_unchanged += 1;
+            }
+            Update::Reset { from, to } => {
+                self.metrics.consul_index_resets += 1;
+                warn!(from = from, to = to; "X-Consul-Index went backwards (snapshot restore or tombstone reap): re-reading from index 0");
+            }
+            Update::Failed(f) => {
+                self.metrics.count_consul_error(f.reason);
+                if self.outage.is_none() {
+                    let what = if self.snapshot.is_some() { "answering from the last known state" } else { "not answering until a first complete read" };
+                    warn!(reason = f.reason.label(), error = f.detail.as_str(); "consul read failed: {what}; retrying with backoff");
+                    self.outage = Some((now, 0));
+                } else {
+                    debug!(reason = f.reason.label(), error = f.detail.as_str(); "consul read failed again");
+                }
+                if let Some((_, n)) = self.outage.as_mut() {
+                    *n += 1;
+                }
+                if matches!(f.reason, crate::consul::watch::ErrorReason::Http4xx) && self.last_error.as_deref() != Some(f.detail.as_str()) {
+                    error!(error = f.detail.as_str(); "consul refused the request: check -kv-prefix, the ACL token and namespace/partition");
+                }
+                self.last_error = Some(f.detail);
+            }
+        }
+        self.metrics.consul_requests = self.client.requests();
+    }
+
+    fn consul_ok(&mut self, now: Instant) {
+        self.metrics.last_success = Some(now);
+        if let Some((since, errors)) = self.outage.take() {
+            info!(outage_seconds = now.duration_since(since).as_secs_f64(), failed_requests = errors; "consul reads succeed again");
+        }
+    }
+
+    fn log_swap(&mut self, new: &Snapshot) {
+        let invalid = new.new_invalid_since(self.snapshot.as_ref().unwrap_or(&Snapshot::default()));
+        for k in &invalid {
+            self.metrics.invalid_values[k.reason.index()] += 1;
+            warn!(key = escape(k.key.as_bytes(), 256), value = escape(k.value.as_bytes(), 128), reason = k.reason.label(), index = k.modify_index;
+                "invalid KV entry dropped: answered as if absent (ready 100%)");
+        }
+        match self.snapshot.as_ref() {
+            None => info!(keys = new.len(), invalid = new.invalid().len(), index = new.index(); "first consul read complete: answering"),
+            Some(old) => {
+                for c in new.changes_from(old) {
+                    let show = |e: Option<crate::state::Entry>| e.map_or_else(|| "absent".to_owned(), |e| e.desired.to_string());
+                    let index = c.new.or(c.old).map_or(0, |e| e.modify_index);
+                    info!(key = escape(c.identity.as_bytes(), 256), old = show(c.old), new = show(c.new), index = index; "state change");
+                }
+                debug!(index = new.index(), keys = new.len(); "state swapped");
+            }
+        }
+    }
+
+    // ---- time, signals ----
+
+    fn on_time(&mut self, now: Instant) {
+        while let Some(&(t, key, gen)) = self.agent_timers.front() {
+            if t > now {
+                break;
+            }
+            self.agent_timers.pop_front();
+            if let Some(slot) = self.agents.get(key) {
+                if slot.gen == gen {
+                    let outcome = slot.conn.on_timeout();
+                    self.close_agent(key, outcome);
+                }
+            }
+        }
+        while let Some(&(t, key, gen)) = self.http_timers.front() {
+            if t > now {
+                break;
+            }
+            self.http_timers.pop_front();
+            if let Some(slot) = self.https.get(key) {
+                if slot.gen == gen && slot.idle_deadline <= now && slot.parked.is_none() && !slot.conn.is_handling() {
+                    self.close_http(key);
+                }
+            }
+        }
+        while let Some(Reverse((t, key, gen))) = self.park_timers.peek().copied() {
+            if t > now {
+                break;
+            }
+            self.park_timers.pop();
+            if self.https.get(key).is_some_and(|s| s.gen == gen && s.parked.is_some()) {
+                self.answer_parked(key, now);
+            }
+        }
+        self.client.on_timer(self.poll.registry(), now, &mut self.updates);
+        self.apply_updates(now);
+        if self.accept_paused_until.is_some_and(|t| now >= t) {
+            self.accept_pending = true;
+        }
+    }
+
+    fn on_signals(&mut self, now: Instant) {
+        let got: Vec<i32> = self.signals.pending().collect();
+        if got.is_empty() || self.shutdown_deadline.is_some() {
+            return;
+        }
+        info!(signal = got[0], in_flight = self.agents.len(); "shutting down: not accepting; finishing in-flight answers");
+        let grace = self.read_timeout.min(SHUTDOWN_GRACE);
+        self.shutdown_deadline = Some(now + grace);
+        let reg = self.poll.registry();
+        for l in [&mut self.agent_listener, &mut self.monitoring_listener, &mut self.pprof_listener, &mut self.devkv_listener] {
+            if let Some(mut l) = l.take() {
+                let _ = reg.deregister(&mut l);
+            }
+        }
+    }
+
+    fn shutdown_done(&self, now: Instant) -> bool {
+        match self.shutdown_deadline {
+            None => false,
+            Some(t) => self.agents.is_empty() || now >= t,
+        }
+    }
+
+    fn status(&self, now: Instant) -> Status<'_> {
+        let watch = self.client.watch();
+        Status {
+            metrics: &self.metrics,
+            snapshot: self.snapshot.as_ref(),
+            watch: WatchStatus {
+                phase: self.client.phase_name(),
+                index: watch.index(),
+                failures: watch.failures(),
+                last_error: self.last_error.as_deref(),
+                next_request_in: self.client.deadline(now).saturating_duration_since(now),
+            },
+            now,
+            started: self.started,
+            max_connections: self.max_connections,
+            kv_prefix: &self.kv_prefix,
+        }
+    }
+
+    /// The addresses actually bound, for the start-up log line.
+    pub fn local_addrs(&self) -> Vec<(&'static str, std::net::SocketAddr)> {
+        let mut v = Vec::new();
+        for (name, l) in [
+            ("listen_addr", &self.agent_listener),
+            ("monitoring_addr", &self.monitoring_listener),
+            ("pprof_addr", &self.pprof_listener),
+            ("dev_kv_addr", &self.devkv_listener),
+        ] {
+            if let Some(a) = l.as_ref().and_then(|l| l.local_addr().ok()) {
+                v.push((name, a));
+            }
+        }
+        v
+    }
+}

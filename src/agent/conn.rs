@@ -1,1 +1,148 @@
-//! (in progress)
+//! One agent-check connection (SPEC §3): read one line, look it up, write
+//! the reply whole, close.
+//!
+//! In: readiness of the socket, the snapshot to answer from (`None` before
+//! the first consul read), and a scratch buffer owned by the loop. Out: a
+//! [`Progress`]: done with an [`Outcome`] (the socket is closed when the
+//! connection is dropped), or what to wait for next. Always holds: at most
+//! `max_line_bytes + 1` bytes are ever buffered; a connection answers at most
+//! once; nothing here allocates on the path where the line is already in the
+//! socket at accept (the common case: haproxy sends right after connecting).
+//!
+//! | phase | waits for | on event | next |
+//! |---|---|---|---|
+//! | `ExpectLine` | readable, read deadline | a full line | `Replying` or done |
+//! | `ExpectLine` | | too long, control byte, empty, EOF, error | done, no reply |
+//! | `Replying` | writable | reply written | done |
+
+use std::io::{self, Read, Write};
+
+use mio::net::TcpStream;
+
+use crate::agent::request::{self, Reject, Request};
+use crate::agent::Outcome;
+use crate::state::Snapshot;
+
+/// What the loop should do with a connection after an event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Progress {
+    /// Finished: drop the connection (closing it) and count the outcome.
+    Done(Outcome),
+    /// Wait for the socket to become readable.
+    NeedRead,
+    /// Wait for the socket to become writable (a partial reply write).
+    NeedWrite,
+}
+
+enum Phase {
+    ExpectLine,
+    Replying { reply: &'static [u8], written: usize, outcome: Outcome },
+}
+
+/// An agent connection still waiting for its line or finishing its reply.
+pub struct AgentConn {
+    stream: TcpStream,
+    /// Bytes of an incomplete line (allocated only when a line arrives in
+    /// pieces).
+    buf: Vec<u8>,
+    phase: Phase,
+}
+
+impl AgentConn {
+    pub fn new(stream: TcpStream) -> AgentConn {
+        AgentConn { stream, buf: Vec::new(), phase: Phase::ExpectLine }
+    }
+
+    pub fn stream_mut(&mut self) -> &mut TcpStream {
+        &mut self.stream
+    }
+
+    /// The bytes of the incomplete line received so far.
+    pub fn received(&self) -> &[u8] {
+        &self.buf
+    }
+
+    /// The socket is (or may be) readable. `scratch` must be at least
+    /// `max_line_bytes + 1` long.
+    pub fn on_readable(&mut self, snapshot: Option<&Snapshot>, max_line_bytes: usize, scratch: &mut [u8]) -> Progress {
+        if !matches!(self.phase, Phase::ExpectLine) {
+            return self.on_writable();
+        }
+        let limit = max_line_bytes + 1;
+        loop {
+            // Read into the scratch buffer, after the bytes held so far, so
+            // the usual one-read line never touches the heap.
+            let held = self.buf.len();
+            scratch[..held].copy_from_slice(&self.buf);
+            let n = match self.stream.read(&mut scratch[held..limit]) {
+                Ok(0) => return Progress::Done(self.ended_without_line(Outcome::PeerClosed)),
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Progress::NeedRead,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(_) => return Progress::Done(self.ended_without_line(Outcome::IoError)),
+            };
+            let seen = &scratch[..held + n];
+            match request::parse(seen, max_line_bytes) {
+                Request::Partial => {
+                    self.buf.clear();
+                    self.buf.extend_from_slice(seen);
+                }
+                Request::Reject(r) => return Progress::Done(reject_outcome(r)),
+                Request::Identity(id) => {
+                    let Some(snapshot) = snapshot else {
+                        return Progress::Done(Outcome::NotSynced);
+                    };
+                    let reply = snapshot.reply(id);
+                    let outcome = snapshot.get(id).map_or(Outcome::Ready, |e| e.desired.admin().into());
+                    self.phase = Phase::Replying { reply, written: 0, outcome };
+                    return self.on_writable();
+                }
+            }
+        }
+    }
+
+    /// Writes (the rest of) the reply.
+    pub fn on_writable(&mut self) -> Progress {
+        let Phase::Replying { reply, written, outcome } = &mut self.phase else {
+            return Progress::NeedRead;
+        };
+        while *written < reply.len() {
+            match self.stream.write(&reply[*written..]) {
+                Ok(0) => return Progress::Done(Outcome::IoError),
+                Ok(n) => *written += n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Progress::NeedWrite,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                // haproxy gave up (its check timeout) and reset: counted, not logged.
+                Err(_) => return Progress::Done(Outcome::IoError),
+            }
+        }
+        Progress::Done(*outcome)
+    }
+
+    /// The read deadline passed.
+    pub fn on_timeout(&self) -> Outcome {
+        match self.phase {
+            Phase::ExpectLine => self.ended_without_line(Outcome::Timeout),
+            // A reply stuck in a full send buffer: the peer does not read.
+            Phase::Replying { .. } => Outcome::IoError,
+        }
+    }
+
+    /// A connection that ends with bytes but no newline is almost always an
+    /// `agent-send` missing its `\n`: counted apart from plain timeouts.
+    fn ended_without_line(&self, otherwise: Outcome) -> Outcome {
+        if self.buf.is_empty() {
+            otherwise
+        } else {
+            Outcome::NoNewline
+        }
+    }
+}
+
+fn reject_outcome(r: Reject) -> Outcome {
+    match r {
+        Reject::TooLong => Outcome::TooLong,
+        Reject::ControlByte => Outcome::ControlByte,
+        Reject::Empty => Outcome::Empty,
+    }
+}

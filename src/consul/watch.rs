@@ -1,1 +1,511 @@
-//! (in progress)
+//! The watch logic of the consul client (SPEC §4, §5), pure: which index to
+//! ask for, when the next request may start, and what one response means.
+//!
+//! In: the outcome of each request (a response head and body, or an error)
+//! and the time. Out: the next request's index and start time, and either a
+//! new [`Snapshot`] to swap in, "no change", or an error reason. Always
+//! holds: requests start at least [`MIN_GAP`] apart and no faster than the
+//! token bucket allows; after any error the next read is non-blocking
+//! (index 0); an index that goes backwards resets to 0; an equal index never
+//! swaps; errors back off 250 ms doubling to 30 s with jitter, reset on
+//! success.
+
+use std::time::{Duration, Instant};
+
+use crate::consul::kv::decode_list;
+use crate::state::Snapshot;
+
+/// Never two requests closer than this.
+pub const MIN_GAP: Duration = Duration::from_millis(100);
+/// Token bucket: up to this many requests in a burst ...
+const BUCKET_BURST: f64 = 5.0;
+/// ... refilled at this many per second, so a churning KV degrades to
+/// polling once a second instead of spinning.
+const BUCKET_REFILL_PER_S: f64 = 1.0;
+const BACKOFF_FIRST: Duration = Duration::from_millis(250);
+const BACKOFF_CAP: Duration = Duration::from_secs(30);
+/// 400 and 403 are configuration errors (bad token, bad namespace): retried,
+/// but no faster than this.
+const CONFIG_ERROR_DELAY: Duration = Duration::from_secs(10);
+
+/// Why a consul request failed (metric label `reason`, fixed by SPEC §7).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ErrorReason {
+    Connect,
+    Timeout,
+    Reset,
+    Http4xx,
+    Http5xx,
+    BadIndex,
+    BadBody,
+    TooLarge,
+}
+
+impl ErrorReason {
+    pub const ALL: [ErrorReason; 8] = [
+        ErrorReason::Connect,
+        ErrorReason::Timeout,
+        ErrorReason::Reset,
+        ErrorReason::Http4xx,
+        ErrorReason::Http5xx,
+        ErrorReason::BadIndex,
+        ErrorReason::BadBody,
+        ErrorReason::TooLarge,
+    ];
+
+    pub fn label(self) -> &'static str {
+        match self {
+            ErrorReason::Connect => "connect",
+            ErrorReason::Timeout => "timeout",
+            ErrorReason::Reset => "reset",
+            ErrorReason::Http4xx => "http_4xx",
+            ErrorReason::Http5xx => "http_5xx",
+            ErrorReason::BadIndex => "bad_index",
+            ErrorReason::BadBody => "bad_body",
+            ErrorReason::TooLarge => "too_large",
+        }
+    }
+
+    pub fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// A failed request: the reason and a one-line detail for the log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Failure {
+    pub reason: ErrorReason,
+    pub detail: String,
+}
+
+impl Failure {
+    pub fn new(reason: ErrorReason, detail: impl Into<String>) -> Failure {
+        Failure { reason, detail: detail.into() }
+    }
+}
+
+/// What one response means for the state.
+#[derive(Debug)]
+pub enum Update {
+    /// A higher index: swap this snapshot in.
+    Swap(Snapshot),
+    /// Same index (a blocking-query timeout or a wake without change).
+    Unchanged,
+    /// The index went backwards: nothing swapped, the next read is index 0.
+    Reset { from: u64, to: u64 },
+    Failed(Failure),
+}
+
+/// The index rules, rate limit and backoff of one prefix watch.
+#[derive(Debug)]
+pub struct Watch {
+    prefix: String,
+    /// The index of the state we hold (0: none, or reset).
+    index: u64,
+    /// Ask with index 0 next (after an error or a reset).
+    nonblocking_next: bool,
+    last_start: Option<Instant>,
+    tokens: f64,
+    tokens_at: Option<Instant>,
+    failures: u32,
+    not_before: Option<Instant>,
+    rng: u64,
+}
+
+impl Watch {
+    /// `prefix` without leading/trailing `/`; `seed` feeds the backoff
+    /// jitter (any value; tests pass a fixed one).
+    pub fn new(prefix: &str, seed: u64) -> Watch {
+        Watch {
+            prefix: prefix.to_owned(),
+            index: 0,
+            nonblocking_next: true,
+            last_start: None,
+            tokens: BUCKET_BURST,
+            tokens_at: None,
+            failures: 0,
+            not_before: None,
+            rng: seed | 1,
+        }
+    }
+
+    /// The index to send with the next request (0: answer at once).
+    pub fn request_index(&self) -> u64 {
+        if self.nonblocking_next {
+            0
+        } else {
+            self.index
+        }
+    }
+
+    /// The index of the state held now.
+    pub fn index(&self) -> u64 {
+        self.index
+    }
+
+    /// Consecutive failures so far (0 after a success).
+    pub fn failures(&self) -> u32 {
+        self.failures
+    }
+
+    /// The earliest time the next request may start.
+    pub fn next_start(&self, now: Instant) -> Instant {
+        let mut at = now;
+        if let Some(last) = self.last_start {
+            at = at.max(last + MIN_GAP);
+        }
+        if let Some(nb) = self.not_before {
+            at = at.max(nb);
+        }
+        let tokens = self.tokens_at_time(at);
+        if tokens < 1.0 {
+            at += Duration::from_secs_f64((1.0 - tokens) / BUCKET_REFILL_PER_S);
+        }
+        at
+    }
+
+    fn tokens_at_time(&self, t: Instant) -> f64 {
+        match self.tokens_at {
+            None => self.tokens,
+            Some(at) => {
+                let dt = t.saturating_duration_since(at).as_secs_f64();
+                (self.tokens + dt * BUCKET_REFILL_PER_S).min(BUCKET_BURST)
+            }
+        }
+    }
+
+    /// A request starts now (call only at or after [`Watch::next_start`]).
+    pub fn on_start(&mut self, now: Instant) {
+        self.tokens = (self.tokens_at_time(now) - 1.0).max(0.0);
+        self.tokens_at = Some(now);
+        self.last_start = Some(now);
+        self.not_before = None;
+    }
+
+    /// The request target: `/v1/kv/<prefix>/?recurse&index=N&wait=Ws`
+    /// (`path_prefix` from `http://host/prefix`, `ns`/`partition` only when
+    /// set).
+    pub fn target(&self, path_prefix: &str, wait: Duration, ns: Option<&str>, partition: Option<&str>) -> String {
+        let mut t = format!("{path_prefix}/v1/kv/");
+        if !self.prefix.is_empty() {
+            t.push_str(&encode_path(&self.prefix));
+            t.push('/');
+        }
+        t.push_str("?recurse=");
+        let index = self.request_index();
+        if index > 0 {
+            t.push_str(&format!("&index={index}&wait={}ms", wait.as_millis()));
+        }
+        if let Some(ns) = ns {
+            t.push_str("&ns=");
+            t.push_str(&encode_path(ns));
+        }
+        if let Some(p) = partition {
+            t.push_str("&partition=");
+            t.push_str(&encode_path(p));
+        }
+        t
+    }
+
+    /// A complete response arrived: `status`, the raw `X-Consul-Index`
+    /// value, and the body. Applies the index rules and decodes.
+    pub fn on_response(&mut self, now: Instant, status: u16, index_header: Option<&[u8]>, body: &[u8]) -> Update {
+        let failure = match status {
+            200 | 404 => None,
+            400..=499 => Some(Failure::new(ErrorReason::Http4xx, http_detail(status, body))),
+            _ => Some(Failure::new(ErrorReason::Http5xx, http_detail(status, body))),
+        };
+        if let Some(f) = failure {
+            return self.fail(now, f, status);
+        }
+        let Some(new_index) = index_header.and_then(parse_index) else {
+            let shown = index_header.map(|v| crate::logging::escape(v, 32));
+            let detail = match shown {
+                Some(v) => format!("non-numeric X-Consul-Index {v:?}"),
+                None => "response without X-Consul-Index".to_owned(),
+            };
+            return self.fail(now, Failure::new(ErrorReason::BadIndex, detail), status);
+        };
+        // Index 0 is treated as 1 (consul's documented client rule).
+        let new_index = new_index.max(1);
+        if new_index < self.index {
+            let from = self.index;
+            self.index = 0;
+            self.nonblocking_next = true;
+            self.succeeded();
+            return Update::Reset { from, to: new_index };
+        }
+        if new_index == self.index && !self.nonblocking_next {
+            self.succeeded();
+            return Update::Unchanged;
+        }
+        let snapshot = if status == 404 {
+            Snapshot::build(&self.prefix, new_index, Vec::new())
+        } else {
+            match decode_list(body) {
+                Ok(pairs) => Snapshot::build(&self.prefix, new_index, pairs),
+                Err(e) => return self.fail(now, Failure::new(ErrorReason::BadBody, e.0), status),
+            }
+        };
+        let unchanged = new_index == self.index;
+        self.index = new_index;
+        self.nonblocking_next = false;
+        self.succeeded();
+        if unchanged {
+            // A non-blocking re-read after an error at the same index: the
+            // state we hold is still current.
+            return Update::Unchanged;
+        }
+        Update::Swap(snapshot)
+    }
+
+    /// The request failed before a complete response (connect, timeout,
+    /// reset, framing, size).
+    pub fn on_failure(&mut self, now: Instant, failure: Failure) -> Update {
+        self.fail(now, failure, 0)
+    }
+
+    fn succeeded(&mut self) {
+        self.failures = 0;
+        self.not_before = None;
+    }
+
+    fn fail(&mut self, now: Instant, failure: Failure, status: u16) -> Update {
+        self.failures = self.failures.saturating_add(1);
+        self.nonblocking_next = true;
+        let mut delay = self.backoff_delay();
+        if matches!(status, 400 | 403) {
+            delay = delay.max(CONFIG_ERROR_DELAY);
+        }
+        self.not_before = Some(now + delay);
+        Update::Failed(failure)
+    }
+
+    /// 250 ms doubling per consecutive failure, capped at 30 s, then a
+    /// random point in its upper half (so a fleet of agents spreads out).
+    fn backoff_delay(&mut self) -> Duration {
+        let exp = self.failures.saturating_sub(1).min(16);
+        let full = BACKOFF_FIRST.saturating_mul(1 << exp).min(BACKOFF_CAP);
+        let half = full / 2;
+        let r = self.next_random() % (half.as_micros() as u64 + 1);
+        half + Duration::from_micros(r)
+    }
+
+    fn next_random(&mut self) -> u64 {
+        // xorshift64*: jitter only, no need for more.
+        let mut x = self.rng;
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.rng = x;
+        x.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+}
+
+/// `X-Consul-Index`: a decimal u64, surrounding whitespace allowed.
+fn parse_index(v: &[u8]) -> Option<u64> {
+    let s = std::str::from_utf8(v).ok()?.trim();
+    if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    s.parse().ok()
+}
+
+fn http_detail(status: u16, body: &[u8]) -> String {
+    let text = crate::logging::escape(body.trim_ascii(), 200);
+    if text.is_empty() {
+        format!("HTTP {status}")
+    } else {
+        format!("HTTP {status}: {text}")
+    }
+}
+
+/// Percent-encodes a KV path, keeping `/` and the unreserved characters.
+fn encode_path(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~' | b'/') {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const BODY: &[u8] = br#"[{"LockIndex":0,"Key":"p/be/s1","Flags":0,"Value":"ZHJhaW4=","CreateIndex":5,"ModifyIndex":7}]"#;
+
+    fn t0() -> Instant {
+        Instant::now()
+    }
+
+    fn swap(u: Update) -> Snapshot {
+        match u {
+            Update::Swap(s) => s,
+            other => panic!("expected a swap, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn first_request_is_nonblocking_then_blocks_on_the_index() {
+        let now = t0();
+        let mut w = Watch::new("p", 1);
+        assert_eq!(w.request_index(), 0);
+        assert_eq!(w.target("", Duration::from_secs(300), None, None), "/v1/kv/p/?recurse=");
+        let s = swap(w.on_response(now, 200, Some(b"7"), BODY));
+        assert_eq!(s.index(), 7);
+        assert_eq!(s.reply(b"be/s1"), b"drain 100%\n");
+        assert_eq!(w.request_index(), 7);
+        assert_eq!(
+            w.target("/consul", Duration::from_secs(300), Some("team a"), Some("p1")),
+            "/consul/v1/kv/p/?recurse=&index=7&wait=300000ms&ns=team%20a&partition=p1"
+        );
+    }
+
+    #[test]
+    fn equal_index_does_not_swap() {
+        let now = t0();
+        let mut w = Watch::new("p", 1);
+        swap(w.on_response(now, 200, Some(b"7"), BODY));
+        assert!(matches!(w.on_response(now, 200, Some(b"7"), BODY), Update::Unchanged));
+        assert_eq!(w.request_index(), 7);
+    }
+
+    #[test]
+    fn lower_index_resets_to_zero_and_rereads_at_once() {
+        let now = t0();
+        let mut w = Watch::new("p", 1);
+        swap(w.on_response(now, 200, Some(b"70"), BODY));
+        match w.on_response(now, 200, Some(b"9"), BODY) {
+            Update::Reset { from: 70, to: 9 } => {}
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(w.request_index(), 0);
+        assert_eq!(w.index(), 0);
+        // The re-read at index 0 swaps in whatever consul has now.
+        let s = swap(w.on_response(now, 200, Some(b"9"), BODY));
+        assert_eq!(s.index(), 9);
+        assert_eq!(w.request_index(), 9);
+    }
+
+    #[test]
+    fn index_zero_is_treated_as_one() {
+        let mut w = Watch::new("p", 1);
+        let s = swap(w.on_response(t0(), 404, Some(b"0"), b""));
+        assert_eq!(s.index(), 1);
+        assert_eq!(w.request_index(), 1);
+    }
+
+    #[test]
+    fn not_found_is_a_valid_empty_state() {
+        let mut w = Watch::new("p", 1);
+        let s = swap(w.on_response(t0(), 404, Some(b"12"), b""));
+        assert!(s.is_empty());
+        assert_eq!(s.reply(b"be/s1"), b"ready 100%\n");
+    }
+
+    #[test]
+    fn missing_or_garbage_index_is_bad_index() {
+        for h in [None, Some(&b"abc"[..]), Some(b""), Some(b"-1"), Some(b"99999999999999999999999")] {
+            let mut w = Watch::new("p", 1);
+            match w.on_response(t0(), 200, h, BODY) {
+                Update::Failed(f) => assert_eq!(f.reason, ErrorReason::BadIndex, "{h:?}"),
+                other => panic!("{h:?}: {other:?}"),
+            }
+            assert_eq!(w.request_index(), 0);
+        }
+    }
+
+    #[test]
+    fn http_errors_keep_the_state_and_make_the_next_read_nonblocking() {
+        let now = t0();
+        let mut w = Watch::new("p", 1);
+        swap(w.on_response(now, 200, Some(b"7"), BODY));
+        match w.on_response(now, 500, Some(b"7"), b"No cluster leader") {
+            Update::Failed(f) => {
+                assert_eq!(f.reason, ErrorReason::Http5xx);
+                assert_eq!(f.detail, "HTTP 500: No cluster leader");
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(w.index(), 7, "the state held is still as of 7");
+        assert_eq!(w.request_index(), 0);
+        // The non-blocking re-read at the same index changes nothing.
+        assert!(matches!(w.on_response(now, 200, Some(b"7"), BODY), Update::Unchanged));
+        assert_eq!(w.request_index(), 7);
+        match w.on_response(now, 429, Some(b"7"), b"") {
+            Update::Failed(f) => assert_eq!((f.reason, f.detail.as_str()), (ErrorReason::Http4xx, "HTTP 429")),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn garbage_body_is_bad_body() {
+        let mut w = Watch::new("p", 1);
+        match w.on_response(t0(), 200, Some(b"7"), b"[{\"Key\":") {
+            Update::Failed(f) => assert_eq!(f.reason, ErrorReason::BadBody),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn requests_are_at_least_min_gap_apart_and_bucket_limits_churn() {
+        let now = t0();
+        let mut w = Watch::new("p", 1);
+        assert_eq!(w.next_start(now), now);
+        let mut t = now;
+        let mut starts = Vec::new();
+        for _ in 0..12 {
+            t = w.next_start(t);
+            w.on_start(t);
+            starts.push(t);
+        }
+        for pair in starts.windows(2) {
+            assert!(pair[1] - pair[0] >= MIN_GAP, "{:?}", pair[1] - pair[0]);
+        }
+        // The burst goes at the minimum gap, then about one a second.
+        assert!(starts[4] - starts[0] < Duration::from_millis(450));
+        let tail = starts[11] - starts[8];
+        assert!(tail >= Duration::from_millis(2900) && tail <= Duration::from_millis(3100), "{tail:?}");
+    }
+
+    #[test]
+    fn backoff_doubles_with_jitter_capped_and_resets_on_success() {
+        let now = t0();
+        let mut w = Watch::new("p", 42);
+        let mut expected_full = BACKOFF_FIRST;
+        for _ in 0..12 {
+            w.on_start(now);
+            w.on_failure(now, Failure::new(ErrorReason::Connect, "refused"));
+            let delay = w.next_start(now) - now;
+            assert!(delay >= expected_full / 2 && delay <= expected_full.max(MIN_GAP), "{delay:?} vs {expected_full:?}");
+            expected_full = (expected_full * 2).min(BACKOFF_CAP);
+        }
+        assert_eq!(expected_full, BACKOFF_CAP);
+        w.on_response(now, 404, Some(b"3"), b"");
+        assert_eq!(w.failures(), 0);
+        assert_eq!(w.next_start(now + Duration::from_secs(10)), now + Duration::from_secs(10));
+    }
+
+    #[test]
+    fn forbidden_is_retried_slowly() {
+        let now = t0();
+        let mut w = Watch::new("p", 1);
+        w.on_start(now);
+        match w.on_response(now, 403, None, b"ACL not found") {
+            Update::Failed(f) => assert_eq!(f.detail, "HTTP 403: ACL not found"),
+            other => panic!("{other:?}"),
+        }
+        assert!(w.next_start(now) - now >= CONFIG_ERROR_DELAY);
+    }
+
+    #[test]
+    fn prefix_is_percent_encoded_in_the_path() {
+        let w = Watch::new("a b/c%d", 1);
+        assert_eq!(w.target("", Duration::from_secs(1), None, None), "/v1/kv/a%20b/c%25d/?recurse=");
+    }
+}
