@@ -15,7 +15,9 @@ mod query;
 mod render;
 
 pub use body::{BodyDecoder, BodyError};
-pub use head::{parse_request_head, parse_response_head, Framing, Method, RequestHead, ResponseHead};
+pub use head::{
+    parse_request_head, parse_response_head, Framing, Method, RequestHead, ResponseHead,
+};
 pub use query::{percent_decode, query_pairs};
 pub use render::{render_response, Response};
 
