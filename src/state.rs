@@ -7,10 +7,14 @@
 //! invalid key or value never reaches the map; an identity that is not in the
 //! map answers [`Desired::READY`].
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
+use std::hash::{BuildHasherDefault, Hasher};
 
 use crate::consul::kv::KvPair;
-use crate::contract::{Desired, InvalidValue};
+use crate::contract::{parse_identity, parse_value, Desired, InvalidValue};
+
+/// How much of an invalid value is kept for showing.
+const INVALID_VALUE_SHOWN_BYTES: usize = 128;
 
 /// Why a KV key was dropped (metric label `reason`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -87,8 +91,16 @@ pub struct Change<'a> {
 #[derive(Debug, Default)]
 pub struct Snapshot {
     index: u64,
-    entries: HashMap<Box<[u8]>, Entry>,
+    entries: HashMap<Box<[u8]>, Slot, BuildHasherDefault<IdentityHasher>>,
     invalid: Vec<InvalidKey>,
+}
+
+/// A map value: the entry and its reply bytes, looked up once at build time
+/// so that [`Snapshot::reply`] is one probe and nothing else.
+#[derive(Debug, Clone, Copy)]
+struct Slot {
+    entry: Entry,
+    reply: &'static [u8],
 }
 
 impl Snapshot {
@@ -96,8 +108,44 @@ impl Snapshot {
     /// leading/trailing `/`). Keys not starting with `prefix/`, or whose
     /// suffix fails [`crate::contract::parse_identity`], are `BadKey`; values
     /// failing [`crate::contract::parse_value`] are dropped with their reason.
+    ///
+    /// An empty `prefix` means the whole store: the full key is the identity.
+    /// Should an identity appear twice (consul cannot send that), the last
+    /// occurrence decides, valid or not.
     pub fn build(prefix: &str, index: u64, pairs: Vec<KvPair>) -> Snapshot {
-        todo!("{prefix} {index} {pairs:?}")
+        let mut entries =
+            HashMap::with_capacity_and_hasher(pairs.len(), BuildHasherDefault::default());
+        let mut invalid = Vec::new();
+        for pair in pairs {
+            let Some(identity) = identity_of(prefix, &pair.key) else {
+                invalid.push(InvalidKey::new(pair, InvalidReason::BadKey));
+                continue;
+            };
+            match parse_value(&pair.value) {
+                Ok(desired) => {
+                    let entry = Entry {
+                        desired,
+                        modify_index: pair.modify_index,
+                    };
+                    entries.insert(
+                        Box::from(identity.as_bytes()),
+                        Slot {
+                            entry,
+                            reply: desired.reply(),
+                        },
+                    );
+                }
+                Err(reason) => {
+                    entries.remove(identity.as_bytes());
+                    invalid.push(InvalidKey::new(pair, reason.into()));
+                }
+            }
+        }
+        Snapshot {
+            index,
+            entries,
+            invalid,
+        }
     }
 
     /// The consul index this snapshot is as of.
@@ -107,18 +155,23 @@ impl Snapshot {
 
     /// The reply for an identity: its entry's reply, else `ready 100%\n`.
     pub fn reply(&self, identity: &[u8]) -> &'static [u8] {
-        todo!("{identity:?}")
+        match self.entries.get(identity) {
+            Some(slot) => slot.reply,
+            None => Desired::READY.reply(),
+        }
     }
 
     /// The entry for an identity, if the KV holds a valid value for it.
     pub fn get(&self, identity: &[u8]) -> Option<Entry> {
-        todo!("{identity:?}")
+        self.entries.get(identity).map(|slot| slot.entry)
     }
 
     /// Valid identities, in no particular order. Identities are valid UTF-8
     /// (they come from consul keys).
     pub fn entries(&self) -> impl Iterator<Item = (&str, Entry)> {
-        self.entries.iter().map(|(k, e)| (std::str::from_utf8(k).unwrap_or(""), *e))
+        self.entries
+            .iter()
+            .map(|(k, slot)| (identity_str(k), slot.entry))
     }
 
     pub fn len(&self) -> usize {
@@ -136,12 +189,481 @@ impl Snapshot {
     /// Every identity whose entry differs between `old` and `self` (added,
     /// removed, or changed desired state or modify index), sorted by identity.
     pub fn changes_from<'a>(&'a self, old: &'a Snapshot) -> Vec<Change<'a>> {
-        todo!("{old:?}")
+        let added_or_changed = self.entries.iter().filter_map(|(k, slot)| {
+            let before = old.get(k);
+            (before != Some(slot.entry)).then_some(Change {
+                identity: identity_str(k),
+                old: before,
+                new: Some(slot.entry),
+            })
+        });
+        let removed = old
+            .entries
+            .iter()
+            .filter(|(k, _)| !self.entries.contains_key(&k[..]))
+            .map(|(k, slot)| Change {
+                identity: identity_str(k),
+                old: Some(slot.entry),
+                new: None,
+            });
+        let mut changes: Vec<Change<'a>> = added_or_changed.chain(removed).collect();
+        changes.sort_unstable_by(|a, b| a.identity.cmp(b.identity));
+        changes
     }
 
     /// The invalid keys of `self` that are new or differ (value, reason or
     /// modify index) from `old`'s: logged once per change, not per request.
     pub fn new_invalid_since<'a>(&'a self, old: &Snapshot) -> Vec<&'a InvalidKey> {
-        todo!("{old:?}")
+        let seen: HashSet<_> = old.invalid.iter().map(InvalidKey::fingerprint).collect();
+        self.invalid
+            .iter()
+            .filter(|k| !seen.contains(&k.fingerprint()))
+            .collect()
+    }
+}
+
+impl InvalidKey {
+    fn new(pair: KvPair, reason: InvalidReason) -> InvalidKey {
+        InvalidKey {
+            value: shown_value(&pair.value),
+            key: pair.key,
+            reason,
+            modify_index: pair.modify_index,
+        }
+    }
+
+    /// Everything that makes a dropped key worth logging again.
+    fn fingerprint(&self) -> (&str, &str, InvalidReason, u64) {
+        (&self.key, &self.value, self.reason, self.modify_index)
+    }
+}
+
+/// The identity below `prefix/`, if the key can ever be asked for.
+fn identity_of<'k>(prefix: &str, key: &'k str) -> Option<&'k str> {
+    let suffix = if prefix.is_empty() {
+        key
+    } else {
+        key.strip_prefix(prefix)?.strip_prefix('/')?
+    };
+    parse_identity(suffix)
+}
+
+/// Map keys come from `String`s, so this never falls back.
+fn identity_str(key: &[u8]) -> &str {
+    std::str::from_utf8(key).unwrap_or("")
+}
+
+/// The raw value as text for logs and `/debug/state`: lossy UTF-8, cut at a
+/// char boundary to at most [`INVALID_VALUE_SHOWN_BYTES`] bytes. Decodes only
+/// a bounded head (plus room for one whole char at the cut), so a huge value
+/// costs nothing extra.
+fn shown_value(raw: &[u8]) -> String {
+    let head = &raw[..raw.len().min(INVALID_VALUE_SHOWN_BYTES + 3)];
+    let mut shown = String::from_utf8_lossy(head).into_owned();
+    let mut cut = shown.len().min(INVALID_VALUE_SHOWN_BYTES);
+    while !shown.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    shown.truncate(cut);
+    shown
+}
+
+/// A fast hasher for identities (Fx-style, a word at a time, with a
+/// murmur3 finaliser so that the low bits the table indexes with depend on
+/// every byte). Not DoS-resistant, which is fine: keys come from our own KV,
+/// and lookups cannot insert.
+#[derive(Default, Clone, Copy)]
+struct IdentityHasher {
+    hash: u64,
+}
+
+impl IdentityHasher {
+    const SEED: u64 = 0xf135_7aea_2e62_a9c5;
+
+    fn add(&mut self, word: u64) {
+        self.hash = (self.hash.rotate_left(5) ^ word).wrapping_mul(Self::SEED);
+    }
+}
+
+impl Hasher for IdentityHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        let mut words = bytes.chunks_exact(8);
+        for word in &mut words {
+            let mut w = [0; 8];
+            w.copy_from_slice(word);
+            self.add(u64::from_le_bytes(w));
+        }
+        let rest = words.remainder();
+        if !rest.is_empty() {
+            // Zero padding is unambiguous: `[u8]` hashes its length first.
+            let mut w = [0; 8];
+            w[..rest.len()].copy_from_slice(rest);
+            self.add(u64::from_le_bytes(w));
+        }
+    }
+
+    fn write_usize(&mut self, n: usize) {
+        self.add(n as u64);
+    }
+
+    fn finish(&self) -> u64 {
+        let mut h = self.hash;
+        h ^= h >> 33;
+        h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
+        h ^= h >> 33;
+        h = h.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
+        h ^ (h >> 33)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const PREFIX: &str = "gitlab-haproxy-agent/state";
+
+    fn kv(key: &str, value: &[u8], modify_index: u64) -> KvPair {
+        KvPair {
+            key: key.to_owned(),
+            value: value.to_vec(),
+            modify_index,
+        }
+    }
+
+    /// A key under [`PREFIX`].
+    fn at(identity: &str, value: &[u8], modify_index: u64) -> KvPair {
+        kv(&format!("{PREFIX}/{identity}"), value, modify_index)
+    }
+
+    fn snapshot(pairs: Vec<KvPair>) -> Snapshot {
+        Snapshot::build(PREFIX, 7, pairs)
+    }
+
+    fn entry(value: &str, modify_index: u64) -> Entry {
+        Entry {
+            desired: parse_value(value.as_bytes()).unwrap(),
+            modify_index,
+        }
+    }
+
+    fn reasons(snap: &Snapshot) -> Vec<(&str, InvalidReason)> {
+        snap.invalid()
+            .iter()
+            .map(|k| (k.key.as_str(), k.reason))
+            .collect()
+    }
+
+    #[test]
+    fn valid_values_answer_their_reply() {
+        let snap = snapshot(vec![
+            at("be_web/srv1", b"drain", 10),
+            at("be_web/srv2", b"MAINT\n", 11),
+            at("be_web/srv3", b"050%", 12),
+            at("be_web/srv4", b"ready", 13),
+            at("be web/srv 5", b"0%", 14),
+        ]);
+        assert_eq!(snap.index(), 7);
+        assert_eq!(snap.len(), 5);
+        assert!(!snap.is_empty());
+        assert!(snap.invalid().is_empty());
+        assert_eq!(snap.reply(b"be_web/srv1"), b"drain 100%\n");
+        assert_eq!(snap.reply(b"be_web/srv2"), b"maint 100%\n");
+        assert_eq!(snap.reply(b"be_web/srv3"), b"ready 50%\n");
+        assert_eq!(snap.reply(b"be_web/srv4"), b"ready 100%\n");
+        assert_eq!(snap.reply(b"be web/srv 5"), b"ready 0%\n");
+        assert_eq!(snap.get(b"be_web/srv1"), Some(entry("drain", 10)));
+        assert_eq!(snap.get(b"be_web/srv3"), Some(entry("50%", 12)));
+    }
+
+    #[test]
+    fn unknown_identities_are_ready() {
+        let snap = snapshot(vec![at("be_web/srv1", b"drain", 10)]);
+        assert_eq!(snap.reply(b"be_web/srv9"), b"ready 100%\n");
+        assert_eq!(snap.get(b"be_web/srv9"), None);
+        // Matching is byte for byte.
+        assert_eq!(snap.reply(b"BE_WEB/SRV1"), b"ready 100%\n");
+        assert_eq!(snap.reply(b"be_web/srv1 "), b"ready 100%\n");
+        assert_eq!(snap.reply(b""), b"ready 100%\n");
+        assert_eq!(Snapshot::default().reply(b"be_web/srv1"), b"ready 100%\n");
+        assert!(Snapshot::default().is_empty());
+    }
+
+    #[test]
+    fn invalid_values_are_dropped_with_their_reason() {
+        let snap = snapshot(vec![
+            at("a", b"up", 1),
+            at("b", b"257%", 2),
+            at("c", b"maxconn:3", 3),
+            at("d", b"", 4),
+            at("e", b"drain", 5),
+        ]);
+        assert_eq!(
+            reasons(&snap),
+            [
+                ("gitlab-haproxy-agent/state/a", InvalidReason::HealthWord),
+                ("gitlab-haproxy-agent/state/b", InvalidReason::OutOfRange),
+                ("gitlab-haproxy-agent/state/c", InvalidReason::Syntax),
+                ("gitlab-haproxy-agent/state/d", InvalidReason::Syntax),
+            ]
+        );
+        for id in [&b"a"[..], b"b", b"c", b"d"] {
+            assert_eq!(snap.get(id), None);
+            assert_eq!(snap.reply(id), b"ready 100%\n");
+        }
+        // One invalid value does not affect the others.
+        assert_eq!(snap.reply(b"e"), b"drain 100%\n");
+        assert_eq!(snap.len(), 1);
+        assert_eq!(snap.invalid()[1].value, "257%");
+        assert_eq!(snap.invalid()[1].modify_index, 2);
+    }
+
+    #[test]
+    fn bad_keys() {
+        let bad = [
+            "other-prefix/be_web/srv1",
+            "gitlab-haproxy-agent/statefoo/srv1",
+            "gitlab-haproxy-agent/state",
+            "gitlab-haproxy-agent/state/",
+            "gitlab-haproxy-agent/state/be_web/",
+            "gitlab-haproxy-agent/state/ srv1",
+            "gitlab-haproxy-agent/state/srv1 ",
+            "gitlab-haproxy-agent/state/srv\r1",
+            "gitlab-haproxy-agent/state/srv1\n",
+            "gitlab-haproxy-agent/state/srv\x001",
+            "gitlab-haproxy-agent/state/srv\x7f1",
+        ];
+        let mut pairs: Vec<KvPair> = bad.iter().map(|k| kv(k, b"drain", 1)).collect();
+        pairs.push(at("ok", b"drain", 1));
+        let snap = snapshot(pairs);
+        assert_eq!(
+            reasons(&snap),
+            bad.iter()
+                .map(|k| (*k, InvalidReason::BadKey))
+                .collect::<Vec<_>>()
+        );
+        assert_eq!(snap.len(), 1);
+        assert_eq!(snap.entries().map(|(id, _)| id).collect::<Vec<_>>(), ["ok"]);
+    }
+
+    #[test]
+    fn a_bad_key_is_bad_whatever_its_value() {
+        let snap = snapshot(vec![kv("elsewhere/x", b"up", 1)]);
+        assert_eq!(reasons(&snap), [("elsewhere/x", InvalidReason::BadKey)]);
+    }
+
+    #[test]
+    fn empty_prefix_takes_the_whole_key() {
+        let snap = Snapshot::build(
+            "",
+            1,
+            vec![kv("be_web/srv1", b"maint", 1), kv("/", b"maint", 1)],
+        );
+        assert_eq!(snap.reply(b"be_web/srv1"), b"maint 100%\n");
+        assert_eq!(reasons(&snap), [("/", InvalidReason::BadKey)]);
+    }
+
+    #[test]
+    fn nested_identities_keep_their_slashes() {
+        let snap = snapshot(vec![at("dc1/be_web/srv1", b"drain", 1)]);
+        assert_eq!(snap.reply(b"dc1/be_web/srv1"), b"drain 100%\n");
+    }
+
+    #[test]
+    fn last_occurrence_of_an_identity_wins() {
+        let snap = snapshot(vec![at("a", b"drain", 1), at("a", b"maint", 2)]);
+        assert_eq!(snap.get(b"a"), Some(entry("maint", 2)));
+        let snap = snapshot(vec![at("a", b"drain", 1), at("a", b"bogus", 2)]);
+        assert_eq!(snap.get(b"a"), None);
+        assert_eq!(snap.reply(b"a"), b"ready 100%\n");
+    }
+
+    #[test]
+    fn shown_value_is_lossy_and_bounded() {
+        let long = "é".repeat(100); // 200 bytes
+        let snap = snapshot(vec![
+            at("a", b"\xffup\x00", 1),
+            at("b", long.as_bytes(), 2),
+            at("c", &[b'x'; 100_000], 3),
+            at("d", &[b'\xff'; 200], 4),
+        ]);
+        let shown: Vec<&str> = snap.invalid().iter().map(|k| k.value.as_str()).collect();
+        assert_eq!(shown[0], "\u{fffd}up\0");
+        assert_eq!(shown[1], "é".repeat(64));
+        assert_eq!(shown[2], "x".repeat(128));
+        // Each U+FFFD is 3 bytes: 42 of them fit in 128.
+        assert_eq!(shown[3], "\u{fffd}".repeat(42));
+        // A char that straddles byte 128 of the raw value is cut whole, not
+        // turned into U+FFFD.
+        let mut straddle = "x".repeat(125);
+        straddle.push('😀'); // bytes 125..129
+        assert_eq!(shown_value(straddle.as_bytes()), "x".repeat(125));
+        let mut fits = "x".repeat(124);
+        fits.push('😀'); // bytes 124..128
+        assert_eq!(shown_value(fits.as_bytes()), fits);
+    }
+
+    #[test]
+    fn entries_lists_every_valid_identity() {
+        let snap = snapshot(vec![
+            at("a", b"drain", 1),
+            at("b", b"5%", 2),
+            at("c", b"up", 3),
+        ]);
+        let mut entries: Vec<(&str, Entry)> = snap.entries().collect();
+        entries.sort_by_key(|(id, _)| *id);
+        assert_eq!(entries, [("a", entry("drain", 1)), ("b", entry("5%", 2))]);
+    }
+
+    #[test]
+    fn changes_from_added_removed_changed() {
+        let old = snapshot(vec![
+            at("same", b"drain", 1),
+            at("removed", b"maint", 2),
+            at("reweighted", b"50%", 3),
+            at("reindexed", b"drain", 4),
+            at("became_invalid", b"drain", 5),
+        ]);
+        let new = snapshot(vec![
+            at("same", b"drain", 1),
+            at("reweighted", b"60%", 13),
+            at("reindexed", b"drain", 14),
+            at("became_invalid", b"up", 15),
+            at("added", b"maint", 16),
+        ]);
+        let changes = new.changes_from(&old);
+        assert_eq!(
+            changes,
+            [
+                Change {
+                    identity: "added",
+                    old: None,
+                    new: Some(entry("maint", 16))
+                },
+                Change {
+                    identity: "became_invalid",
+                    old: Some(entry("drain", 5)),
+                    new: None
+                },
+                Change {
+                    identity: "reindexed",
+                    old: Some(entry("drain", 4)),
+                    new: Some(entry("drain", 14))
+                },
+                Change {
+                    identity: "removed",
+                    old: Some(entry("maint", 2)),
+                    new: None
+                },
+                Change {
+                    identity: "reweighted",
+                    old: Some(entry("50%", 3)),
+                    new: Some(entry("60%", 13))
+                },
+            ]
+        );
+        assert!(new.changes_from(&new).is_empty());
+        assert_eq!(Snapshot::default().changes_from(&old).len(), 5);
+        assert!(old
+            .changes_from(&Snapshot::default())
+            .iter()
+            .all(|c| c.old.is_none() && c.new.is_some()));
+    }
+
+    #[test]
+    fn changes_are_sorted_by_identity() {
+        let ids: Vec<String> = (0..200).map(|i| format!("be/srv{i}")).collect();
+        let new = snapshot(ids.iter().map(|id| at(id, b"drain", 1)).collect());
+        let empty = Snapshot::default();
+        let changes = new.changes_from(&empty);
+        let got: Vec<&str> = changes.iter().map(|c| c.identity).collect();
+        let mut want: Vec<&str> = ids.iter().map(String::as_str).collect();
+        want.sort();
+        assert_eq!(got, want);
+    }
+
+    #[test]
+    fn new_invalid_since() {
+        let old = snapshot(vec![
+            at("same", b"up", 1),
+            at("new_value", b"up", 2),
+            at("new_index", b"up", 3),
+            at("new_reason", b"down", 4),
+            at("fixed", b"up", 5),
+        ]);
+        let new = snapshot(vec![
+            at("same", b"up", 1),
+            at("new_value", b"down", 2),
+            at("new_index", b"up", 13),
+            at("new_reason", b"999%", 4),
+            at("fixed", b"drain", 15),
+            at("added", b"fail", 16),
+            kv("outside/x", b"drain", 17),
+        ]);
+        let got: Vec<&str> = new
+            .new_invalid_since(&old)
+            .iter()
+            .map(|k| k.key.as_str())
+            .collect();
+        assert_eq!(
+            got,
+            [
+                "gitlab-haproxy-agent/state/new_value",
+                "gitlab-haproxy-agent/state/new_index",
+                "gitlab-haproxy-agent/state/new_reason",
+                "gitlab-haproxy-agent/state/added",
+                "outside/x",
+            ]
+        );
+        assert!(new.new_invalid_since(&new).is_empty());
+        assert_eq!(
+            new.new_invalid_since(&Snapshot::default()).len(),
+            new.invalid().len()
+        );
+    }
+
+    #[test]
+    fn reason_labels_and_indexes() {
+        let labels: Vec<&str> = InvalidReason::ALL.iter().map(|r| r.label()).collect();
+        assert_eq!(labels, ["syntax", "health_word", "out_of_range", "bad_key"]);
+        for (i, r) in InvalidReason::ALL.iter().enumerate() {
+            assert_eq!(r.index(), i);
+        }
+        assert_eq!(
+            InvalidReason::from(InvalidValue::HealthWord),
+            InvalidReason::HealthWord
+        );
+        assert_eq!(
+            InvalidReason::from(InvalidValue::OutOfRange),
+            InvalidReason::OutOfRange
+        );
+        assert_eq!(
+            InvalidReason::from(InvalidValue::Syntax),
+            InvalidReason::Syntax
+        );
+    }
+
+    #[test]
+    fn hasher_spreads_identities_that_differ_in_one_byte() {
+        use std::hash::{BuildHasher, BuildHasherDefault};
+        let build = BuildHasherDefault::<IdentityHasher>::default();
+        // The table indexes with the low bits: they must differ too.
+        let low: HashSet<u64> = (0..1000)
+            .map(|i| build.hash_one(format!("be_web/srv{i:04}").as_bytes()) & 0xffff)
+            .collect();
+        assert!(low.len() > 950, "{} distinct of 1000", low.len());
+        assert_ne!(build.hash_one(&b"ab"[..]), build.hash_one(&b"ab\0"[..]));
+    }
+
+    #[test]
+    fn large_snapshot() {
+        let n = 20_000;
+        let snap = snapshot(
+            (0..n)
+                .map(|i| at(&format!("be/srv{i}"), b"drain", i))
+                .collect(),
+        );
+        assert_eq!(snap.len(), n as usize);
+        assert_eq!(snap.get(b"be/srv12345"), Some(entry("drain", 12345)));
+        assert_eq!(snap.reply(format!("be/srv{n}").as_bytes()), b"ready 100%\n");
     }
 }

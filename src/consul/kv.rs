@@ -5,6 +5,18 @@
 //! their values base64-decoded (`Value: null` is an empty value). Always
 //! holds: any byte input returns `Ok` or `Err`, never panics; the work is
 //! linear in the input.
+//!
+//! Fields: `Key` is required; a missing `Value` is an empty value like
+//! `null`; a missing `ModifyIndex` is 0 (consul always sends it; it only feeds
+//! logs and change detection). Every other field is skipped without being
+//! decoded. Entries are decoded straight into [`KvPair`]s as the array is
+//! read, with no intermediate document.
+
+use std::fmt;
+
+use base64::Engine as _;
+use serde::de::{self, Deserializer, SeqAccess, Visitor};
+use serde::Deserialize;
 
 /// One KV entry as consul sends it, value decoded.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -28,5 +40,304 @@ impl std::fmt::Display for DecodeError {
 /// Decodes a recurse listing. An empty body is an error here: the caller
 /// handles the 404 (empty prefix) before decoding.
 pub fn decode_list(body: &[u8]) -> Result<Vec<KvPair>, DecodeError> {
-    todo!("{body:?}")
+    if body.trim_ascii().is_empty() {
+        return Err(DecodeError("kv listing: empty body".to_owned()));
+    }
+    match serde_json::from_slice::<Listing>(body) {
+        Ok(Listing(pairs)) => Ok(pairs),
+        Err(e) => Err(DecodeError(format!("kv listing: {e}"))),
+    }
+}
+
+/// The top-level array, decoded element by element into [`KvPair`]s.
+struct Listing(Vec<KvPair>);
+
+impl<'de> Deserialize<'de> for Listing {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_seq(ListingVisitor)
+    }
+}
+
+struct ListingVisitor;
+
+impl<'de> Visitor<'de> for ListingVisitor {
+    type Value = Listing;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a JSON array of KV entries")
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Listing, A::Error> {
+        let mut pairs = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(4096));
+        while let Some(entry) = seq.next_element::<Entry>()? {
+            pairs.push(KvPair {
+                key: entry.key,
+                value: entry.value.0,
+                modify_index: entry.modify_index,
+            });
+        }
+        Ok(Listing(pairs))
+    }
+}
+
+/// One consul `DirEntry`; fields not named here are skipped.
+#[derive(Deserialize)]
+struct Entry {
+    #[serde(rename = "Key")]
+    key: String,
+    #[serde(rename = "Value", default)]
+    value: Base64Value,
+    #[serde(rename = "ModifyIndex", default)]
+    modify_index: u64,
+}
+
+/// A `Value` field: standard base64 with padding, or `null` for empty.
+/// Decoded straight from the input slice, no intermediate string.
+#[derive(Default)]
+struct Base64Value(Vec<u8>);
+
+impl<'de> Deserialize<'de> for Base64Value {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_option(Base64Visitor)
+    }
+}
+
+struct Base64Visitor;
+
+impl<'de> Visitor<'de> for Base64Visitor {
+    type Value = Base64Value;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a base64 string or null")
+    }
+
+    fn visit_none<E: de::Error>(self) -> Result<Base64Value, E> {
+        Ok(Base64Value::default())
+    }
+
+    fn visit_unit<E: de::Error>(self) -> Result<Base64Value, E> {
+        Ok(Base64Value::default())
+    }
+
+    fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<Base64Value, D::Error> {
+        d.deserialize_str(self)
+    }
+
+    fn visit_str<E: de::Error>(self, s: &str) -> Result<Base64Value, E> {
+        base64::engine::general_purpose::STANDARD
+            .decode(s)
+            .map(Base64Value)
+            .map_err(|e| E::custom(format_args!("Value is not base64 ({e})")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pair(key: &str, value: &[u8], modify_index: u64) -> KvPair {
+        KvPair {
+            key: key.to_owned(),
+            value: value.to_vec(),
+            modify_index,
+        }
+    }
+
+    #[track_caller]
+    fn decode(body: &str) -> Vec<KvPair> {
+        decode_list(body.as_bytes()).unwrap_or_else(|e| panic!("{e}: {body}"))
+    }
+
+    #[track_caller]
+    fn error(body: &[u8]) -> String {
+        match decode_list(body) {
+            Ok(pairs) => panic!("decoded {pairs:?} from {:?}", String::from_utf8_lossy(body)),
+            Err(DecodeError(msg)) => msg,
+        }
+    }
+
+    #[test]
+    fn consul_ce_shape() {
+        let body = r#"[{"LockIndex":0,"Key":"a/b","Flags":0,"Value":"YmFy","CreateIndex":10,"ModifyIndex":12}]"#;
+        assert_eq!(decode(body), vec![pair("a/b", b"bar", 12)]);
+    }
+
+    #[test]
+    fn null_and_missing_value_are_empty() {
+        let body = r#"[{"Key":"a/","Value":null,"ModifyIndex":3},{"Key":"a/c","ModifyIndex":4}]"#;
+        assert_eq!(decode(body), vec![pair("a/", b"", 3), pair("a/c", b"", 4)]);
+    }
+
+    #[test]
+    fn empty_string_value_is_empty() {
+        assert_eq!(
+            decode(r#"[{"Key":"k","Value":"","ModifyIndex":1}]"#),
+            vec![pair("k", b"", 1)]
+        );
+    }
+
+    #[test]
+    fn missing_modify_index_is_zero() {
+        assert_eq!(
+            decode(r#"[{"Key":"k","Value":"YmFy"}]"#),
+            vec![pair("k", b"bar", 0)]
+        );
+    }
+
+    #[test]
+    fn empty_array() {
+        assert_eq!(decode("[]"), vec![]);
+        assert_eq!(decode(" [ ]\n"), vec![]);
+    }
+
+    #[test]
+    fn unknown_fields_are_ignored() {
+        let body = r#"[{"LockIndex":2,"Key":"s/x","Flags":18446744073709551615,"Value":"ZHJhaW4=",
+            "Session":"adf4238a-882b-9ddc-4a9d-5b6758e4159e","Namespace":"default","Partition":"default",
+            "Nested":{"a":[1,2,{"b":null}]},"CreateIndex":10,"ModifyIndex":99}]"#;
+        assert_eq!(decode(body), vec![pair("s/x", b"drain", 99)]);
+    }
+
+    #[test]
+    fn pretty_printed_dev_agent_body() {
+        let body = "[\n    {\n        \"LockIndex\": 0,\n        \"Key\": \"gitlab-haproxy-agent/state/be_web/srv1\",\n        \"Flags\": 0,\n        \"Value\": \"bWFpbnQ=\",\n        \"CreateIndex\": 21,\n        \"ModifyIndex\": 25\n    },\n    {\n        \"LockIndex\": 0,\n        \"Key\": \"gitlab-haproxy-agent/state/be_web/srv2\",\n        \"Flags\": 0,\n        \"Value\": \"NTAlCg==\",\n        \"CreateIndex\": 22,\n        \"ModifyIndex\": 22\n    }\n]\n";
+        assert_eq!(
+            decode(body),
+            vec![
+                pair("gitlab-haproxy-agent/state/be_web/srv1", b"maint", 25),
+                pair("gitlab-haproxy-agent/state/be_web/srv2", b"50%\n", 22),
+            ]
+        );
+    }
+
+    #[test]
+    fn realistic_consul_body() {
+        // Sorted by key, a folder entry with a null value, a binary value, and
+        // Go's HTML-safe escaping of `&` in a key.
+        let body = concat!(
+            r#"[{"LockIndex":0,"Key":"gitlab-haproxy-agent/state/","Flags":0,"Value":null,"CreateIndex":5,"ModifyIndex":5},"#,
+            r#"{"LockIndex":0,"Key":"gitlab-haproxy-agent/state/be_api/api-01","Flags":0,"Value":"cmVhZHk=","CreateIndex":6,"ModifyIndex":6},"#,
+            r#"{"LockIndex":0,"Key":"gitlab-haproxy-agent/state/be_r&d/x","Flags":0,"Value":"/wA=","CreateIndex":7,"ModifyIndex":30},"#,
+            r#"{"LockIndex":0,"Key":"gitlab-haproxy-agent/state/be_web/web-01","Flags":0,"Value":"MjAwJQ==","CreateIndex":8,"ModifyIndex":1234567890123}]"#,
+        );
+        assert_eq!(
+            decode(body),
+            vec![
+                pair("gitlab-haproxy-agent/state/", b"", 5),
+                pair("gitlab-haproxy-agent/state/be_api/api-01", b"ready", 6),
+                pair("gitlab-haproxy-agent/state/be_r&d/x", b"\xff\0", 30),
+                pair(
+                    "gitlab-haproxy-agent/state/be_web/web-01",
+                    b"200%",
+                    1234567890123
+                ),
+            ]
+        );
+    }
+
+    #[test]
+    fn escaped_value_string_still_decodes() {
+        // Legal JSON even if consul never writes it this way.
+        assert_eq!(
+            decode(r#"[{"Key":"k","Value":"YmF\u0079"}]"#),
+            vec![pair("k", b"bar", 0)]
+        );
+        assert_eq!(
+            decode(r#"[{"Key":"k","Value":"\/wA="}]"#),
+            vec![pair("k", b"\xff\0", 0)]
+        );
+    }
+
+    #[test]
+    fn not_an_array() {
+        error(br#"{"Key":"k"}"#);
+        error(b"null");
+        error(b"42");
+        error(br#""[]""#);
+        error(b"[1]");
+        error(b"[null]");
+        error(b"[[]]");
+    }
+
+    #[test]
+    fn empty_body_is_an_error() {
+        assert!(error(b"").contains("empty"));
+        assert!(error(b" \n").contains("empty"));
+    }
+
+    #[test]
+    fn garbage() {
+        error(b"garbage");
+        error(b"<html>502 Bad Gateway</html>");
+        error(b"\xff\xfe\0");
+        error(b"[");
+        error(br#"[{"Key":"k","Value":"YmFy"}"#);
+        error(br#"[{"Key":"k","Value":"YmFy"}]]"#);
+        error(br#"[{"Key":"k","Value":"YmFy"}] trailing"#);
+        error(br#"[{"Key":"k","Value":"YmFy","#);
+    }
+
+    #[test]
+    fn truncated_bodies_never_decode() {
+        let body = br#"[{"LockIndex":0,"Key":"a/b","Flags":0,"Value":"YmFy","CreateIndex":10,"ModifyIndex":12}]"#;
+        for cut in 0..body.len() {
+            assert!(decode_list(&body[..cut]).is_err(), "cut at {cut}");
+        }
+    }
+
+    #[test]
+    fn missing_or_wrong_key() {
+        assert!(error(br#"[{"Value":"YmFy","ModifyIndex":1}]"#).contains("Key"));
+        error(br#"[{"Key":null}]"#);
+        error(br#"[{"Key":7}]"#);
+        error(br#"[{"Key":"k","Key":"k2"}]"#);
+    }
+
+    #[test]
+    fn bad_base64() {
+        assert!(error(br#"[{"Key":"k","Value":"YmFy!"}]"#).contains("base64"));
+        error(br#"[{"Key":"k","Value":"YmF"}]"#); // missing padding
+        error(br#"[{"Key":"k","Value":"YmFy===="}]"#);
+        error(br#"[{"Key":"k","Value":"Ym-y"}]"#); // URL-safe alphabet
+        error(br#"[{"Key":"k","Value":42}]"#);
+        error(br#"[{"Key":"k","Value":["YmFy"]}]"#);
+    }
+
+    #[test]
+    fn bad_modify_index() {
+        error(br#"[{"Key":"k","ModifyIndex":-1}]"#);
+        error(br#"[{"Key":"k","ModifyIndex":"12"}]"#);
+        error(br#"[{"Key":"k","ModifyIndex":1.5}]"#);
+        error(br#"[{"Key":"k","ModifyIndex":18446744073709551616}]"#);
+    }
+
+    #[test]
+    fn invalid_utf8_in_key_is_an_error() {
+        error(b"[{\"Key\":\"\xff\"}]");
+    }
+
+    #[test]
+    fn deep_nesting_is_an_error_not_a_crash() {
+        let mut body = b"[{\"Key\":\"k\",\"X\":".to_vec();
+        body.extend(std::iter::repeat_n(b'[', 100_000));
+        error(&body);
+    }
+
+    #[test]
+    fn many_entries() {
+        let n = 10_000;
+        let body = format!(
+            "[{}]",
+            (0..n)
+                .map(|i| format!(r#"{{"LockIndex":0,"Key":"p/be/srv{i}","Flags":0,"Value":"ZHJhaW4=","CreateIndex":{i},"ModifyIndex":{i}}}"#))
+                .collect::<Vec<_>>()
+                .join(",")
+        );
+        let pairs = decode(&body);
+        assert_eq!(pairs.len(), n);
+        assert_eq!(
+            pairs[n - 1],
+            pair(&format!("p/be/srv{}", n - 1), b"drain", n as u64 - 1)
+        );
+    }
 }
