@@ -193,7 +193,7 @@ impl EventLoop {
     pub fn new(config: &Config, listeners: Listeners) -> io::Result<EventLoop> {
         let poll = Poll::new()?;
         let reg = poll.registry();
-        let mut wrap = |l: Option<std::net::TcpListener>, t: Token| -> io::Result<Option<TcpListener>> {
+        let wrap = |l: Option<std::net::TcpListener>, t: Token| -> io::Result<Option<TcpListener>> {
             l.map(|l| {
                 let mut l = TcpListener::from_std(l);
                 reg.register(&mut l, t, Interest::READABLE)?;

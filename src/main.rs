@@ -1,1 +1,100 @@
-fn main() {}
+//! Wiring only: parse the configuration, start logging, raise the
+//! descriptor limit, bind, run the loop, map errors to exit codes
+//! (0 clean shutdown, 1 fatal runtime error, 2 bad usage).
+
+use std::process::ExitCode;
+
+use gitlab_haproxy_agent::config::{self, Command, Config, ConsulEndpoint, ListenAddr};
+use gitlab_haproxy_agent::event_loop::{bind, EventLoop, Listeners};
+use gitlab_haproxy_agent::logging;
+use log::{error, info, warn};
+
+fn main() -> ExitCode {
+    let args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
+    let command = match config::parse(args, &|name| std::env::var(name).ok()) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("gitlab-haproxy-agent: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let config = match command {
+        Command::Help(text) => {
+            print!("{text}");
+            return ExitCode::SUCCESS;
+        }
+        Command::Version(line) => {
+            println!("{line}");
+            return ExitCode::SUCCESS;
+        }
+        Command::Run(c) => *c,
+    };
+    logging::init(config.log_format, config.log_level);
+    match run(config) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            error!(error = e.as_str(); "fatal");
+            ExitCode::from(1)
+        }
+    }
+}
+
+fn run(mut config: Config) -> Result<(), String> {
+    raise_nofile_limit();
+    let bind_one = |what: &str, addr: &Option<ListenAddr>| -> Result<Option<std::net::TcpListener>, String> {
+        addr.as_ref().map(|a| bind(a).map_err(|e| format!("cannot listen on {what} {a:?}: {e}"))).transpose()
+    };
+    let listeners = Listeners {
+        agent: bind_one("-listen-addr", &config.listen_addr)?,
+        monitoring: bind_one("-monitoring-addr", &config.monitoring_addr)?,
+        pprof: bind_one("-pprof-addr", &config.pprof_addr)?,
+        devkv: bind_one("-dev-kv-addr", &config.dev_kv_addr)?,
+    };
+    if let Some(devkv) = &listeners.devkv {
+        warn!("-dev: serving an in-memory consul-compatible KV; never use this in production");
+        // With port 0 only the bound socket knows the port the watcher
+        // must use.
+        if config.consul_follows_dev_kv {
+            let a = devkv.local_addr().map_err(|e| e.to_string())?;
+            config.consul.endpoint = ConsulEndpoint::Tcp(a);
+            config.consul.host_header = a.to_string();
+        }
+    }
+    let mut event_loop = EventLoop::new(&config, listeners).map_err(|e| format!("cannot start the event loop: {e}"))?;
+    let mut addrs: Vec<String> = event_loop.local_addrs().iter().map(|(n, a)| format!("{n}={a}")).collect();
+    addrs.push(format!("consul={}", describe(&config.consul.endpoint)));
+    info!(
+        version = config::version_line().as_str(),
+        addresses = addrs.join(" ").as_str(),
+        kv_prefix = config.kv_prefix.as_str(),
+        read_timeout_ms = config.read_timeout.as_millis() as u64,
+        max_connections = config.max_connections;
+        "listening"
+    );
+    event_loop.run().map_err(|e| format!("event loop failed: {e}"))
+}
+
+fn describe(e: &ConsulEndpoint) -> String {
+    match e {
+        ConsulEndpoint::Tcp(a) => a.to_string(),
+        ConsulEndpoint::Unix(p) => format!("unix://{}", p.display()),
+    }
+}
+
+/// Go programs raise the soft `RLIMIT_NOFILE` to the hard limit at start;
+/// so does this (20,000 connections need more than the usual 1,024).
+fn raise_nofile_limit() {
+    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit/setrlimit only read and write the struct passed.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+        warn!("cannot read RLIMIT_NOFILE");
+        return;
+    }
+    let old = lim.rlim_cur;
+    lim.rlim_cur = lim.rlim_max;
+    if old != lim.rlim_max && unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) } != 0 {
+        warn!(soft = old, hard = lim.rlim_max; "cannot raise RLIMIT_NOFILE");
+        return;
+    }
+    info!(soft = lim.rlim_cur, hard = lim.rlim_max, was = old; "file descriptor limit");
+}

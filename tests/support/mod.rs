@@ -1,0 +1,350 @@
+//! Test support: the agent binary as a guarded child process, the consul
+//! stand-in (the binary itself in `-dev` mode, or a real `consul agent -dev`
+//! when `CONSUL_BIN` names one or `consul` is on `PATH`), a one-line agent
+//! client, a small blocking HTTP client over the project's own framing, and
+//! deadline-bounded polling.
+//!
+//! Every process started here is killed by PID when its guard drops, even
+//! when a test fails.
+
+#![allow(dead_code)] // each test binary uses a different part
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use gitlab_haproxy_agent::http::{parse_response_head, BodyDecoder, Parse};
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_gitlab-haproxy-agent");
+
+/// Polls `f` every 10 ms until it returns `Some`, or panics with `what`
+/// after `limit`.
+pub fn wait_for<T>(limit: Duration, what: &str, mut f: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        if Instant::now() >= deadline {
+            panic!("timed out after {limit:?} waiting for {what}");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// A child process killed (SIGKILL, by PID) when dropped; its stderr is
+/// collected line by line.
+pub struct Proc {
+    pub child: Child,
+    pub lines: Arc<Mutex<Vec<String>>>,
+}
+
+impl Proc {
+    /// Spawns `cmd` with stderr captured.
+    pub fn spawn(mut cmd: Command) -> Proc {
+        cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::piped());
+        let mut child = cmd.spawn().unwrap_or_else(|e| panic!("cannot start {cmd:?}: {e}"));
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        let stderr = child.stderr.take().expect("stderr piped");
+        let sink = Arc::clone(&lines);
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines() {
+                let Ok(line) = line else { break };
+                if std::env::var_os("TEST_SHOW_LOGS").is_some() {
+                    eprintln!("[child] {line}");
+                }
+                sink.lock().unwrap().push(line);
+            }
+        });
+        Proc { child, lines }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// All stderr lines so far.
+    pub fn log(&self) -> Vec<String> {
+        self.lines.lock().unwrap().clone()
+    }
+
+    /// Waits for a stderr line containing `needle` and returns it.
+    pub fn wait_log(&self, needle: &str, limit: Duration) -> String {
+        wait_for(limit, &format!("log line containing {needle:?}"), || self.log().into_iter().find(|l| l.contains(needle)))
+    }
+
+    /// Sends a signal (by PID).
+    pub fn signal(&self, sig: i32) {
+        // SAFETY: kill(2) on our own child's PID.
+        unsafe {
+            libc::kill(self.child.id() as i32, sig);
+        }
+    }
+
+    /// Waits for exit; `None` if still running after `limit`.
+    pub fn wait_exit(&mut self, limit: Duration) -> Option<std::process::ExitStatus> {
+        let deadline = Instant::now() + limit;
+        loop {
+            if let Ok(Some(st)) = self.child.try_wait() {
+                return Some(st);
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The agent binary, running, with the addresses it logged at start-up.
+pub struct Agent {
+    pub proc: Proc,
+    pub listen: Option<SocketAddr>,
+    pub monitoring: Option<SocketAddr>,
+    pub pprof: Option<SocketAddr>,
+    pub dev_kv: Option<SocketAddr>,
+}
+
+impl Agent {
+    /// Starts the binary with `args` (every listener defaults to
+    /// `127.0.0.1:0` unless `args` sets it) and waits for its
+    /// `listening` line.
+    pub fn start(args: &[&str], env: &[(&str, &str)]) -> Agent {
+        let mut cmd = Command::new(BIN);
+        for (flag, default) in [("-listen-addr", "127.0.0.1:0"), ("-monitoring-addr", "127.0.0.1:0"), ("-pprof-addr", "127.0.0.1:0")] {
+            if !args.contains(&flag) {
+                cmd.args([flag, default]);
+            }
+        }
+        cmd.args(args);
+        cmd.env_remove("CONSUL_HTTP_ADDR").env_remove("CONSUL_HTTP_TOKEN").env_remove("CONSUL_HTTP_TOKEN_FILE");
+        cmd.env("GITLAB_LOG_LEVEL", "debug");
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let proc = Proc::spawn(cmd);
+        let line = proc.wait_log("\"msg\":\"listening\"", Duration::from_secs(10));
+        let addr_of = |name: &str| -> Option<SocketAddr> {
+            let key = format!("{name}=");
+            let start = line.find(&key)? + key.len();
+            let rest = &line[start..];
+            let end = rest.find([' ', '"']).unwrap_or(rest.len());
+            rest[..end].parse().ok()
+        };
+        Agent {
+            listen: addr_of("listen_addr"),
+            monitoring: addr_of("monitoring_addr"),
+            pprof: addr_of("pprof_addr"),
+            dev_kv: addr_of("dev_kv_addr"),
+            proc,
+        }
+    }
+
+    /// The agent pointed at a consul address (`host:port`), answering on
+    /// loopback.
+    pub fn with_consul(consul: SocketAddr, prefix: &str, extra: &[&str]) -> Agent {
+        let consul = consul.to_string();
+        let mut args = vec!["-consul-addr", consul.as_str(), "-kv-prefix", prefix];
+        args.extend_from_slice(extra);
+        Agent::start(&args, &[])
+    }
+
+    pub fn listen(&self) -> SocketAddr {
+        self.listen.expect("agent listener enabled")
+    }
+
+    /// One agent check: sends `line` as is, returns the reply (`None`: closed
+    /// without one).
+    pub fn check(&self, line: &str) -> Option<String> {
+        check(self.listen(), line.as_bytes())
+    }
+
+    /// Waits until the reply for `identity` is `want`.
+    pub fn wait_reply(&self, identity: &str, want: &str, limit: Duration) {
+        let line = format!("{identity}\n");
+        let mut last = None;
+        let deadline = Instant::now() + limit;
+        while Instant::now() < deadline {
+            last = self.check(&line);
+            if last.as_deref() == Some(want) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        panic!("{identity}: expected {want:?} within {limit:?}, last reply {last:?}");
+    }
+
+    /// GET on the monitoring listener: (status, body).
+    pub fn monitoring_get(&self, path: &str) -> (u16, String) {
+        let (st, body) = http(self.monitoring.expect("monitoring enabled"), "GET", path, b"").expect("monitoring answers");
+        (st, String::from_utf8_lossy(&body).into_owned())
+    }
+
+    /// A metric's value from `/-/metrics` (`series` with labels as printed).
+    pub fn metric(&self, series: &str) -> f64 {
+        let (_, text) = self.monitoring_get("/-/metrics");
+        metric_value(&text, series).unwrap_or_else(|| panic!("{series} not in /-/metrics"))
+    }
+}
+
+/// A metric's value in an exposition, `None` if the series is absent.
+pub fn metric_value(text: &str, series: &str) -> Option<f64> {
+    text.lines().find_map(|l| l.strip_prefix(series).and_then(|r| r.strip_prefix(' ')).and_then(|v| v.trim().parse().ok()))
+}
+
+/// One agent-check connection: send `request`, read until EOF; `None` if
+/// the agent closed without a reply line.
+pub fn check(addr: SocketAddr, request: &[u8]) -> Option<String> {
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s.write_all(request).ok()?;
+    let mut out = Vec::new();
+    let _ = s.read_to_end(&mut out);
+    let text = String::from_utf8(out).ok()?;
+    text.strip_suffix('\n').map(str::to_owned)
+}
+
+/// A blocking HTTP/1.1 request (one per connection) over the project's own
+/// response framing: (status, body).
+pub fn http(addr: SocketAddr, method: &str, target: &str, body: &[u8]) -> Option<(u16, Vec<u8>)> {
+    http_full(addr, method, target, body).map(|(st, _, b)| (st, b))
+}
+
+/// Like [`http`], also returning the headers (lowercase names).
+pub fn http_full(addr: SocketAddr, method: &str, target: &str, body: &[u8]) -> Option<(u16, Vec<(String, Vec<u8>)>, Vec<u8>)> {
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(15))).unwrap();
+    let req = format!("{method} {target} HTTP/1.1\r\nHost: {addr}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n", body.len());
+    s.write_all(req.as_bytes()).ok()?;
+    s.write_all(body).ok()?;
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 16384];
+    loop {
+        if let Parse::Done(head, used) = parse_response_head(&buf, 1 << 20) {
+            let mut dec = BodyDecoder::new(head.framing, 256 << 20);
+            let mut out = Vec::new();
+            let mut rest = buf[used..].to_vec();
+            loop {
+                let n = dec.feed(&rest, &mut out).ok()?;
+                rest.drain(..n);
+                if dec.is_done() {
+                    return Some((head.status, head.headers, out));
+                }
+                let got = s.read(&mut chunk).ok()?;
+                if got == 0 {
+                    dec.eof().ok()?;
+                    return Some((head.status, head.headers, out));
+                }
+                rest.extend_from_slice(&chunk[..got]);
+            }
+        }
+        let n = s.read(&mut chunk).ok()?;
+        if n == 0 {
+            return None;
+        }
+        buf.extend_from_slice(&chunk[..n]);
+    }
+}
+
+/// A consul KV API to write to: the dev KV (the binary in `-dev` mode, its
+/// agent listener disabled) or a real `consul agent -dev`.
+pub struct Kv {
+    pub addr: SocketAddr,
+    /// The dev KV process (killing it is "consul down"); `None` for a real
+    /// consul shared by the test binary.
+    pub proc: Option<Agent>,
+}
+
+impl Kv {
+    /// The binary's own dev KV on `127.0.0.1:0`.
+    pub fn dev() -> Kv {
+        let a = Agent::start(&["-dev", "-listen-addr", "", "-monitoring-addr", "", "-pprof-addr", "", "-dev-kv-addr", "127.0.0.1:0"], &[]);
+        Kv { addr: a.dev_kv.expect("dev KV address logged"), proc: Some(a) }
+    }
+
+    /// The dev KV on a given address (to restart "consul" on the same port).
+    pub fn dev_at(addr: SocketAddr) -> Kv {
+        let at = addr.to_string();
+        let a = Agent::start(&["-dev", "-listen-addr", "", "-monitoring-addr", "", "-pprof-addr", "", "-dev-kv-addr", &at], &[]);
+        Kv { addr: a.dev_kv.expect("dev KV address logged"), proc: Some(a) }
+    }
+
+    /// A real consul when one is available (`CONSUL_BIN`, else `consul` on
+    /// `PATH`), one per test binary; else a fresh dev KV.
+    pub fn any() -> Kv {
+        match real_consul() {
+            Some(addr) => Kv { addr, proc: None },
+            None => Kv::dev(),
+        }
+    }
+
+    pub fn put(&self, key: &str, value: &str) {
+        let (st, body) = http(self.addr, "PUT", &format!("/v1/kv/{key}"), value.as_bytes()).expect("KV answers PUT");
+        assert_eq!((st, body.as_slice()), (200, &b"true"[..]), "PUT {key}");
+    }
+
+    pub fn delete(&self, key: &str) {
+        let (st, _) = http(self.addr, "DELETE", &format!("/v1/kv/{key}"), b"").expect("KV answers DELETE");
+        assert_eq!(st, 200, "DELETE {key}");
+    }
+
+    pub fn delete_tree(&self, prefix: &str) {
+        let (st, _) = http(self.addr, "DELETE", &format!("/v1/kv/{prefix}?recurse"), b"").expect("KV answers DELETE");
+        assert_eq!(st, 200, "DELETE {prefix}?recurse");
+    }
+}
+
+/// A KV prefix no other test uses.
+pub fn unique_prefix(test: &str) -> String {
+    static N: AtomicUsize = AtomicUsize::new(0);
+    format!("test-{}-{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed), test)
+}
+
+fn consul_bin() -> Option<std::path::PathBuf> {
+    if let Some(p) = std::env::var_os("CONSUL_BIN").filter(|p| !p.is_empty()) {
+        return Some(p.into());
+    }
+    std::env::var_os("PATH").and_then(|paths| std::env::split_paths(&paths).map(|d| d.join("consul")).find(|p| p.is_file()))
+}
+
+/// One `consul agent -dev` per test binary, on free loopback ports.
+fn real_consul() -> Option<SocketAddr> {
+    static CONSUL: OnceLock<Option<(SocketAddr, u32)>> = OnceLock::new();
+    CONSUL
+        .get_or_init(|| {
+            let bin = consul_bin()?;
+            let port = free_port();
+            let dir = std::env::temp_dir().join(format!("gha-consul-{}", std::process::id()));
+            let mut cmd = Command::new(bin);
+            cmd.args(["agent", "-dev", "-bind", "127.0.0.1", "-client", "127.0.0.1", "-data-dir"]).arg(&dir);
+            cmd.args(["-http-port", &port.to_string(), "-grpc-port", "-1", "-dns-port", "-1", "-serf-lan-port", &free_port().to_string()]);
+            cmd.args(["-serf-wan-port", &free_port().to_string(), "-server-port", &free_port().to_string()]);
+            let proc = Proc::spawn(cmd);
+            let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+            wait_for(Duration::from_secs(30), "consul agent -dev to elect itself", || {
+                http(addr, "GET", "/v1/status/leader", b"").filter(|(st, b)| *st == 200 && b.len() > 2).map(|_| ())
+            });
+            // Lives as long as the test binary; the OS reaps it with us, but
+            // kill it explicitly at exit too.
+            let pid = proc.pid();
+            std::mem::forget(proc);
+            Some((addr, pid))
+        })
+        .map(|(a, _)| a)
+}
+
+/// A port free right now on 127.0.0.1 (for processes that cannot report
+/// their own bound port, like consul).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
