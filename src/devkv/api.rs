@@ -1,14 +1,49 @@
 //! `/v1/kv/` over the store: GET (single key, `?recurse`, `?keys`,
 //! `?raw`, blocking with `index`/`wait`), PUT (`?flags`, `?cas`), DELETE
 //! (`?recurse`, `?cas`), OPTIONS; 405 otherwise.
+//!
+//! In: a parsed request head, its decoded body and `now`. Out: a
+//! [`Response`] to render, or a [`Wait`] the loop parks until
+//! [`DevKv::is_ready`] or its deadline. The checks run in consul's order
+//! (Go's ServeMux path cleaning, then `wrap`, then `parse`, then the KV
+//! handler), so the first error a request hits is the one consul reports,
+//! with consul's status and text (`shared/research/consul-kv.md` §1, §2, §6).
+//!
+//! Deliberate differences from a real `consul agent -dev`: JSON is compact
+//! unless `?pretty` is given (a real dev agent always pretty-prints);
+//! sessions do not exist, so `?acquire` fails like an unknown session; a
+//! percent-decoded key that is not UTF-8 gets 400 (consul would store it).
 
-use std::time::Instant;
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
 
-use crate::http::{RequestHead, Response};
+use base64::Engine as _;
+use serde::Serialize;
+
+use super::store::Store;
+use crate::http::{percent_decode, query_pairs, Method, RequestHead, Response};
+
+/// consul's `kv_max_value_size` default: larger PUT bodies get 413. The
+/// loop's request body bound must be above this for the 413 to be seen.
+pub const MAX_VALUE_SIZE: usize = 512 * 1024;
+
+/// consul's `default_query_time` (a blocking wait of 0 or less) and
+/// `max_query_time` (the cap).
+pub const DEFAULT_QUERY_TIME: Duration = Duration::from_secs(300);
+pub const MAX_QUERY_TIME: Duration = Duration::from_secs(600);
+
+/// The datacenter a dev agent is in; `?dc=` naming another gets 500.
+const DATACENTER: &str = "dc1";
+const ALLOW: &str = "OPTIONS,GET,PUT,DELETE";
+const TEXT: &str = "text/plain; charset=utf-8";
+const JITTER_SEED: u64 = 0x9e37_79b9_7f4a_7c15;
 
 /// The dev KV: store plus blocking-query bookkeeping.
 pub struct DevKv {
-    // implementation's choice
+    store: Store,
+    jitter: bool,
+    /// xorshift64* state for the wait stagger (never 0).
+    rng: u64,
 }
 
 /// What to do with one request.
@@ -27,36 +62,1379 @@ pub struct Wait {
     /// When to answer even if nothing changed (clamped wait plus jitter in
     /// [0, wait/16), as consul does).
     pub deadline: Instant,
-    // the rest: implementation's choice (key, recurse/keys flags, index ...)
+    /// What to answer with.
+    read: Read,
+    /// The `?index=` the client sent; ready once the read's index passes it.
+    index: u64,
+}
+
+impl Wait {
+    /// The `?index=` the query blocks on.
+    pub fn index(&self) -> u64 {
+        self.index
+    }
+}
+
+/// A GET, once parsed: everything needed to answer it again later.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Read {
+    key: String,
+    kind: ReadKind,
+    pretty: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum ReadKind {
+    Single { raw: bool },
+    Recurse,
+    Keys { separator: String },
+}
+
+/// consul's `structs.DirEntry` as the CE server encodes it (field order
+/// matters to some clients; `Session` is omitted because none is ever set).
+#[derive(Serialize)]
+#[serde(rename_all = "PascalCase")]
+struct DirEntry<'a> {
+    lock_index: u64,
+    key: &'a str,
+    flags: u64,
+    value: Option<String>,
+    create_index: u64,
+    modify_index: u64,
+}
+
+/// Query parameters as Go's `url.Values` sees them: presence, and the
+/// first value.
+struct Params(Vec<(String, String)>);
+
+impl Params {
+    fn has(&self, name: &str) -> bool {
+        self.0.iter().any(|(k, _)| k == name)
+    }
+
+    /// Go's `Values.Get`: the first value, `""` when absent.
+    fn get(&self, name: &str) -> &str {
+        self.0
+            .iter()
+            .find(|(k, _)| k == name)
+            .map_or("", |(_, v)| v.as_str())
+    }
 }
 
 impl DevKv {
     /// `jitter`: add consul's random stagger to waits (off in tests that
     /// need exact deadlines).
     pub fn new(jitter: bool) -> DevKv {
-        todo!("{jitter}")
+        DevKv {
+            store: Store::new(),
+            jitter,
+            rng: JITTER_SEED,
+        }
+    }
+
+    /// Reseeds the stagger PRNG (deterministic by default).
+    pub fn set_jitter_seed(&mut self, seed: u64) {
+        self.rng = if seed == 0 { JITTER_SEED } else { seed };
+    }
+
+    /// How long tombstones live (15 min by default).
+    pub fn set_tombstone_ttl(&mut self, ttl: Duration) {
+        self.store.set_tombstone_ttl(ttl);
+    }
+
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    /// Direct access for seeding tests; writes made here move
+    /// [`DevKv::generation`] like HTTP ones.
+    pub fn store_mut(&mut self) -> &mut Store {
+        &mut self.store
     }
 
     /// Handles one complete request (head + decoded body) at `now`.
     pub fn handle(&mut self, req: &RequestHead, body: &[u8], now: Instant) -> Handled {
-        todo!("{req:?} {body:?} {now:?}")
+        self.store.reap(now);
+        match self.route(req, body, now) {
+            Ok(handled) => handled,
+            Err(resp) => Handled::Respond(resp),
+        }
     }
 
     /// True when a parked query must be answered now (its prefix index went
     /// past the requested index). Cheap: called for every parked query after
     /// each write.
     pub fn is_ready(&self, wait: &Wait) -> bool {
-        todo!("{wait:?}")
+        self.read_index(&wait.read) > wait.index
     }
 
     /// The response for a parked query (woken or timed out).
     pub fn answer(&self, wait: &Wait) -> Response {
-        todo!("{wait:?}")
+        self.render(&wait.read)
     }
 
     /// Bumps on every write that changed the store; the loop re-checks
     /// parked queries only when it moved.
     pub fn generation(&self) -> u64 {
-        todo!()
+        // The store hands out a new index for every real write and only then.
+        self.store.last_index()
+    }
+
+    /// Every early answer is an `Err` so the steps read top to bottom.
+    fn route(&mut self, req: &RequestHead, body: &[u8], now: Instant) -> Result<Handled, Response> {
+        let key = route_path(req)?;
+        // `wrap`: a query Go's `url.ParseQuery` refuses is a bare 500.
+        if req.query.contains(';') || percent_decode(&req.query).is_none() {
+            return Err(wrapped(500, Vec::new(), Vec::new()));
+        }
+        match req.method {
+            Method::Get | Method::Put | Method::Delete => {}
+            Method::Options => {
+                return Err(wrapped(200, vec![("Allow", ALLOW.to_owned())], Vec::new()))
+            }
+            Method::Head | Method::Other => {
+                let mut resp = error(405, &format!("method {} not allowed", req.method_name));
+                resp.headers.push(("Allow", ALLOW.to_owned()));
+                sort_headers(&mut resp.headers);
+                return Err(resp);
+            }
+        }
+        let params = Params(query_pairs(&req.query).collect());
+        let (min_index, wait) = parse_query_options(&params)?;
+        match req.method {
+            Method::Get => Ok(self.get(key, &params, min_index, wait, now)?),
+            Method::Put => Ok(Handled::Respond(self.put(key, &params, body)?)),
+            _ => Ok(Handled::Respond(self.delete(key, &params, now)?)),
+        }
+    }
+
+    fn get(
+        &mut self,
+        key: String,
+        params: &Params,
+        min_index: u64,
+        wait: Option<Duration>,
+        now: Instant,
+    ) -> Result<Handled, Response> {
+        let kind = if params.has("keys") {
+            enterprise_meta(params)?;
+            // Legacy spelling first, so `separator` wins when both are sent.
+            let mut separator = "";
+            if params.has("seperator") {
+                separator = params.get("seperator");
+            }
+            if params.has("separator") {
+                separator = params.get("separator");
+            }
+            ReadKind::Keys {
+                separator: separator.to_owned(),
+            }
+        } else if params.has("recurse") {
+            enterprise_meta(params)?;
+            ReadKind::Recurse
+        } else {
+            if key.is_empty() {
+                return Err(error(400, "Missing key name"));
+            }
+            enterprise_meta(params)?;
+            ReadKind::Single {
+                raw: params.has("raw"),
+            }
+        };
+        let read = Read {
+            key,
+            kind,
+            pretty: params.has("pretty"),
+        };
+        if min_index == 0 || self.read_index(&read) > min_index {
+            return Ok(Handled::Respond(self.render(&read)));
+        }
+        let timeout = clamp_wait(wait);
+        let deadline = now + timeout + self.stagger(timeout);
+        Ok(Handled::Wait(Wait {
+            deadline,
+            read,
+            index: min_index,
+        }))
+    }
+
+    fn put(&mut self, key: String, params: &Params, body: &[u8]) -> Result<Response, Response> {
+        enterprise_meta(params)?;
+        if key.is_empty() {
+            return Err(error(400, "Missing key name"));
+        }
+        conflicting_flags(params, &["cas", "acquire", "release"])?;
+        let flags = if params.has("flags") {
+            parse_uint(params.get("flags"))?
+        } else {
+            0
+        };
+        let cas = if params.has("cas") {
+            Some(parse_uint(params.get("cas"))?)
+        } else {
+            None
+        };
+        if body.len() > MAX_VALUE_SIZE {
+            return Err(error(
+                413,
+                &format!(
+                    "Request body({} bytes) too large, max size: {MAX_VALUE_SIZE} bytes. See {}.",
+                    body.len(),
+                    "https://developer.hashicorp.com/docs/agent/config/config-files#kv_max_value_size"
+                ),
+            ));
+        }
+        let pretty = params.has("pretty");
+        // No sessions exist: every acquire names an unknown one, and no key
+        // is held by the session a release names (`state/kvs.go`).
+        if params.has("acquire") || params.has("release") {
+            let (session, acquire) = match params.has("acquire") {
+                true => (params.get("acquire"), true),
+                false => (params.get("release"), false),
+            };
+            if session.is_empty() {
+                return Err(error(500, "missing session"));
+            }
+            if acquire {
+                return Err(error(
+                    500,
+                    &format!("invalid session {}", go_quote(session)),
+                ));
+            }
+            return Ok(json_response(&false, pretty));
+        }
+        let ok = self.store.put(&key, body, flags, cas);
+        Ok(json_response(&ok, pretty))
+    }
+
+    fn delete(&mut self, key: String, params: &Params, now: Instant) -> Result<Response, Response> {
+        enterprise_meta(params)?;
+        conflicting_flags(params, &["recurse", "cas"])?;
+        let recurse = params.has("recurse");
+        if !recurse && key.is_empty() {
+            return Err(error(400, "Missing key name"));
+        }
+        let cas = if params.has("cas") {
+            Some(parse_uint(params.get("cas"))?)
+        } else {
+            None
+        };
+        let ok = if recurse {
+            self.store.delete_tree(&key, now);
+            true
+        } else {
+            self.store.delete(&key, cas, now)
+        };
+        Ok(json_response(&ok, params.has("pretty")))
+    }
+
+    fn read_index(&self, read: &Read) -> u64 {
+        match read.kind {
+            ReadKind::Single { .. } => self.store.key_index(&read.key),
+            ReadKind::Recurse | ReadKind::Keys { .. } => self.store.prefix_index(&read.key),
+        }
+    }
+
+    fn render(&self, read: &Read) -> Response {
+        let mut headers = vec![
+            ("X-Consul-Index", self.read_index(read).to_string()),
+            ("X-Consul-Knownleader", "true".to_owned()),
+            ("X-Consul-Lastcontact", "0".to_owned()),
+            ("X-Consul-Query-Backend", "blocking-query".to_owned()),
+        ];
+        let not_found = |headers| wrapped(404, headers, Vec::new());
+        let body = match &read.kind {
+            ReadKind::Single { raw } => {
+                let Some(e) = self.store.get(&read.key) else {
+                    return not_found(headers);
+                };
+                if *raw {
+                    headers.push(("Content-Type", "text/plain".to_owned()));
+                    headers.push(("X-Content-Type-Options", "nosniff".to_owned()));
+                    headers.push(("Content-Security-Policy", "sandbox".to_owned()));
+                    return wrapped(200, headers, e.value.clone());
+                }
+                json_bytes(&[dir_entry(&read.key, e)], read.pretty)
+            }
+            ReadKind::Recurse => {
+                let entries: Vec<DirEntry> = self
+                    .store
+                    .list(&read.key)
+                    .map(|(k, e)| dir_entry(k, e))
+                    .collect();
+                if entries.is_empty() {
+                    return not_found(headers);
+                }
+                json_bytes(&entries, read.pretty)
+            }
+            ReadKind::Keys { separator } => {
+                let keys = list_keys(&self.store, &read.key, separator);
+                // The root answers `[]`, any other prefix 404 (`KVSGetKeys`).
+                if keys.is_empty() && !read.key.is_empty() {
+                    return not_found(headers);
+                }
+                json_bytes(&keys, read.pretty)
+            }
+        };
+        headers.push(("Content-Type", "application/json".to_owned()));
+        wrapped(200, headers, body)
+    }
+
+    /// consul's `RandomStagger(T/16)`: uniform in [0, T/16), 0 when off.
+    fn stagger(&mut self, timeout: Duration) -> Duration {
+        let span = (timeout / 16).as_nanos() as u64;
+        if !self.jitter || span == 0 {
+            return Duration::ZERO;
+        }
+        Duration::from_nanos(self.next_random() % span)
+    }
+
+    fn next_random(&mut self) -> u64 {
+        let mut x = self.rng;
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.rng = x;
+        x.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+}
+
+/// Go's ServeMux and consul's path filter: the decoded path, cleaned and
+/// routed. `Ok` is the key (the decoded path after `/v1/kv/`).
+fn route_path(req: &RequestHead) -> Result<String, Response> {
+    let Some(decoded) = percent_decode(&req.path) else {
+        // Go's server refuses an unparsable request target itself.
+        return Err(Response {
+            status: 400,
+            headers: vec![("Content-Type", TEXT.to_owned())],
+            body: b"400 Bad Request".to_vec(),
+        });
+    };
+    let Ok(path) = String::from_utf8(decoded) else {
+        return Err(error(400, "Key is not valid UTF-8"));
+    };
+    // go-cleanhttp's PrintablePathCheckHandler (approximating Go's
+    // `unicode.IsPrint`): an empty 400 before any routing.
+    if path
+        .chars()
+        .any(|c| c.is_control() || (c.is_whitespace() && c != ' '))
+    {
+        return Err(Response {
+            status: 400,
+            headers: Vec::new(),
+            body: Vec::new(),
+        });
+    }
+    let mut clean = clean_path(&path);
+    // The pattern `/v1/kv/` also claims `/v1/kv`, by redirect.
+    if clean == "/v1/kv" {
+        clean.push('/');
+    }
+    if clean != path {
+        return Err(redirect(req, &clean));
+    }
+    match path.strip_prefix("/v1/kv/") {
+        Some(key) => Ok(key.to_owned()),
+        None => Err(Response {
+            status: 404,
+            headers: vec![
+                ("Content-Type", TEXT.to_owned()),
+                ("X-Content-Type-Options", "nosniff".to_owned()),
+            ],
+            body: b"404 page not found\n".to_vec(),
+        }),
+    }
+}
+
+/// Go's `cleanPath`: `path.Clean` on a rooted path, keeping a trailing `/`.
+fn clean_path(p: &str) -> String {
+    let mut parts: Vec<&str> = Vec::new();
+    for seg in p.split('/') {
+        match seg {
+            "" | "." => {}
+            ".." => {
+                parts.pop();
+            }
+            s => parts.push(s),
+        }
+    }
+    let mut out = String::with_capacity(p.len() + 1);
+    for s in &parts {
+        out.push('/');
+        out.push_str(s);
+    }
+    if out.is_empty() || p.ends_with('/') {
+        out.push('/');
+    }
+    out
+}
+
+/// Go's `http.Redirect` with 301 to a cleaned path (query kept). Outside
+/// consul's `wrap`, so none of its headers.
+fn redirect(req: &RequestHead, clean: &str) -> Response {
+    let mut location = escape_path(clean);
+    if !req.query.is_empty() {
+        location.push('?');
+        location.push_str(&req.query);
+    }
+    let mut resp = Response {
+        status: 301,
+        headers: vec![("Location", location.clone())],
+        body: Vec::new(),
+    };
+    if req.method == Method::Get || req.method == Method::Head {
+        resp.headers
+            .insert(0, ("Content-Type", "text/html; charset=utf-8".to_owned()));
+        resp.body = format!(
+            "<a href=\"{}\">Moved Permanently</a>.\n\n",
+            html_escape(&location)
+        )
+        .into_bytes();
+    }
+    resp
+}
+
+/// Go's `url.PathEscape`-like escaping used by `URL.EscapedPath`.
+fn escape_path(p: &str) -> String {
+    let mut out = String::with_capacity(p.len());
+    for &b in p.as_bytes() {
+        if b.is_ascii_alphanumeric() || b"-_.~$&+,/:;=@".contains(&b) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+fn html_escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&#34;"),
+            '\'' => out.push_str("&#39;"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// consul's `parse`: datacenter, consistency, then `wait` and `index`
+/// (`agent/http.go` `parseDC`, `parseConsistency`, `parseWait`). Returns
+/// the min index (0: not blocking) and the raw wait.
+fn parse_query_options(params: &Params) -> Result<(u64, Option<Duration>), Response> {
+    let dc = params.get("dc");
+    if !dc.is_empty() && dc != DATACENTER {
+        return Err(error(500, "No path to datacenter"));
+    }
+    let mut stale = params.has("stale");
+    let consistent = params.has("consistent");
+    let max_stale = params.get("max_stale");
+    if !max_stale.is_empty() {
+        match parse_go_duration(max_stale) {
+            None => {
+                return Err(error(
+                    400,
+                    &format!("Invalid max_stale value {}", go_quote(max_stale)),
+                ))
+            }
+            Some(d) => stale |= d.is_some_and(|d| !d.is_zero()),
+        }
+    }
+    if stale && consistent {
+        return Err(error(
+            400,
+            "Cannot specify ?stale with ?consistent, conflicting semantics.",
+        ));
+    }
+    let mut wait = None;
+    let w = params.get("wait");
+    if !w.is_empty() {
+        // A negative wait is kept as zero: both mean the default.
+        wait = Some(
+            parse_go_duration(w)
+                .ok_or_else(|| error(400, "Invalid wait time"))?
+                .unwrap_or(Duration::ZERO),
+        );
+    }
+    let mut index = 0;
+    let i = params.get("index");
+    if !i.is_empty() {
+        index = go_parse_uint(i).map_err(|_| error(400, "Invalid index"))?;
+    }
+    Ok((index, wait))
+}
+
+/// consul's `RPCQueryTimeout`: 0 (or absent) means the default, and the
+/// cap applies.
+fn clamp_wait(wait: Option<Duration>) -> Duration {
+    match wait {
+        None => DEFAULT_QUERY_TIME,
+        Some(d) if d.is_zero() => DEFAULT_QUERY_TIME,
+        Some(d) => d.min(MAX_QUERY_TIME),
+    }
+}
+
+/// CE's `parseEntMeta`: a namespace or partition is an Enterprise feature.
+fn enterprise_meta(params: &Params) -> Result<(), Response> {
+    if !params.get("ns").is_empty() {
+        return Err(error(
+            400,
+            "Invalid query parameter: \"ns\" - Namespaces are a Consul Enterprise feature",
+        ));
+    }
+    if !params.get("partition").is_empty() {
+        return Err(error(
+            400,
+            "Invalid query parameter: \"partition\" - Partitions are a Consul Enterprise feature",
+        ));
+    }
+    Ok(())
+}
+
+/// consul's `conflictingFlags`: at most one of `flags` may be present.
+fn conflicting_flags(params: &Params, flags: &[&str]) -> Result<(), Response> {
+    if flags.iter().filter(|f| params.has(f)).count() > 1 {
+        return Err(error(
+            400,
+            &format!("Conflicting flags: {}", go_encode_query(params)),
+        ));
+    }
+    Ok(())
+}
+
+/// Go's `url.Values.Encode`: keys sorted, values in order, query-escaped.
+fn go_encode_query(params: &Params) -> String {
+    let mut by_key: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+    for (k, v) in &params.0 {
+        by_key.entry(k).or_default().push(v);
+    }
+    let mut out = String::new();
+    for (k, vs) in by_key {
+        for v in vs {
+            if !out.is_empty() {
+                out.push('&');
+            }
+            out.push_str(&query_escape(k));
+            out.push('=');
+            out.push_str(&query_escape(v));
+        }
+    }
+    out
+}
+
+fn query_escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for &b in s.as_bytes() {
+        match b {
+            b' ' => out.push('+'),
+            b if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) => out.push(b as char),
+            b => out.push_str(&format!("%{b:02X}")),
+        }
+    }
+    out
+}
+
+/// `strconv.ParseUint(s, 10, 64)` as an error response: consul returns
+/// the Go error itself, hence a 500 with its text.
+fn parse_uint(s: &str) -> Result<u64, Response> {
+    go_parse_uint(s).map_err(|why| {
+        error(
+            500,
+            &format!("strconv.ParseUint: parsing {}: {why}", go_quote(s)),
+        )
+    })
+}
+
+/// `strconv.ParseUint(s, 10, 64)`: ASCII digits only (no sign).
+fn go_parse_uint(s: &str) -> Result<u64, &'static str> {
+    if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
+        return Err("invalid syntax");
+    }
+    s.parse().map_err(|_| "value out of range")
+}
+
+/// Go's `strconv.Quote`, close enough for error messages.
+fn go_quote(s: &str) -> String {
+    serde_json::to_string(s).unwrap_or_default()
+}
+
+/// Go's `time.ParseDuration`. `None`: not a duration. `Some(None)`: a
+/// negative duration (only its sign matters here). Units ns, us, µs, μs,
+/// ms, s, m, h; fractions allowed; bare `0` allowed; overflow past
+/// 2^63-1 ns refused.
+// TODO(integrator): dedupe with `crate::config::parse_duration` once it lands.
+fn parse_go_duration(s: &str) -> Option<Option<Duration>> {
+    let (neg, mut s) = match s.as_bytes().first() {
+        Some(b'-') => (true, &s[1..]),
+        Some(b'+') => (false, &s[1..]),
+        _ => (false, s),
+    };
+    if s == "0" {
+        return Some(Some(Duration::ZERO));
+    }
+    if s.is_empty() {
+        return None;
+    }
+    let mut total: u64 = 0;
+    while !s.is_empty() {
+        let int_len = s.bytes().take_while(u8::is_ascii_digit).count();
+        let mut whole: u64 = 0;
+        for b in s[..int_len].bytes() {
+            whole = whole.checked_mul(10)?.checked_add(u64::from(b - b'0'))?;
+        }
+        s = &s[int_len..];
+        let (mut frac, mut scale, mut frac_len) = (0u64, 1f64, 0);
+        if let Some(rest) = s.strip_prefix('.') {
+            frac_len = rest.bytes().take_while(u8::is_ascii_digit).count();
+            let mut overflow = false;
+            for b in rest[..frac_len].bytes() {
+                // Like Go's `leadingFraction`: digits past u64 precision are dropped.
+                if overflow {
+                    continue;
+                }
+                match frac
+                    .checked_mul(10)
+                    .and_then(|f| f.checked_add(u64::from(b - b'0')))
+                {
+                    Some(f) => {
+                        frac = f;
+                        scale *= 10.0;
+                    }
+                    None => overflow = true,
+                }
+            }
+            s = &rest[frac_len..];
+        }
+        if int_len == 0 && frac_len == 0 {
+            return None;
+        }
+        let unit_len = s
+            .find(|c: char| c == '.' || c.is_ascii_digit())
+            .unwrap_or(s.len());
+        let unit: u64 = match &s[..unit_len] {
+            "ns" => 1,
+            "us" | "\u{b5}s" | "\u{3bc}s" => 1_000,
+            "ms" => 1_000_000,
+            "s" => 1_000_000_000,
+            "m" => 60_000_000_000,
+            "h" => 3_600_000_000_000,
+            _ => return None,
+        };
+        s = &s[unit_len..];
+        let mut v = whole.checked_mul(unit).filter(|v| *v <= 1 << 63)?;
+        if frac > 0 {
+            v = v
+                .checked_add((frac as f64 * (unit as f64 / scale)) as u64)
+                .filter(|v| *v <= 1 << 63)?;
+        }
+        total = total.checked_add(v).filter(|t| *t <= 1 << 63)?;
+    }
+    if neg {
+        return Some(if total == 0 {
+            Some(Duration::ZERO)
+        } else {
+            None
+        });
+    }
+    if total > i64::MAX as u64 {
+        return None;
+    }
+    Some(Some(Duration::from_nanos(total)))
+}
+
+fn dir_entry<'a>(key: &'a str, e: &super::store::Entry) -> DirEntry<'a> {
+    DirEntry {
+        lock_index: e.lock_index,
+        key,
+        flags: e.flags,
+        value: (!e.value.is_empty())
+            .then(|| base64::engine::general_purpose::STANDARD.encode(&e.value)),
+        create_index: e.create_index,
+        modify_index: e.modify_index,
+    }
+}
+
+/// consul's `kvsListKeysTxn`: keys under `prefix`, each cut after the first
+/// `separator` past the prefix, duplicates of the previous key dropped.
+fn list_keys(store: &Store, prefix: &str, separator: &str) -> Vec<String> {
+    let mut keys: Vec<String> = Vec::new();
+    for (k, _) in store.list(prefix) {
+        let key = match (separator.is_empty(), k[prefix.len()..].find(separator)) {
+            (false, Some(at)) => &k[..prefix.len() + at + separator.len()],
+            _ => k,
+        };
+        if keys.last().map(String::as_str) != Some(key) {
+            keys.push(key.to_owned());
+        }
+    }
+    keys
+}
+
+/// Go's `json.Marshal` (or `MarshalIndent` with 4 spaces plus `\n` for
+/// `?pretty`), HTML-escaping included.
+fn json_bytes<T: Serialize + ?Sized>(v: &T, pretty: bool) -> Vec<u8> {
+    let mut out = Vec::new();
+    let res = if pretty {
+        let fmt = serde_json::ser::PrettyFormatter::with_indent(b"    ");
+        v.serialize(&mut serde_json::Serializer::with_formatter(&mut out, fmt))
+    } else {
+        v.serialize(&mut serde_json::Serializer::new(&mut out))
+    };
+    // Serializing these plain structs into a Vec cannot fail.
+    res.expect("JSON into a Vec");
+    if pretty {
+        out.push(b'\n');
+    }
+    go_html_escape(out)
+}
+
+/// Go's encoder escapes `<`, `>`, `&`, U+2028 and U+2029 inside strings;
+/// these can only occur inside strings in JSON text, so a byte rewrite of
+/// the whole document is exact.
+fn go_html_escape(json: Vec<u8>) -> Vec<u8> {
+    let needs = |w: &[u8]| matches!(w, [b'<' | b'>' | b'&', ..] | [0xe2, 0x80, 0xa8 | 0xa9, ..]);
+    if !(0..json.len()).any(|i| needs(&json[i..])) {
+        return json;
+    }
+    let mut out = Vec::with_capacity(json.len() + 16);
+    let mut i = 0;
+    while i < json.len() {
+        match &json[i..] {
+            [b'<', ..] => out.extend_from_slice(b"\\u003c"),
+            [b'>', ..] => out.extend_from_slice(b"\\u003e"),
+            [b'&', ..] => out.extend_from_slice(b"\\u0026"),
+            [0xe2, 0x80, b @ (0xa8 | 0xa9), ..] => {
+                out.extend_from_slice(if *b == 0xa8 { b"\\u2028" } else { b"\\u2029" });
+                i += 2;
+            }
+            [b, ..] => out.push(*b),
+            [] => unreachable!(),
+        }
+        i += 1;
+    }
+    out
+}
+
+/// A 200 JSON answer to a write (no index header on writes).
+fn json_response<T: Serialize>(v: &T, pretty: bool) -> Response {
+    wrapped(
+        200,
+        vec![("Content-Type", "application/json".to_owned())],
+        json_bytes(v, pretty),
+    )
+}
+
+/// A plain-text error (Go sniffs such bodies as `text/plain; charset=utf-8`).
+fn error(status: u16, text: &str) -> Response {
+    wrapped(
+        status,
+        vec![("Content-Type", TEXT.to_owned())],
+        text.as_bytes().to_vec(),
+    )
+}
+
+/// Adds the headers every response from consul's `wrap` + gzip handler
+/// carries, and orders them as Go writes them (sorted by name).
+fn wrapped(status: u16, mut headers: Vec<(&'static str, String)>, body: Vec<u8>) -> Response {
+    headers.push(("Vary", "Accept-Encoding".to_owned()));
+    headers.push(("X-Consul-Default-Acl-Policy", "allow".to_owned()));
+    sort_headers(&mut headers);
+    Response {
+        status,
+        headers,
+        body,
+    }
+}
+
+fn sort_headers(headers: &mut [(&'static str, String)]) {
+    headers.sort_by_key(|(name, _)| *name);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::http::Framing;
+
+    fn req(method: &str, target: &str) -> RequestHead {
+        let (path, query) = target.split_once('?').unwrap_or((target, ""));
+        let m = match method {
+            "GET" => Method::Get,
+            "HEAD" => Method::Head,
+            "PUT" => Method::Put,
+            "DELETE" => Method::Delete,
+            "OPTIONS" => Method::Options,
+            _ => Method::Other,
+        };
+        RequestHead {
+            method: m,
+            method_name: method.to_owned(),
+            path: path.to_owned(),
+            query: query.to_owned(),
+            framing: Framing::Length(0),
+            keep_alive: true,
+            headers: Vec::new(),
+        }
+    }
+
+    /// A small script harness: a clock and the KV.
+    struct T {
+        kv: DevKv,
+        now: Instant,
+    }
+
+    impl T {
+        fn new() -> T {
+            T {
+                kv: DevKv::new(false),
+                now: Instant::now(),
+            }
+        }
+
+        fn send(&mut self, method: &str, target: &str, body: &[u8]) -> Handled {
+            self.kv.handle(&req(method, target), body, self.now)
+        }
+
+        fn call(&mut self, method: &str, target: &str, body: &[u8]) -> Response {
+            match self.send(method, target, body) {
+                Handled::Respond(r) => r,
+                Handled::Wait(w) => panic!("{method} {target} blocked: {w:?}"),
+            }
+        }
+
+        fn get(&mut self, target: &str) -> Response {
+            self.call("GET", target, b"")
+        }
+
+        fn put(&mut self, target: &str, body: &[u8]) -> Response {
+            self.call("PUT", target, body)
+        }
+
+        fn wait(&mut self, target: &str) -> Wait {
+            match self.send("GET", target, b"") {
+                Handled::Wait(w) => w,
+                Handled::Respond(r) => panic!("GET {target} answered at once: {}", r.status),
+            }
+        }
+    }
+
+    fn header<'a>(r: &'a Response, name: &str) -> Option<&'a str> {
+        r.headers
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+
+    fn index(r: &Response) -> u64 {
+        header(r, "X-Consul-Index")
+            .expect("X-Consul-Index")
+            .parse()
+            .unwrap()
+    }
+
+    fn body(r: &Response) -> &str {
+        std::str::from_utf8(&r.body).unwrap()
+    }
+
+    fn json(r: &Response) -> serde_json::Value {
+        serde_json::from_slice(&r.body).unwrap()
+    }
+
+    #[test]
+    fn empty_prefix_is_404_with_empty_body_and_meta() {
+        let mut t = T::new();
+        for target in ["/v1/kv/app/?recurse", "/v1/kv/?recurse", "/v1/kv/missing"] {
+            let r = t.get(target);
+            assert_eq!(r.status, 404, "{target}");
+            assert!(r.body.is_empty());
+            assert_eq!(index(&r), 1, "index never below 1");
+            assert_eq!(header(&r, "X-Consul-Knownleader"), Some("true"));
+            assert_eq!(header(&r, "X-Consul-Lastcontact"), Some("0"));
+            assert_eq!(header(&r, "X-Consul-Default-Acl-Policy"), Some("allow"));
+            assert_eq!(header(&r, "X-Consul-Query-Backend"), Some("blocking-query"));
+            assert_eq!(header(&r, "Vary"), Some("Accept-Encoding"));
+            assert_eq!(header(&r, "Content-Type"), None);
+        }
+    }
+
+    #[test]
+    fn recurse_shape_and_null_value() {
+        let mut t = T::new();
+        assert_eq!(body(&t.put("/v1/kv/a/b", b"bar")), "true");
+        t.put("/v1/kv/a/", b"");
+        let r = t.get("/v1/kv/a?recurse");
+        assert_eq!(r.status, 200);
+        assert_eq!(header(&r, "Content-Type"), Some("application/json"));
+        let b = t.kv.store().get("a/b").unwrap().clone();
+        let f = t.kv.store().get("a/").unwrap().clone();
+        let expect = format!(
+            "[{{\"LockIndex\":0,\"Key\":\"a/\",\"Flags\":0,\"Value\":null,\"CreateIndex\":{fc},\"ModifyIndex\":{fc}}},\
+             {{\"LockIndex\":0,\"Key\":\"a/b\",\"Flags\":0,\"Value\":\"YmFy\",\"CreateIndex\":{bc},\"ModifyIndex\":{bc}}}]",
+            fc = f.create_index,
+            bc = b.create_index
+        );
+        assert_eq!(body(&r), expect);
+        assert_eq!(index(&r), f.modify_index);
+    }
+
+    #[test]
+    fn recurse_is_byte_prefix_sorted_bytewise() {
+        let mut t = T::new();
+        for k in ["foo/bar", "food", "foo", "fo", "foo-x"] {
+            t.put(&format!("/v1/kv/{k}"), b"1");
+        }
+        let keys: Vec<String> = json(&t.get("/v1/kv/foo?recurse"))
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e["Key"].as_str().unwrap().to_owned())
+            .collect();
+        assert_eq!(keys, ["foo", "foo-x", "foo/bar", "food"]);
+    }
+
+    #[test]
+    fn single_key_and_raw() {
+        let mut t = T::new();
+        t.put("/v1/kv/k?flags=42", b"<v&>");
+        let r = t.get("/v1/kv/k");
+        let v = json(&r);
+        assert_eq!(v.as_array().unwrap().len(), 1);
+        assert_eq!(v[0]["Flags"], 42);
+        assert_eq!(v[0]["Value"], "PHYmPg==");
+        let r = t.get("/v1/kv/k?raw");
+        assert_eq!(r.status, 200);
+        assert_eq!(r.body, b"<v&>");
+        assert_eq!(header(&r, "Content-Type"), Some("text/plain"));
+        assert_eq!(header(&r, "X-Content-Type-Options"), Some("nosniff"));
+        assert_eq!(index(&r), t.kv.store().get("k").unwrap().modify_index);
+        assert_eq!(t.get("/v1/kv/nope?raw").status, 404);
+    }
+
+    #[test]
+    fn keys_and_separator() {
+        let mut t = T::new();
+        let r = t.get("/v1/kv/?keys");
+        assert_eq!(
+            (r.status, body(&r)),
+            (200, "[]"),
+            "root answers [] when empty"
+        );
+        assert_eq!(t.get("/v1/kv/web/?keys").status, 404);
+        for k in ["web/bar", "web/subdir/a", "web/subdir/b", "web/zz"] {
+            t.put(&format!("/v1/kv/{k}"), b"1");
+        }
+        assert_eq!(
+            body(&t.get("/v1/kv/web/?keys&separator=/")),
+            r#"["web/bar","web/subdir/","web/zz"]"#
+        );
+        assert_eq!(
+            body(&t.get("/v1/kv/web/?keys")),
+            r#"["web/bar","web/subdir/a","web/subdir/b","web/zz"]"#
+        );
+        assert_eq!(
+            body(&t.get("/v1/kv/web/?keys&seperator=/")),
+            r#"["web/bar","web/subdir/","web/zz"]"#
+        );
+    }
+
+    #[test]
+    fn identical_put_does_not_bump_index_or_generation() {
+        let mut t = T::new();
+        t.put("/v1/kv/k?flags=1", b"v");
+        let (i, g) = (index(&t.get("/v1/kv/?recurse")), t.kv.generation());
+        assert_eq!(body(&t.put("/v1/kv/k?flags=1", b"v")), "true");
+        assert_eq!(index(&t.get("/v1/kv/?recurse")), i);
+        assert_eq!(t.kv.generation(), g);
+    }
+
+    #[test]
+    fn flags_reset_when_absent() {
+        let mut t = T::new();
+        t.put("/v1/kv/k?flags=18446744073709551615", b"v");
+        assert_eq!(t.kv.store().get("k").unwrap().flags, u64::MAX);
+        assert_eq!(body(&t.get("/v1/kv/k")), body(&t.get("/v1/kv/k")));
+        assert!(body(&t.get("/v1/kv/k")).contains("\"Flags\":18446744073709551615"));
+        t.put("/v1/kv/k", b"v");
+        assert_eq!(t.kv.store().get("k").unwrap().flags, 0);
+        let r = t.put("/v1/kv/k?flags=x", b"v");
+        assert_eq!(
+            (r.status, body(&r)),
+            (500, "strconv.ParseUint: parsing \"x\": invalid syntax")
+        );
+    }
+
+    #[test]
+    fn delete_wakes_prefix_waiter_via_tombstone() {
+        let mut t = T::new();
+        t.put("/v1/kv/app/a", b"1");
+        t.put("/v1/kv/app/b", b"2");
+        let i = index(&t.get("/v1/kv/app/?recurse"));
+        let w = t.wait(&format!("/v1/kv/app/?recurse&index={i}"));
+        assert!(!t.kv.is_ready(&w));
+        let g = t.kv.generation();
+        assert_eq!(body(&t.call("DELETE", "/v1/kv/app/b", b"")), "true");
+        assert!(t.kv.generation() > g);
+        assert!(t.kv.is_ready(&w));
+        let r = t.kv.answer(&w);
+        assert_eq!(r.status, 200);
+        assert!(index(&r) > i, "index rises after a delete");
+        assert_eq!(json(&r).as_array().unwrap().len(), 1);
+    }
+
+    #[test]
+    fn recurse_delete_wakes_with_404_and_higher_index() {
+        let mut t = T::new();
+        t.put("/v1/kv/app/a", b"1");
+        t.put("/v1/kv/app/b/c", b"1");
+        t.put("/v1/kv/zzz", b"1");
+        let i = index(&t.get("/v1/kv/app/?recurse"));
+        let w = t.wait(&format!("/v1/kv/app/?recurse&index={i}"));
+        assert_eq!(body(&t.call("DELETE", "/v1/kv/app/?recurse", b"")), "true");
+        assert!(t.kv.is_ready(&w));
+        let r = t.kv.answer(&w);
+        assert_eq!(r.status, 404);
+        assert!(index(&r) > i);
+        assert_eq!(t.get("/v1/kv/?recurse").status, 200, "zzz survives");
+        // Deleting the whole store needs recurse; a plain empty key is refused.
+        let r = t.call("DELETE", "/v1/kv/", b"");
+        assert_eq!((r.status, body(&r)), (400, "Missing key name"));
+    }
+
+    #[test]
+    fn tombstone_expiry_makes_index_go_backwards() {
+        let mut t = T::new();
+        t.kv.set_tombstone_ttl(Duration::from_secs(900));
+        t.put("/v1/kv/app/a", b"1");
+        t.put("/v1/kv/app/b", b"1");
+        t.call("DELETE", "/v1/kv/app/b", b"");
+        let high = index(&t.get("/v1/kv/app/?recurse"));
+        let g = t.kv.generation();
+        t.now += Duration::from_secs(899);
+        assert_eq!(index(&t.get("/v1/kv/app/?recurse")), high);
+        t.now += Duration::from_secs(1);
+        let low = index(&t.get("/v1/kv/app/?recurse"));
+        assert!(low < high, "consul #5498: {low} < {high}");
+        assert_eq!(low, t.kv.store().get("app/a").unwrap().modify_index);
+        assert_eq!(t.kv.generation(), g, "a reap wakes nobody");
+    }
+
+    #[test]
+    fn blocking_query_waits_for_a_write_under_the_prefix() {
+        let mut t = T::new();
+        t.put("/v1/kv/app/a", b"1");
+        t.put("/v1/kv/other", b"1");
+        let i = index(&t.get("/v1/kv/app/?recurse"));
+        let w = t.wait(&format!("/v1/kv/app/?recurse&index={i}&wait=10s"));
+        assert_eq!(
+            w.deadline,
+            t.now + Duration::from_secs(10),
+            "no jitter when off"
+        );
+        t.put("/v1/kv/other", b"2");
+        t.put("/v1/kv/app", b"not under app/");
+        assert!(
+            !t.kv.is_ready(&w),
+            "writes outside an existing prefix do not wake it"
+        );
+        // Timed out: the same data and index, a normal 200.
+        let r = t.kv.answer(&w);
+        assert_eq!((r.status, index(&r)), (200, i));
+        t.put("/v1/kv/app/b", b"1");
+        assert!(t.kv.is_ready(&w));
+        let r = t.kv.answer(&w);
+        assert!(index(&r) > i);
+        assert_eq!(json(&r).as_array().unwrap().len(), 2);
+    }
+
+    #[test]
+    fn index_zero_absent_or_behind_answers_at_once() {
+        let mut t = T::new();
+        t.put("/v1/kv/app/a", b"1");
+        let i = index(&t.get("/v1/kv/app/?recurse"));
+        assert!(matches!(
+            t.send("GET", "/v1/kv/app/?recurse&index=0&wait=1s", b""),
+            Handled::Respond(_)
+        ));
+        assert!(matches!(
+            t.send("GET", "/v1/kv/app/?recurse&wait=1s", b""),
+            Handled::Respond(_)
+        ));
+        assert!(matches!(
+            t.send("GET", &format!("/v1/kv/app/?recurse&index={}", i - 1), b""),
+            Handled::Respond(_)
+        ));
+        // Blocking also applies past the current index.
+        t.wait(&format!("/v1/kv/app/?recurse&index={}", i + 100));
+    }
+
+    #[test]
+    fn missing_prefix_waiter_wakes_on_any_write() {
+        // Its index is the whole-table index (consul's #3712 pattern).
+        let mut t = T::new();
+        t.put("/v1/kv/x", b"1");
+        let i = index(&t.get("/v1/kv/nothing/?recurse"));
+        let w = t.wait(&format!("/v1/kv/nothing/?recurse&index={i}"));
+        t.put("/v1/kv/y", b"1");
+        assert!(t.kv.is_ready(&w));
+        let r = t.kv.answer(&w);
+        assert_eq!(r.status, 404);
+        assert!(index(&r) > i);
+    }
+
+    #[test]
+    fn single_key_waiter_ignores_other_keys() {
+        let mut t = T::new();
+        t.put("/v1/kv/k", b"1");
+        let i = index(&t.get("/v1/kv/k"));
+        let w = t.wait(&format!("/v1/kv/k?index={i}"));
+        t.put("/v1/kv/k2", b"1");
+        assert!(!t.kv.is_ready(&w));
+        t.put("/v1/kv/k", b"2");
+        assert!(t.kv.is_ready(&w));
+        assert_eq!(json(&t.kv.answer(&w))[0]["Value"], "Mg==");
+    }
+
+    #[test]
+    fn wait_is_clamped() {
+        let mut t = T::new();
+        let cases = [
+            ("0s", 300),
+            ("0", 300),
+            ("-5s", 300),
+            ("", 300),
+            ("20m", 600),
+            ("1m30s", 90),
+            ("1.5h", 600),
+        ];
+        for (wait, secs) in cases {
+            let w = t.wait(&format!("/v1/kv/k?index=5&wait={wait}"));
+            assert_eq!(w.deadline - t.now, Duration::from_secs(secs), "wait={wait}");
+            assert_eq!(w.index(), 5);
+        }
+        let w = t.wait("/v1/kv/k?index=5&wait=250ms");
+        assert_eq!(w.deadline - t.now, Duration::from_millis(250));
+    }
+
+    #[test]
+    fn jitter_is_in_zero_to_a_sixteenth() {
+        let mut t = T::new();
+        t.kv = DevKv::new(true);
+        let mut seen = std::collections::HashSet::new();
+        for _ in 0..200 {
+            let w = t.wait("/v1/kv/k?index=5&wait=160s");
+            let extra = w.deadline - t.now - Duration::from_secs(160);
+            assert!(extra < Duration::from_secs(10), "{extra:?}");
+            seen.insert(extra.as_secs());
+        }
+        assert!(seen.len() >= 8, "spread over [0, 10s): {seen:?}");
+        let w = t.wait("/v1/kv/k?index=5&wait=20m");
+        assert!(w.deadline - t.now < Duration::from_millis(637_500));
+        assert!(w.deadline - t.now >= Duration::from_secs(600));
+    }
+
+    #[test]
+    fn bad_wait_index_and_consistency() {
+        let mut t = T::new();
+        let cases = [
+            ("/v1/kv/k?wait=10", "Invalid wait time"),
+            ("/v1/kv/k?wait=5x", "Invalid wait time"),
+            ("/v1/kv/k?index=abc", "Invalid index"),
+            ("/v1/kv/k?index=-1", "Invalid index"),
+            ("/v1/kv/k?index=+1", "Invalid index"),
+            (
+                "/v1/kv/k?stale&consistent",
+                "Cannot specify ?stale with ?consistent, conflicting semantics.",
+            ),
+            (
+                "/v1/kv/k?max_stale=5s&consistent",
+                "Cannot specify ?stale with ?consistent, conflicting semantics.",
+            ),
+            ("/v1/kv/k?max_stale=x", "Invalid max_stale value \"x\""),
+            ("/v1/kv/", "Missing key name"),
+            (
+                "/v1/kv/k?ns=team",
+                "Invalid query parameter: \"ns\" - Namespaces are a Consul Enterprise feature",
+            ),
+        ];
+        for (target, text) in cases {
+            let r = t.get(target);
+            assert_eq!((r.status, body(&r)), (400, text), "{target}");
+        }
+        // `wait` is checked before `index`; both apply to writes as well.
+        assert_eq!(body(&t.get("/v1/kv/k?index=x&wait=y")), "Invalid wait time");
+        assert_eq!(body(&t.put("/v1/kv/k?index=x", b"")), "Invalid index");
+        // Flags by presence: `?stale=false` is still stale.
+        assert_eq!(t.get("/v1/kv/k?stale=false&consistent=").status, 400);
+        assert_eq!(t.get("/v1/kv/k?dc=dc2").status, 500);
+        assert_eq!(t.get("/v1/kv/k?dc=dc1").status, 404);
+    }
+
+    #[test]
+    fn put_cas() {
+        let mut t = T::new();
+        assert_eq!(body(&t.put("/v1/kv/k?cas=0", b"1")), "true");
+        assert_eq!(body(&t.put("/v1/kv/k?cas=0", b"2")), "false");
+        let m = t.kv.store().get("k").unwrap().modify_index;
+        let r = t.put(&format!("/v1/kv/k?cas={}", m + 1), b"2");
+        assert_eq!((r.status, body(&r)), (200, "false"));
+        assert_eq!(header(&r, "X-Consul-Index"), None, "no index on writes");
+        assert_eq!(t.kv.store().get("k").unwrap().value, b"1");
+        assert_eq!(body(&t.put(&format!("/v1/kv/k?cas={m}"), b"2")), "true");
+        assert_eq!(t.kv.store().get("k").unwrap().value, b"2");
+        assert_eq!(body(&t.put("/v1/kv/new?cas=7", b"x")), "false");
+        let r = t.put("/v1/kv/k?cas=1&acquire=s", b"");
+        assert_eq!(
+            (r.status, body(&r)),
+            (400, "Conflicting flags: acquire=s&cas=1")
+        );
+    }
+
+    #[test]
+    fn delete_cas() {
+        let mut t = T::new();
+        assert_eq!(
+            body(&t.call("DELETE", "/v1/kv/k?cas=9", b"")),
+            "true",
+            "absent: true"
+        );
+        t.put("/v1/kv/k", b"1");
+        let m = t.kv.store().get("k").unwrap().modify_index;
+        assert_eq!(
+            body(&t.call("DELETE", "/v1/kv/k?cas=0", b"")),
+            "false",
+            "cas=0 never deletes"
+        );
+        assert_eq!(
+            body(&t.call("DELETE", &format!("/v1/kv/k?cas={}", m + 1), b"")),
+            "false"
+        );
+        assert!(t.kv.store().get("k").is_some());
+        assert_eq!(
+            body(&t.call("DELETE", &format!("/v1/kv/k?cas={m}"), b"")),
+            "true"
+        );
+        assert!(t.kv.store().get("k").is_none());
+        let r = t.call("DELETE", "/v1/kv/k?cas=1&recurse", b"");
+        assert_eq!(
+            (r.status, body(&r)),
+            (400, "Conflicting flags: cas=1&recurse=")
+        );
+    }
+
+    #[test]
+    fn methods() {
+        let mut t = T::new();
+        let r = t.call("OPTIONS", "/v1/kv/k", b"");
+        assert_eq!(
+            (r.status, header(&r, "Allow")),
+            (200, Some("OPTIONS,GET,PUT,DELETE"))
+        );
+        assert!(r.body.is_empty());
+        for m in ["POST", "PATCH", "HEAD"] {
+            let r = t.call(m, "/v1/kv/k", b"");
+            assert_eq!(r.status, 405, "{m}");
+            assert_eq!(body(&r), format!("method {m} not allowed"));
+            assert_eq!(header(&r, "Allow"), Some("OPTIONS,GET,PUT,DELETE"));
+        }
+    }
+
+    #[test]
+    fn unclean_paths_redirect() {
+        let mut t = T::new();
+        let cases = [
+            ("/v1/kv//foo", "/v1/kv/foo"),
+            ("/v1/kv/a/./b", "/v1/kv/a/b"),
+            ("/v1/kv/a/../b?recurse", "/v1/kv/b?recurse"),
+            ("/v1/kv/a%2F%2Fb", "/v1/kv/a/b"),
+            ("/v1/kv", "/v1/kv/"),
+            ("/v1/kv/dir/", "-"),
+        ];
+        for (target, location) in cases {
+            let r = t.get(target);
+            if location == "-" {
+                assert_eq!(r.status, 404, "{target}");
+                continue;
+            }
+            assert_eq!(r.status, 301, "{target}");
+            assert_eq!(header(&r, "Location"), Some(location), "{target}");
+        }
+        let r = t.put("/v1/kv//foo", b"x");
+        assert_eq!(r.status, 301);
+        assert!(t.kv.store().get("foo").is_none() && t.kv.store().get("/foo").is_none());
+    }
+
+    #[test]
+    fn percent_decoded_keys() {
+        let mut t = T::new();
+        t.put("/v1/kv/a%2Fb%20c", b"1");
+        assert!(t.kv.store().get("a/b c").is_some());
+        assert_eq!(t.get("/v1/kv/a/b%20c").status, 200);
+        assert_eq!(t.get("/v1/kv/%FF").status, 400, "not UTF-8");
+        assert_eq!(t.get("/v1/kv/%0A").status, 400, "unprintable");
+        assert_eq!(t.get("/v1/kv/%zz").status, 400);
+        assert_eq!(t.get("/v1/agent/self").status, 404);
+    }
+
+    #[test]
+    fn too_large_value_is_413() {
+        let mut t = T::new();
+        assert_eq!(
+            body(&t.put("/v1/kv/k", &vec![b'x'; MAX_VALUE_SIZE])),
+            "true"
+        );
+        let r = t.put("/v1/kv/k", &vec![b'y'; MAX_VALUE_SIZE + 1]);
+        assert_eq!(r.status, 413);
+        assert!(
+            body(&r)
+                .starts_with("Request body(524289 bytes) too large, max size: 524288 bytes. See "),
+            "{}",
+            body(&r)
+        );
+        assert_eq!(t.kv.store().get("k").unwrap().value[0], b'x');
+    }
+
+    #[test]
+    fn json_escaping_and_pretty() {
+        let mut t = T::new();
+        t.put("/v1/kv/a%3Cb%3E%26%22", b"");
+        let r = t.get("/v1/kv/a?recurse");
+        assert!(
+            body(&r).contains(r#""Key":"a\u003cb\u003e\u0026\"""#),
+            "{}",
+            body(&r)
+        );
+        assert_eq!(json(&r)[0]["Key"], "a<b>&\"");
+        let r = t.get("/v1/kv/a?recurse&pretty");
+        assert!(
+            body(&r).starts_with("[\n    {\n        \"LockIndex\": 0,"),
+            "{}",
+            body(&r)
+        );
+        assert!(body(&r).ends_with("}\n]\n"));
+        assert_eq!(body(&t.put("/v1/kv/k?pretty", b"")), "true\n");
+    }
+
+    #[test]
+    fn go_durations() {
+        let ok = |s: &str| parse_go_duration(s).unwrap().unwrap();
+        assert_eq!(ok("300ms"), Duration::from_millis(300));
+        assert_eq!(ok("1m30s"), Duration::from_secs(90));
+        assert_eq!(ok("1.5s"), Duration::from_millis(1500));
+        assert_eq!(ok(".5s"), Duration::from_millis(500));
+        assert_eq!(ok("2h"), Duration::from_secs(7200));
+        assert_eq!(ok("60000ms"), Duration::from_secs(60));
+        assert_eq!(ok("10us"), Duration::from_micros(10));
+        assert_eq!(ok("10\u{b5}s"), Duration::from_micros(10));
+        assert_eq!(ok("0"), Duration::ZERO);
+        assert_eq!(ok("+3s"), Duration::from_secs(3));
+        assert_eq!(parse_go_duration("-3s"), Some(None));
+        // "1.s5": a trailing number without a unit.
+        for bad in ["", "10", "s", "1x", ".s", "1.s5", "3000000h", "--1s", "1 s"] {
+            assert_eq!(parse_go_duration(bad), None, "{bad:?}");
+        }
+        assert_eq!(ok("1.s"), Duration::from_secs(1));
     }
 }
