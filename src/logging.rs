@@ -6,17 +6,496 @@
 //! Always holds: bytes from outside (KV keys, request lines) are passed
 //! through [`escape`] before they reach a log field, so no line break or
 //! control byte is ever written raw.
+//!
+//! JSON: each line is built whole, then written with one `write_all` to a
+//! locked stderr. Integer and float fields are JSON numbers, booleans JSON
+//! booleans, everything else a JSON string (serde_json escapes it). A field
+//! named `time`, `level` or `msg` is written as `fields.<name>` (logrus's
+//! rule) so it cannot shadow the line's own keys.
+//!
+//! Text: simplelog's line (`<time> [LEVEL] msg`), the key-values appended as
+//! ` key=value` (quoted when empty or holding a space, `"`, `=` or a control
+//! character), since simplelog itself drops them.
+
+use std::fmt::Write as _;
+use std::io::Write as _;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use log::kv::{Key, Value, VisitSource};
+use log::{Log, Metadata, Record};
 
 use crate::config::LogFormat;
 
-/// Installs the global logger.
+/// Installs the global logger. A second call leaves the first logger in place.
 pub fn init(format: LogFormat, level: log::LevelFilter) {
-    todo!("{format:?} {level}")
+    let logger: Box<dyn Log> = match format {
+        LogFormat::Json => Box::new(JsonLogger { level }),
+        LogFormat::Text => Box::new(TextLogger {
+            inner: simplelog::WriteLogger::new(
+                level,
+                text_config(),
+                std::io::LineWriter::new(std::io::stderr()),
+            ),
+        }),
+    };
+    if log::set_boxed_logger(logger).is_ok() {
+        log::set_max_level(level);
+    }
 }
 
 /// Escapes bytes for a log field: printable ASCII as is (`\` doubled),
 /// `\n` `\r` `\t` as such, other bytes as `\xHH`; at most `max` input bytes
 /// shown, then `...`.
 pub fn escape(bytes: &[u8], max: usize) -> String {
-    todo!("{bytes:?} {max}")
+    let shown = &bytes[..bytes.len().min(max)];
+    let mut out = String::with_capacity(shown.len() + 3);
+    for &b in shown {
+        match b {
+            b'\\' => out.push_str("\\\\"),
+            b'\n' => out.push_str("\\n"),
+            b'\r' => out.push_str("\\r"),
+            b'\t' => out.push_str("\\t"),
+            0x20..=0x7e => out.push(char::from(b)),
+            _ => {
+                let _ = write!(out, "\\x{b:02x}");
+            }
+        }
+    }
+    if bytes.len() > max {
+        out.push_str("...");
+    }
+    out
+}
+
+// ---------------------------------------------------------------------------
+// JSON lines.
+
+struct JsonLogger {
+    level: log::LevelFilter,
+}
+
+impl Log for JsonLogger {
+    fn enabled(&self, metadata: &Metadata<'_>) -> bool {
+        metadata.level() <= self.level
+    }
+
+    fn log(&self, record: &Record<'_>) {
+        if !self.enabled(record.metadata()) {
+            return;
+        }
+        let mut line = format_json_line(record, SystemTime::now());
+        line.push('\n');
+        // One write per line; a failing stderr has nowhere to be reported.
+        let _ = std::io::stderr().lock().write_all(line.as_bytes());
+    }
+
+    fn flush(&self) {
+        let _ = std::io::stderr().flush();
+    }
+}
+
+fn level_name(level: log::Level) -> &'static str {
+    match level {
+        log::Level::Error => "error",
+        log::Level::Warn => "warn",
+        log::Level::Info => "info",
+        log::Level::Debug => "debug",
+        log::Level::Trace => "trace",
+    }
+}
+
+/// One JSON object (no trailing newline) for `record`, stamped `now`.
+fn format_json_line(record: &Record<'_>, now: SystemTime) -> String {
+    let mut out = String::with_capacity(160);
+    out.push_str("{\"time\":\"");
+    out.push_str(&rfc3339_millis(now));
+    out.push_str("\",\"level\":\"");
+    out.push_str(level_name(record.level()));
+    out.push_str("\",\"msg\":");
+    match record.args().as_str() {
+        Some(msg) => push_json_str(&mut out, msg),
+        None => push_json_str(&mut out, &record.args().to_string()),
+    }
+    let _ = record.key_values().visit(&mut JsonFields { out: &mut out });
+    out.push('}');
+    out
+}
+
+fn push_json_str(out: &mut String, s: &str) {
+    // Serializing a str to JSON cannot fail.
+    out.push_str(&serde_json::to_string(s).unwrap_or_else(|_| String::from("\"\"")));
+}
+
+struct JsonFields<'a> {
+    out: &'a mut String,
+}
+
+impl<'kvs> VisitSource<'kvs> for JsonFields<'_> {
+    fn visit_pair(&mut self, key: Key<'kvs>, value: Value<'kvs>) -> Result<(), log::kv::Error> {
+        self.out.push(',');
+        let key = key.as_str();
+        if matches!(key, "time" | "level" | "msg") {
+            push_json_str(self.out, &format!("fields.{key}"));
+        } else {
+            push_json_str(self.out, key);
+        }
+        self.out.push(':');
+        push_json_value(self.out, &value);
+        Ok(())
+    }
+}
+
+fn push_json_value(out: &mut String, value: &Value<'_>) {
+    if let Some(b) = value.to_bool() {
+        out.push_str(if b { "true" } else { "false" });
+    } else if let Some(n) = value.to_i64() {
+        let _ = write!(out, "{n}");
+    } else if let Some(n) = value.to_u64() {
+        let _ = write!(out, "{n}");
+    } else if let Some(n) = value.to_i128() {
+        let _ = write!(out, "{n}");
+    } else if let Some(n) = value.to_u128() {
+        let _ = write!(out, "{n}");
+    } else if let Some(n) = value.to_f64().and_then(serde_json::Number::from_f64) {
+        // from_f64 refuses NaN and infinities, which JSON cannot hold.
+        let _ = write!(out, "{n}");
+    } else if let Some(s) = value.to_borrowed_str() {
+        push_json_str(out, s);
+    } else {
+        push_json_str(out, &value.to_string());
+    }
+}
+
+/// `2026-12-02T15:04:05.123Z`. A clock before 1970 prints the epoch.
+fn rfc3339_millis(t: SystemTime) -> String {
+    let since = t.duration_since(UNIX_EPOCH).unwrap_or_default();
+    let secs = since.as_secs();
+    let (year, month, day) = civil_from_days((secs / 86_400) as i64);
+    let sod = secs % 86_400;
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
+        sod / 3600,
+        sod % 3600 / 60,
+        sod % 60,
+        since.subsec_millis()
+    )
+}
+
+/// Days since 1970-01-01 -> (year, month, day), proleptic Gregorian
+/// (Howard Hinnant's `civil_from_days`).
+fn civil_from_days(days: i64) -> (i64, u32, u32) {
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097); // [0, 146096]
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365; // [0, 399]
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100); // [0, 365]
+    let mp = (5 * doy + 2) / 153; // [0, 11], March first
+    let day = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    (year, month, day)
+}
+
+// ---------------------------------------------------------------------------
+// Text.
+
+fn text_config() -> simplelog::Config {
+    simplelog::ConfigBuilder::new()
+        // UTC is simplelog's default offset.
+        .set_time_format_rfc3339()
+        .set_thread_level(log::LevelFilter::Off)
+        .set_target_level(log::LevelFilter::Off)
+        .set_location_level(log::LevelFilter::Off)
+        .build()
+}
+
+/// simplelog drops key-values: append them to the message first.
+struct TextLogger {
+    inner: Box<simplelog::WriteLogger<std::io::LineWriter<std::io::Stderr>>>,
+}
+
+impl Log for TextLogger {
+    fn enabled(&self, metadata: &Metadata<'_>) -> bool {
+        self.inner.enabled(metadata)
+    }
+
+    fn log(&self, record: &Record<'_>) {
+        if !self.enabled(record.metadata()) {
+            return;
+        }
+        let fields = text_fields(record);
+        if fields.is_empty() {
+            self.inner.log(record);
+            return;
+        }
+        self.inner.log(
+            &Record::builder()
+                .args(format_args!("{}{fields}", record.args()))
+                .metadata(record.metadata().clone())
+                .module_path(record.module_path())
+                .file(record.file())
+                .line(record.line())
+                .build(),
+        );
+    }
+
+    fn flush(&self) {
+        self.inner.flush();
+    }
+}
+
+/// ` key=value` for each key-value of `record`.
+fn text_fields(record: &Record<'_>) -> String {
+    struct Fields(String);
+    impl<'kvs> VisitSource<'kvs> for Fields {
+        fn visit_pair(&mut self, key: Key<'kvs>, value: Value<'kvs>) -> Result<(), log::kv::Error> {
+            let value = value.to_string();
+            let quote = value.is_empty()
+                || value
+                    .chars()
+                    .any(|c| c == ' ' || c == '"' || c == '=' || c.is_control());
+            if quote {
+                let _ = write!(self.0, " {key}={value:?}");
+            } else {
+                let _ = write!(self.0, " {key}={value}");
+            }
+            Ok(())
+        }
+    }
+    let mut fields = Fields(String::new());
+    let _ = record.key_values().visit(&mut fields);
+    fields.0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use log::kv::Value;
+    use log::Level;
+    use std::time::Duration;
+
+    /// 2026-12-02T15:04:05.123Z
+    fn t0() -> SystemTime {
+        UNIX_EPOCH + Duration::from_millis(1_796_223_845_123)
+    }
+
+    #[test]
+    fn escape_passes_printable_ascii() {
+        assert_eq!(escape(b"be_web/srv1 x~", 100), "be_web/srv1 x~");
+        assert_eq!(escape(b"", 10), "");
+    }
+
+    #[test]
+    fn escape_control_bytes_newlines_and_backslash() {
+        assert_eq!(escape(b"a\nb\rc\td", 100), "a\\nb\\rc\\td");
+        assert_eq!(escape(b"\x00\x1b[0m\x7f", 100), "\\x00\\x1b[0m\\x7f");
+        assert_eq!(escape(b"a\\nb", 100), "a\\\\nb");
+        let out = escape(b"\n\r\t\x01", 100);
+        assert!(!out.bytes().any(|b| b.is_ascii_control()), "{out}");
+    }
+
+    #[test]
+    fn escape_non_utf8_and_utf8_bytes() {
+        assert_eq!(escape(b"\xff\xfe", 100), "\\xff\\xfe");
+        // Valid UTF-8 beyond ASCII is escaped byte by byte too.
+        assert_eq!(escape("é".as_bytes(), 100), "\\xc3\\xa9");
+    }
+
+    #[test]
+    fn escape_truncates_after_max_input_bytes() {
+        assert_eq!(escape(b"abcdef", 3), "abc...");
+        assert_eq!(escape(b"abc", 3), "abc");
+        assert_eq!(escape(b"\n\n\n\n", 2), "\\n\\n...");
+        assert_eq!(escape(b"abc", 0), "...");
+    }
+
+    #[test]
+    fn rfc3339_time() {
+        assert_eq!(rfc3339_millis(t0()), "2026-12-02T15:04:05.123Z");
+        assert_eq!(rfc3339_millis(UNIX_EPOCH), "1970-01-01T00:00:00.000Z");
+        // Leap day, and the last millisecond of a year.
+        assert_eq!(
+            rfc3339_millis(UNIX_EPOCH + Duration::from_secs(951_782_400)),
+            "2000-02-29T00:00:00.000Z"
+        );
+        assert_eq!(
+            rfc3339_millis(UNIX_EPOCH + Duration::from_millis(1_767_225_599_999)),
+            "2025-12-31T23:59:59.999Z"
+        );
+        assert_eq!(
+            rfc3339_millis(UNIX_EPOCH - Duration::from_secs(5)),
+            "1970-01-01T00:00:00.000Z"
+        );
+    }
+
+    #[test]
+    fn civil_dates_round_trip_over_four_centuries() {
+        // Walk day by day from 1970 and check against a naive calendar.
+        let (mut y, mut m, mut d) = (1970i64, 1u32, 1u32);
+        for days in 0..146_097i64 {
+            assert_eq!(civil_from_days(days), (y, m, d), "day {days}");
+            let leap = (y % 4 == 0 && y % 100 != 0) || y % 400 == 0;
+            let month_len = [
+                31,
+                if leap { 29 } else { 28 },
+                31,
+                30,
+                31,
+                30,
+                31,
+                31,
+                30,
+                31,
+                30,
+                31,
+            ][m as usize - 1];
+            d += 1;
+            if d > month_len {
+                d = 1;
+                m += 1;
+                if m > 12 {
+                    m = 1;
+                    y += 1;
+                }
+            }
+        }
+    }
+
+    fn line(level: Level, msg: std::fmt::Arguments<'_>, kvs: &[(&str, Value<'_>)]) -> String {
+        format_json_line(
+            &Record::builder()
+                .level(level)
+                .target("t")
+                .args(msg)
+                .key_values(&kvs)
+                .build(),
+            t0(),
+        )
+    }
+
+    #[test]
+    fn json_line_without_fields() {
+        assert_eq!(
+            line(Level::Info, format_args!("consul synced"), &[]),
+            r#"{"time":"2026-12-02T15:04:05.123Z","level":"info","msg":"consul synced"}"#
+        );
+        for (level, name) in [
+            (Level::Error, "error"),
+            (Level::Warn, "warn"),
+            (Level::Debug, "debug"),
+            (Level::Trace, "trace"),
+        ] {
+            let l = line(level, format_args!("x"), &[]);
+            assert!(l.contains(&format!(r#""level":"{name}""#)), "{l}");
+        }
+    }
+
+    #[test]
+    fn json_line_with_fields() {
+        let keys = 12u64;
+        let ratio = 0.5f64;
+        let name = "be_web/srv1";
+        let l = line(
+            Level::Warn,
+            format_args!("state {} changed", 3),
+            &[
+                ("keys", Value::from(keys)),
+                ("delta", Value::from(-4i32)),
+                ("ratio", Value::from(ratio)),
+                ("synced", Value::from(true)),
+                ("identity", Value::from(name)),
+                ("addr", Value::from_display(&std::net::Ipv4Addr::LOCALHOST)),
+                ("big", Value::from(u128::MAX)),
+            ],
+        );
+        assert_eq!(
+            l,
+            concat!(
+                r#"{"time":"2026-12-02T15:04:05.123Z","level":"warn","msg":"state 3 changed","#,
+                r#""keys":12,"delta":-4,"ratio":0.5,"synced":true,"identity":"be_web/srv1","#,
+                r#""addr":"127.0.0.1","big":340282366920938463463374607431768211455}"#
+            )
+        );
+        let parsed: serde_json::Value = serde_json::from_str(&l).expect("valid JSON");
+        assert_eq!(parsed["keys"], 12);
+        assert_eq!(parsed["identity"], "be_web/srv1");
+    }
+
+    #[test]
+    fn json_line_escapes_strings_and_never_breaks_the_line() {
+        let nasty = "a\"b\\c\nd\re\u{1}f";
+        let l = line(
+            Level::Info,
+            format_args!("{nasty}"),
+            &[("v\n", Value::from(nasty))],
+        );
+        assert!(!l.contains('\n') && !l.contains('\r'), "{l}");
+        let parsed: serde_json::Value = serde_json::from_str(&l).expect("valid JSON");
+        assert_eq!(parsed["msg"], nasty);
+        assert_eq!(parsed["v\n"], nasty);
+    }
+
+    #[test]
+    fn json_line_keeps_reserved_names_apart() {
+        let l = line(
+            Level::Info,
+            format_args!("real"),
+            &[
+                ("msg", Value::from("fake")),
+                ("time", Value::from(1)),
+                ("level", Value::from("x")),
+            ],
+        );
+        let parsed: serde_json::Value = serde_json::from_str(&l).expect("valid JSON");
+        assert_eq!(parsed["msg"], "real");
+        assert_eq!(parsed["level"], "info");
+        assert_eq!(parsed["time"], "2026-12-02T15:04:05.123Z");
+        assert_eq!(parsed["fields.msg"], "fake");
+        assert_eq!(parsed["fields.time"], 1);
+        assert_eq!(parsed["fields.level"], "x");
+    }
+
+    #[test]
+    fn json_line_non_finite_float_is_a_string() {
+        let l = line(
+            Level::Info,
+            format_args!("m"),
+            &[("f", Value::from(f64::NAN))],
+        );
+        let parsed: serde_json::Value = serde_json::from_str(&l).expect("valid JSON");
+        assert_eq!(parsed["f"], "NaN");
+    }
+
+    #[test]
+    fn text_fields_are_appended_and_quoted_when_needed() {
+        let kvs: &[(&str, Value<'_>)] = &[
+            ("key", Value::from("be_web/srv1")),
+            ("old", Value::from("ready 100%")),
+            ("n", Value::from(3)),
+            ("empty", Value::from("")),
+            ("nl", Value::from("a\nb")),
+        ];
+        let record = Record::builder()
+            .args(format_args!("m"))
+            .key_values(&kvs)
+            .build();
+        assert_eq!(
+            text_fields(&record),
+            r#" key=be_web/srv1 old="ready 100%" n=3 empty="" nl="a\nb""#
+        );
+        let none = Record::builder().args(format_args!("m")).build();
+        assert_eq!(text_fields(&none), "");
+    }
+
+    #[test]
+    fn json_logger_filters_by_level() {
+        let logger = JsonLogger {
+            level: log::LevelFilter::Warn,
+        };
+        let at = |level| Metadata::builder().level(level).build();
+        assert!(logger.enabled(&at(Level::Error)));
+        assert!(logger.enabled(&at(Level::Warn)));
+        assert!(!logger.enabled(&at(Level::Info)));
+        assert!(!logger.enabled(&at(Level::Trace)));
+    }
 }
