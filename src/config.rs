@@ -84,9 +84,6 @@ pub struct Config {
     pub max_connections: usize,
     /// `-dev`: serve the in-memory KV on this address too.
     pub dev_kv_addr: Option<ListenAddr>,
-    /// `-dev` without an explicit consul address: the watcher follows the
-    /// dev KV's bound address (which only the bound socket knows for port 0).
-    pub consul_follows_dev_kv: bool,
     pub log_format: LogFormat,
     pub log_level: log::LevelFilter,
 }

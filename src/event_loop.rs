@@ -13,8 +13,8 @@
 //! `HTTP_BASE + slab key`. Slab keys are reused, so timer records carry a
 //! generation and a stale one is ignored.
 
-use std::collections::{BinaryHeap, VecDeque};
 use std::cmp::Reverse;
+use std::collections::{BinaryHeap, VecDeque};
 use std::io;
 use std::time::{Duration, Instant, SystemTime};
 
@@ -121,8 +121,16 @@ pub fn bind(addr: &ListenAddr) -> io::Result<std::net::TcpListener> {
             let v6 = std::net::SocketAddr::from((std::net::Ipv6Addr::UNSPECIFIED, *port));
             match make(v6, true) {
                 Ok(l) => Ok(l),
-                Err(e) if matches!(e.raw_os_error(), Some(libc::EAFNOSUPPORT) | Some(libc::EADDRNOTAVAIL)) => {
-                    make(std::net::SocketAddr::from((std::net::Ipv4Addr::UNSPECIFIED, *port)), false)
+                Err(e)
+                    if matches!(
+                        e.raw_os_error(),
+                        Some(libc::EAFNOSUPPORT) | Some(libc::EADDRNOTAVAIL)
+                    ) =>
+                {
+                    make(
+                        std::net::SocketAddr::from((std::net::Ipv4Addr::UNSPECIFIED, *port)),
+                        false,
+                    )
                 }
                 Err(e) => Err(e),
             }
@@ -193,21 +201,28 @@ impl EventLoop {
     pub fn new(config: &Config, listeners: Listeners) -> io::Result<EventLoop> {
         let poll = Poll::new()?;
         let reg = poll.registry();
-        let wrap = |l: Option<std::net::TcpListener>, t: Token| -> io::Result<Option<TcpListener>> {
-            l.map(|l| {
-                let mut l = TcpListener::from_std(l);
-                reg.register(&mut l, t, Interest::READABLE)?;
-                Ok(l)
-            })
-            .transpose()
-        };
+        let wrap =
+            |l: Option<std::net::TcpListener>, t: Token| -> io::Result<Option<TcpListener>> {
+                l.map(|l| {
+                    let mut l = TcpListener::from_std(l);
+                    reg.register(&mut l, t, Interest::READABLE)?;
+                    Ok(l)
+                })
+                .transpose()
+            };
         let agent_listener = wrap(listeners.agent, AGENT_LISTENER)?;
         let monitoring_listener = wrap(listeners.monitoring, MONITORING_LISTENER)?;
         let pprof_listener = wrap(listeners.pprof, PPROF_LISTENER)?;
         let devkv_listener = wrap(listeners.devkv, DEVKV_LISTENER)?;
-        let mut signals = signal_hook_mio::v1_0::Signals::new([signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT])?;
+        let mut signals = signal_hook_mio::v1_0::Signals::new([
+            signal_hook::consts::SIGTERM,
+            signal_hook::consts::SIGINT,
+        ])?;
         reg.register(&mut signals, SIGNALS, Interest::READABLE)?;
-        let seed = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64) ^ u64::from(std::process::id());
+        let seed = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(1, |d| d.as_nanos() as u64)
+            ^ u64::from(std::process::id());
         let devkv = devkv_listener.as_ref().map(|_| DevKv::new(true));
         Ok(EventLoop {
             poll,
@@ -254,7 +269,11 @@ impl EventLoop {
                 info!(open_connections = self.agents.len(); "shut down");
                 return Ok(());
             }
-            let timeout = if self.accept_pending { Some(Duration::ZERO) } else { Some(self.next_deadline(now).saturating_duration_since(now)) };
+            let timeout = if self.accept_pending {
+                Some(Duration::ZERO)
+            } else {
+                Some(self.next_deadline(now).saturating_duration_since(now))
+            };
             if let Err(e) = self.poll.poll(&mut events, timeout) {
                 if e.kind() == io::ErrorKind::Interrupted {
                     continue;
@@ -277,7 +296,8 @@ impl EventLoop {
             Tok::AgentListener => self.accept_agents(now),
             Tok::Listener(role) => self.accept_http(role, now),
             Tok::Consul => {
-                self.client.on_event(self.poll.registry(), now, &mut self.updates);
+                self.client
+                    .on_event(self.poll.registry(), now, &mut self.updates);
                 self.apply_updates(now);
             }
             Tok::Signals => self.on_signals(now),
@@ -329,15 +349,24 @@ impl EventLoop {
                 }
                 return;
             }
-            let Some(listener) = self.agent_listener.as_ref() else { return };
+            let Some(listener) = self.agent_listener.as_ref() else {
+                return;
+            };
             match listener.accept() {
                 Ok((stream, _)) => self.serve_new(stream),
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
-                Err(e) if matches!(e.kind(), io::ErrorKind::Interrupted | io::ErrorKind::ConnectionAborted) => {}
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::Interrupted | io::ErrorKind::ConnectionAborted
+                    ) => {}
                 Err(e) => {
                     self.metrics.accept_errors += 1;
                     self.accept_paused_until = Some(now + ACCEPT_PAUSE);
-                    if self.last_accept_warning.is_none_or(|t| now >= t + HINT_EVERY) {
+                    if self
+                        .last_accept_warning
+                        .is_none_or(|t| now >= t + HINT_EVERY)
+                    {
                         self.last_accept_warning = Some(now);
                         warn!(error = e.to_string(); "accept failed (out of file descriptors?): pausing accepts briefly; open connections are still served");
                     }
@@ -354,7 +383,11 @@ impl EventLoop {
     fn serve_new(&mut self, stream: mio::net::TcpStream) {
         let accepted = Instant::now();
         let mut conn = AgentConn::new(stream);
-        let progress = conn.on_readable(self.snapshot.as_ref(), self.max_line_bytes, &mut self.scratch);
+        let progress = conn.on_readable(
+            self.snapshot.as_ref(),
+            self.max_line_bytes,
+            &mut self.scratch,
+        );
         let interest = match progress {
             Progress::Done(outcome) => return self.count(outcome, accepted, &conn),
             Progress::NeedRead => Interest::READABLE,
@@ -363,25 +396,46 @@ impl EventLoop {
         let gen = self.gen();
         let entry = self.agents.vacant_entry();
         let key = entry.key();
-        if let Err(e) = self.poll.registry().register(conn.stream_mut(), Token(AGENT_BASE + key), interest) {
+        if let Err(e) =
+            self.poll
+                .registry()
+                .register(conn.stream_mut(), Token(AGENT_BASE + key), interest)
+        {
             debug!(error = e.to_string(); "register failed");
             return self.count(Outcome::IoError, accepted, &conn);
         }
-        entry.insert(AgentSlot { conn, gen, accepted, registered: Some(interest) });
-        self.agent_timers.push_back((accepted + self.read_timeout, key, gen));
+        entry.insert(AgentSlot {
+            conn,
+            gen,
+            accepted,
+            registered: Some(interest),
+        });
+        self.agent_timers
+            .push_back((accepted + self.read_timeout, key, gen));
         self.metrics.open_connections = self.agents.len() as u64;
     }
 
     fn agent_event(&mut self, key: usize) {
-        let Some(slot) = self.agents.get_mut(key) else { return };
-        let progress = slot.conn.on_readable(self.snapshot.as_ref(), self.max_line_bytes, &mut self.scratch);
+        let Some(slot) = self.agents.get_mut(key) else {
+            return;
+        };
+        let progress = slot.conn.on_readable(
+            self.snapshot.as_ref(),
+            self.max_line_bytes,
+            &mut self.scratch,
+        );
         let want = match progress {
             Progress::Done(outcome) => return self.close_agent(key, outcome),
             Progress::NeedRead => Interest::READABLE,
             Progress::NeedWrite => Interest::WRITABLE,
         };
         if slot.registered != Some(want) {
-            if self.poll.registry().reregister(slot.conn.stream_mut(), Token(AGENT_BASE + key), want).is_err() {
+            if self
+                .poll
+                .registry()
+                .reregister(slot.conn.stream_mut(), Token(AGENT_BASE + key), want)
+                .is_err()
+            {
                 return self.close_agent(key, Outcome::IoError);
             }
             slot.registered = Some(want);
@@ -449,7 +503,16 @@ impl EventLoop {
                         registered: None,
                         parked: None,
                     });
-                    if self.poll.registry().register(slot.conn.stream_mut(), Token(HTTP_BASE + key), Interest::READABLE).is_err() {
+                    if self
+                        .poll
+                        .registry()
+                        .register(
+                            slot.conn.stream_mut(),
+                            Token(HTTP_BASE + key),
+                            Interest::READABLE,
+                        )
+                        .is_err()
+                    {
                         self.https.remove(key);
                         continue;
                     }
@@ -458,7 +521,11 @@ impl EventLoop {
                     self.http_event(key, now);
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
-                Err(e) if matches!(e.kind(), io::ErrorKind::Interrupted | io::ErrorKind::ConnectionAborted) => {}
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::Interrupted | io::ErrorKind::ConnectionAborted
+                    ) => {}
                 Err(e) => {
                     debug!(error = e.to_string(); "http accept failed");
                     return;
@@ -468,7 +535,9 @@ impl EventLoop {
     }
 
     fn http_event(&mut self, key: usize, now: Instant) {
-        let Some(slot) = self.https.get_mut(key) else { return };
+        let Some(slot) = self.https.get_mut(key) else {
+            return;
+        };
         let progress = slot.conn.on_readable();
         self.http_progress(key, progress, now);
     }
@@ -484,9 +553,16 @@ impl EventLoop {
                     continue;
                 }
             };
-            let Some(slot) = self.https.get_mut(key) else { return };
+            let Some(slot) = self.https.get_mut(key) else {
+                return;
+            };
             if slot.registered != Some(want) {
-                if self.poll.registry().reregister(slot.conn.stream_mut(), Token(HTTP_BASE + key), want).is_err() {
+                if self
+                    .poll
+                    .registry()
+                    .reregister(slot.conn.stream_mut(), Token(HTTP_BASE + key), want)
+                    .is_err()
+                {
                     return self.close_http(key);
                 }
                 slot.registered = Some(want);
@@ -495,18 +571,30 @@ impl EventLoop {
         }
     }
 
-    fn handle_http(&mut self, key: usize, head: crate::http::RequestHead, body: Vec<u8>, now: Instant) -> HttpProgress {
+    fn handle_http(
+        &mut self,
+        key: usize,
+        head: crate::http::RequestHead,
+        body: Vec<u8>,
+        now: Instant,
+    ) -> HttpProgress {
         let role = self.https[key].role;
         let head_only = is_head(&head);
         match role {
             Role::Monitoring | Role::Pprof => {
                 let st = self.status(now);
-                let resp = if role == Role::Monitoring { handle_monitoring(&head, &st) } else { handle_pprof(&head, &st) };
+                let resp = if role == Role::Monitoring {
+                    handle_monitoring(&head, &st)
+                } else {
+                    handle_pprof(&head, &st)
+                };
                 self.arm_idle(key, now);
                 self.https[key].conn.respond(&resp, head_only, None)
             }
             Role::DevKv => {
-                let Some(kv) = self.devkv.as_mut() else { return HttpProgress::Close };
+                let Some(kv) = self.devkv.as_mut() else {
+                    return HttpProgress::Close;
+                };
                 let before = kv.generation();
                 let handled = kv.handle(&head, &body, now);
                 let changed = kv.generation() != before;
@@ -517,7 +605,8 @@ impl EventLoop {
                     }
                     Handled::Wait(wait) => {
                         let slot = &mut self.https[key];
-                        self.park_timers.push(Reverse((wait.deadline, key, slot.gen)));
+                        self.park_timers
+                            .push(Reverse((wait.deadline, key, slot.gen)));
                         slot.parked = Some(wait);
                         HttpProgress::NeedRead
                     }
@@ -533,22 +622,36 @@ impl EventLoop {
     fn arm_idle(&mut self, key: usize, now: Instant) {
         let slot = &mut self.https[key];
         slot.idle_deadline = now + HTTP_IDLE;
-        self.http_timers.push_back((slot.idle_deadline, key, slot.gen));
+        self.http_timers
+            .push_back((slot.idle_deadline, key, slot.gen));
     }
 
     /// After a dev KV write: answer every parked query whose prefix moved.
     fn wake_parked(&mut self, now: Instant) {
-        let Some(kv) = self.devkv.as_ref() else { return };
-        let ready: Vec<usize> = self.https.iter().filter(|(_, s)| s.parked.as_ref().is_some_and(|w| kv.is_ready(w))).map(|(k, _)| k).collect();
+        let Some(kv) = self.devkv.as_ref() else {
+            return;
+        };
+        let ready: Vec<usize> = self
+            .https
+            .iter()
+            .filter(|(_, s)| s.parked.as_ref().is_some_and(|w| kv.is_ready(w)))
+            .map(|(k, _)| k)
+            .collect();
         for key in ready {
             self.answer_parked(key, now);
         }
     }
 
     fn answer_parked(&mut self, key: usize, now: Instant) {
-        let Some(kv) = self.devkv.as_ref() else { return };
-        let Some(slot) = self.https.get_mut(key) else { return };
-        let Some(wait) = slot.parked.take() else { return };
+        let Some(kv) = self.devkv.as_ref() else {
+            return;
+        };
+        let Some(slot) = self.https.get_mut(key) else {
+            return;
+        };
+        let Some(wait) = slot.parked.take() else {
+            return;
+        };
         let resp = kv.answer(&wait);
         self.arm_idle(key, now);
         let progress = self.https[key].conn.respond(&resp, false, Some(2048));
@@ -590,7 +693,11 @@ impl EventLoop {
             Update::Failed(f) => {
                 self.metrics.count_consul_error(f.reason);
                 if self.outage.is_none() {
-                    let what = if self.snapshot.is_some() { "answering from the last known state" } else { "not answering until a first complete read" };
+                    let what = if self.snapshot.is_some() {
+                        "answering from the last known state"
+                    } else {
+                        "not answering until a first complete read"
+                    };
                     warn!(reason = f.reason.label(), error = f.detail.as_str(); "consul read failed: {what}; retrying with backoff");
                     self.outage = Some((now, 0));
                 } else {
@@ -599,7 +706,9 @@ impl EventLoop {
                 if let Some((_, n)) = self.outage.as_mut() {
                     *n += 1;
                 }
-                if matches!(f.reason, crate::consul::watch::ErrorReason::Http4xx) && self.last_error.as_deref() != Some(f.detail.as_str()) {
+                if matches!(f.reason, crate::consul::watch::ErrorReason::Http4xx)
+                    && self.last_error.as_deref() != Some(f.detail.as_str())
+                {
                     error!(error = f.detail.as_str(); "consul refused the request: check -kv-prefix, the ACL token and namespace/partition");
                 }
                 self.last_error = Some(f.detail);
@@ -623,10 +732,14 @@ impl EventLoop {
                 "invalid KV entry dropped: answered as if absent (ready 100%)");
         }
         match self.snapshot.as_ref() {
-            None => info!(keys = new.len(), invalid = new.invalid().len(), index = new.index(); "first consul read complete: answering"),
+            None => {
+                info!(keys = new.len(), invalid = new.invalid().len(), index = new.index(); "first consul read complete: answering")
+            }
             Some(old) => {
                 for c in new.changes_from(old) {
-                    let show = |e: Option<crate::state::Entry>| e.map_or_else(|| "absent".to_owned(), |e| e.desired.to_string());
+                    let show = |e: Option<crate::state::Entry>| {
+                        e.map_or_else(|| "absent".to_owned(), |e| e.desired.to_string())
+                    };
                     let index = c.new.or(c.old).map_or(0, |e| e.modify_index);
                     info!(key = escape(c.identity.as_bytes(), 256), old = show(c.old), new = show(c.new), index = index; "state change");
                 }
@@ -656,7 +769,11 @@ impl EventLoop {
             }
             self.http_timers.pop_front();
             if let Some(slot) = self.https.get(key) {
-                if slot.gen == gen && slot.idle_deadline <= now && slot.parked.is_none() && !slot.conn.is_handling() {
+                if slot.gen == gen
+                    && slot.idle_deadline <= now
+                    && slot.parked.is_none()
+                    && !slot.conn.is_handling()
+                {
                     self.close_http(key);
                 }
             }
@@ -666,11 +783,16 @@ impl EventLoop {
                 break;
             }
             self.park_timers.pop();
-            if self.https.get(key).is_some_and(|s| s.gen == gen && s.parked.is_some()) {
+            if self
+                .https
+                .get(key)
+                .is_some_and(|s| s.gen == gen && s.parked.is_some())
+            {
                 self.answer_parked(key, now);
             }
         }
-        self.client.on_timer(self.poll.registry(), now, &mut self.updates);
+        self.client
+            .on_timer(self.poll.registry(), now, &mut self.updates);
         self.apply_updates(now);
         if self.accept_paused_until.is_some_and(|t| now >= t) {
             self.accept_pending = true;
@@ -686,7 +808,12 @@ impl EventLoop {
         let grace = self.read_timeout.min(SHUTDOWN_GRACE);
         self.shutdown_deadline = Some(now + grace);
         let reg = self.poll.registry();
-        for l in [&mut self.agent_listener, &mut self.monitoring_listener, &mut self.pprof_listener, &mut self.devkv_listener] {
+        for l in [
+            &mut self.agent_listener,
+            &mut self.monitoring_listener,
+            &mut self.pprof_listener,
+            &mut self.devkv_listener,
+        ] {
             if let Some(mut l) = l.take() {
                 let _ = reg.deregister(&mut l);
             }

@@ -41,9 +41,12 @@ fn main() -> ExitCode {
 
 fn run(mut config: Config) -> Result<(), String> {
     raise_nofile_limit();
-    let bind_one = |what: &str, addr: &Option<ListenAddr>| -> Result<Option<std::net::TcpListener>, String> {
-        addr.as_ref().map(|a| bind(a).map_err(|e| format!("cannot listen on {what} {a:?}: {e}"))).transpose()
-    };
+    let bind_one =
+        |what: &str, addr: &Option<ListenAddr>| -> Result<Option<std::net::TcpListener>, String> {
+            addr.as_ref()
+                .map(|a| bind(a).map_err(|e| format!("cannot listen on {what} {a:?}: {e}")))
+                .transpose()
+        };
     let listeners = Listeners {
         agent: bind_one("-listen-addr", &config.listen_addr)?,
         monitoring: bind_one("-monitoring-addr", &config.monitoring_addr)?,
@@ -54,14 +57,18 @@ fn run(mut config: Config) -> Result<(), String> {
         warn!("-dev: serving an in-memory consul-compatible KV; never use this in production");
         // With port 0 only the bound socket knows the port the watcher
         // must use.
-        if config.consul_follows_dev_kv {
-            let a = devkv.local_addr().map_err(|e| e.to_string())?;
-            config.consul.endpoint = ConsulEndpoint::Tcp(a);
-            config.consul.host_header = a.to_string();
+        if config.consul_follows_dev_kv() {
+            let bound = devkv.local_addr().map_err(|e| e.to_string())?;
+            config.consul.retarget(bound);
         }
     }
-    let mut event_loop = EventLoop::new(&config, listeners).map_err(|e| format!("cannot start the event loop: {e}"))?;
-    let mut addrs: Vec<String> = event_loop.local_addrs().iter().map(|(n, a)| format!("{n}={a}")).collect();
+    let mut event_loop = EventLoop::new(&config, listeners)
+        .map_err(|e| format!("cannot start the event loop: {e}"))?;
+    let mut addrs: Vec<String> = event_loop
+        .local_addrs()
+        .iter()
+        .map(|(n, a)| format!("{n}={a}"))
+        .collect();
     addrs.push(format!("consul={}", describe(&config.consul.endpoint)));
     info!(
         version = config::version_line().as_str(),
@@ -71,7 +78,9 @@ fn run(mut config: Config) -> Result<(), String> {
         max_connections = config.max_connections;
         "listening"
     );
-    event_loop.run().map_err(|e| format!("event loop failed: {e}"))
+    event_loop
+        .run()
+        .map_err(|e| format!("event loop failed: {e}"))
 }
 
 fn describe(e: &ConsulEndpoint) -> String {
@@ -84,7 +93,10 @@ fn describe(e: &ConsulEndpoint) -> String {
 /// Go programs raise the soft `RLIMIT_NOFILE` to the hard limit at start;
 /// so does this (20,000 connections need more than the usual 1,024).
 fn raise_nofile_limit() {
-    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
     // SAFETY: getrlimit/setrlimit only read and write the struct passed.
     if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
         warn!("cannot read RLIMIT_NOFILE");

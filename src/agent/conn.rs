@@ -36,7 +36,11 @@ pub enum Progress {
 
 enum Phase {
     ExpectLine,
-    Replying { reply: &'static [u8], written: usize, outcome: Outcome },
+    Replying {
+        reply: &'static [u8],
+        written: usize,
+        outcome: Outcome,
+    },
 }
 
 /// An agent connection still waiting for its line or finishing its reply.
@@ -50,7 +54,11 @@ pub struct AgentConn {
 
 impl AgentConn {
     pub fn new(stream: TcpStream) -> AgentConn {
-        AgentConn { stream, buf: Vec::new(), phase: Phase::ExpectLine }
+        AgentConn {
+            stream,
+            buf: Vec::new(),
+            phase: Phase::ExpectLine,
+        }
     }
 
     pub fn stream_mut(&mut self) -> &mut TcpStream {
@@ -64,7 +72,12 @@ impl AgentConn {
 
     /// The socket is (or may be) readable. `scratch` must be at least
     /// `max_line_bytes + 1` long.
-    pub fn on_readable(&mut self, snapshot: Option<&Snapshot>, max_line_bytes: usize, scratch: &mut [u8]) -> Progress {
+    pub fn on_readable(
+        &mut self,
+        snapshot: Option<&Snapshot>,
+        max_line_bytes: usize,
+        scratch: &mut [u8],
+    ) -> Progress {
         if !matches!(self.phase, Phase::ExpectLine) {
             return self.on_writable();
         }
@@ -93,8 +106,14 @@ impl AgentConn {
                         return Progress::Done(Outcome::NotSynced);
                     };
                     let reply = snapshot.reply(id);
-                    let outcome = snapshot.get(id).map_or(Outcome::Ready, |e| e.desired.admin().into());
-                    self.phase = Phase::Replying { reply, written: 0, outcome };
+                    let outcome = snapshot
+                        .get(id)
+                        .map_or(Outcome::Ready, |e| e.desired.admin().into());
+                    self.phase = Phase::Replying {
+                        reply,
+                        written: 0,
+                        outcome,
+                    };
                     return self.on_writable();
                 }
             }
@@ -103,7 +122,12 @@ impl AgentConn {
 
     /// Writes (the rest of) the reply.
     pub fn on_writable(&mut self) -> Progress {
-        let Phase::Replying { reply, written, outcome } = &mut self.phase else {
+        let Phase::Replying {
+            reply,
+            written,
+            outcome,
+        } = &mut self.phase
+        else {
             return Progress::NeedRead;
         };
         while *written < reply.len() {

@@ -100,10 +100,21 @@ impl Write for Stream {
 enum Phase {
     /// No request in flight; the next starts at the watch's `next_start`.
     Idle,
-    ExpectConnected { since: Instant },
-    Sending { written: usize, deadline: Instant },
-    ExpectHead { deadline: Instant },
-    ExpectBody { head: ResponseHead, decoder: BodyDecoder, deadline: Instant },
+    ExpectConnected {
+        since: Instant,
+    },
+    Sending {
+        written: usize,
+        deadline: Instant,
+    },
+    ExpectHead {
+        deadline: Instant,
+    },
+    ExpectBody {
+        head: ResponseHead,
+        decoder: BodyDecoder,
+        deadline: Instant,
+    },
 }
 
 impl Phase {
@@ -172,7 +183,9 @@ impl Client {
         match &self.phase {
             Phase::Idle => self.watch.next_start(now),
             Phase::ExpectConnected { since } => *since + CONNECT_TIMEOUT,
-            Phase::Sending { deadline, .. } | Phase::ExpectHead { deadline } | Phase::ExpectBody { deadline, .. } => *deadline,
+            Phase::Sending { deadline, .. }
+            | Phase::ExpectHead { deadline }
+            | Phase::ExpectBody { deadline, .. } => *deadline,
         }
     }
 
@@ -188,13 +201,21 @@ impl Client {
         }
         match self.phase {
             Phase::Idle => self.start(registry, now, out),
-            Phase::ExpectConnected { .. } => {
-                self.fail(registry, now, Failure::new(ErrorReason::Connect, "connect timed out"), out)
-            }
+            Phase::ExpectConnected { .. } => self.fail(
+                registry,
+                now,
+                Failure::new(ErrorReason::Connect, "connect timed out"),
+                out,
+            ),
             _ => {
                 let waited = self.config.wait * 17 / 16 + RESPONSE_SLACK;
                 let detail = format!("no complete response within {waited:?}");
-                self.fail(registry, now, Failure::new(ErrorReason::Timeout, detail), out)
+                self.fail(
+                    registry,
+                    now,
+                    Failure::new(ErrorReason::Timeout, detail),
+                    out,
+                )
             }
         }
     }
@@ -207,25 +228,53 @@ impl Client {
         if self.stream.is_none() {
             match Stream::connect(&self.config.endpoint) {
                 Ok(mut s) => {
-                    if let Err(e) = registry.register(s.source(), self.token, Interest::READABLE | Interest::WRITABLE) {
-                        return self.fail(registry, now, Failure::new(ErrorReason::Connect, e.to_string()), out);
+                    if let Err(e) = registry.register(
+                        s.source(),
+                        self.token,
+                        Interest::READABLE | Interest::WRITABLE,
+                    ) {
+                        return self.fail(
+                            registry,
+                            now,
+                            Failure::new(ErrorReason::Connect, e.to_string()),
+                            out,
+                        );
                     }
                     self.stream = Some(s);
                     self.reused = false;
                     self.phase = Phase::ExpectConnected { since: now };
                 }
-                Err(e) => return self.fail(registry, now, Failure::new(ErrorReason::Connect, e.to_string()), out),
+                Err(e) => {
+                    return self.fail(
+                        registry,
+                        now,
+                        Failure::new(ErrorReason::Connect, e.to_string()),
+                        out,
+                    )
+                }
             }
         } else {
-            self.phase = Phase::Sending { written: 0, deadline: self.response_deadline(now) };
+            self.phase = Phase::Sending {
+                written: 0,
+                deadline: self.response_deadline(now),
+            };
             self.drive(registry, now, out);
         }
     }
 
     fn build_request(&mut self) {
         let c = &self.config;
-        let target = self.watch.target(&c.path_prefix, c.wait, c.namespace.as_deref(), c.partition.as_deref());
-        let mut r = format!("GET {target} HTTP/1.1\r\nHost: {}\r\nUser-Agent: gitlab-haproxy-agent/{}\r\n", c.host_header, env!("CARGO_PKG_VERSION"));
+        let target = self.watch.target(
+            &c.path_prefix,
+            c.wait,
+            c.namespace.as_deref(),
+            c.partition.as_deref(),
+        );
+        let mut r = format!(
+            "GET {target} HTTP/1.1\r\nHost: {}\r\nUser-Agent: gitlab-haproxy-agent/{}\r\n",
+            c.host_header,
+            env!("CARGO_PKG_VERSION")
+        );
         if let Some(t) = &c.token {
             r.push_str("X-Consul-Token: ");
             r.push_str(t);
@@ -272,7 +321,9 @@ impl Client {
     /// Bytes or EOF on an idle keep-alive connection: consul (or something
     /// between) closed it. Drop it quietly; the next request reconnects.
     fn check_idle(&mut self, registry: &Registry) {
-        let Some(s) = self.stream.as_mut() else { return };
+        let Some(s) = self.stream.as_mut() else {
+            return;
+        };
         let mut probe = [0u8; 512];
         loop {
             match s.read(&mut probe) {
@@ -288,7 +339,10 @@ impl Client {
         let s = self.stream.as_ref().expect("connecting without a stream");
         match s.connected() {
             Ok(true) => {
-                self.phase = Phase::Sending { written: 0, deadline: self.response_deadline(now) };
+                self.phase = Phase::Sending {
+                    written: 0,
+                    deadline: self.response_deadline(now),
+                };
                 Step::Again
             }
             Ok(false) => Step::Blocked,
@@ -297,11 +351,18 @@ impl Client {
     }
 
     fn step_send(&mut self) -> Step {
-        let Phase::Sending { written, deadline } = &mut self.phase else { unreachable!() };
+        let Phase::Sending { written, deadline } = &mut self.phase else {
+            unreachable!()
+        };
         let s = self.stream.as_mut().expect("sending without a stream");
         while *written < self.request.len() {
             match s.write(&self.request[*written..]) {
-                Ok(0) => return Step::Fail(Failure::new(ErrorReason::Reset, "connection closed while sending")),
+                Ok(0) => {
+                    return Step::Fail(Failure::new(
+                        ErrorReason::Reset,
+                        "connection closed while sending",
+                    ))
+                }
                 Ok(n) => *written += n,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Step::Blocked,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
@@ -351,16 +412,27 @@ impl Client {
         if let Phase::ExpectHead { deadline } = self.phase {
             match parse_response_head(&self.inbuf, MAX_HEAD_BYTES) {
                 Parse::Partial => return Step::Blocked,
-                Parse::Invalid(why) => return Step::Fail(Failure::new(ErrorReason::BadBody, format!("bad response head: {why}"))),
+                Parse::Invalid(why) => {
+                    return Step::Fail(Failure::new(
+                        ErrorReason::BadBody,
+                        format!("bad response head: {why}"),
+                    ))
+                }
                 Parse::Done(head, used) => {
                     self.inbuf.drain(..used);
                     self.body.clear();
                     let decoder = BodyDecoder::new(head.framing, self.config.max_body_bytes);
-                    self.phase = Phase::ExpectBody { head, decoder, deadline };
+                    self.phase = Phase::ExpectBody {
+                        head,
+                        decoder,
+                        deadline,
+                    };
                 }
             }
         }
-        let Phase::ExpectBody { decoder, .. } = &mut self.phase else { unreachable!() };
+        let Phase::ExpectBody { decoder, .. } = &mut self.phase else {
+            unreachable!()
+        };
         match decoder.feed(&self.inbuf, &mut self.body) {
             Ok(used) => {
                 self.inbuf.drain(..used);
@@ -380,7 +452,10 @@ impl Client {
                 Err(e) => return Step::Fail(body_failure(e, self.config.max_body_bytes)),
             }
         }
-        Step::Fail(Failure::new(ErrorReason::Reset, "consul closed the connection before a response"))
+        Step::Fail(Failure::new(
+            ErrorReason::Reset,
+            "consul closed the connection before a response",
+        ))
     }
 
     fn complete(&mut self, now: Instant) -> Step {
@@ -394,7 +469,9 @@ impl Client {
             self.stream = None;
         }
         self.reused = keep;
-        let update = self.watch.on_response(now, head.status, head.header("x-consul-index"), &self.body);
+        let update =
+            self.watch
+                .on_response(now, head.status, head.header("x-consul-index"), &self.body);
         self.shrink_buffers();
         Step::Done(update)
     }
@@ -446,7 +523,9 @@ enum Step {
 
 fn io_failure(e: &io::Error) -> Failure {
     let reason = match e.kind() {
-        io::ErrorKind::ConnectionReset | io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionAborted => ErrorReason::Reset,
+        io::ErrorKind::ConnectionReset
+        | io::ErrorKind::BrokenPipe
+        | io::ErrorKind::ConnectionAborted => ErrorReason::Reset,
         io::ErrorKind::TimedOut => ErrorReason::Timeout,
         io::ErrorKind::ConnectionRefused => ErrorReason::Connect,
         _ => ErrorReason::Reset,
@@ -456,8 +535,14 @@ fn io_failure(e: &io::Error) -> Failure {
 
 fn body_failure(e: BodyError, max: usize) -> Failure {
     match e {
-        BodyError::TooLarge => Failure::new(ErrorReason::TooLarge, format!("response body over -consul-max-body-bytes ({max})")),
+        BodyError::TooLarge => Failure::new(
+            ErrorReason::TooLarge,
+            format!("response body over -consul-max-body-bytes ({max})"),
+        ),
         BodyError::BadChunk => Failure::new(ErrorReason::BadBody, "bad chunked framing"),
-        BodyError::Truncated => Failure::new(ErrorReason::BadBody, "connection closed mid-body (truncated body)"),
+        BodyError::Truncated => Failure::new(
+            ErrorReason::BadBody,
+            "connection closed mid-body (truncated body)",
+        ),
     }
 }

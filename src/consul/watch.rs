@@ -80,7 +80,10 @@ pub struct Failure {
 
 impl Failure {
     pub fn new(reason: ErrorReason, detail: impl Into<String>) -> Failure {
-        Failure { reason, detail: detail.into() }
+        Failure {
+            reason,
+            detail: detail.into(),
+        }
     }
 }
 
@@ -92,7 +95,10 @@ pub enum Update {
     /// Same index (a blocking-query timeout or a wake without change).
     Unchanged,
     /// The index went backwards: nothing swapped, the next read is index 0.
-    Reset { from: u64, to: u64 },
+    Reset {
+        from: u64,
+        to: u64,
+    },
     Failed(Failure),
 }
 
@@ -185,7 +191,13 @@ impl Watch {
     /// The request target: `/v1/kv/<prefix>/?recurse&index=N&wait=Ws`
     /// (`path_prefix` from `http://host/prefix`, `ns`/`partition` only when
     /// set).
-    pub fn target(&self, path_prefix: &str, wait: Duration, ns: Option<&str>, partition: Option<&str>) -> String {
+    pub fn target(
+        &self,
+        path_prefix: &str,
+        wait: Duration,
+        ns: Option<&str>,
+        partition: Option<&str>,
+    ) -> String {
         let mut t = format!("{path_prefix}/v1/kv/");
         if !self.prefix.is_empty() {
             t.push_str(&encode_path(&self.prefix));
@@ -209,11 +221,23 @@ impl Watch {
 
     /// A complete response arrived: `status`, the raw `X-Consul-Index`
     /// value, and the body. Applies the index rules and decodes.
-    pub fn on_response(&mut self, now: Instant, status: u16, index_header: Option<&[u8]>, body: &[u8]) -> Update {
+    pub fn on_response(
+        &mut self,
+        now: Instant,
+        status: u16,
+        index_header: Option<&[u8]>,
+        body: &[u8],
+    ) -> Update {
         let failure = match status {
             200 | 404 => None,
-            400..=499 => Some(Failure::new(ErrorReason::Http4xx, http_detail(status, body))),
-            _ => Some(Failure::new(ErrorReason::Http5xx, http_detail(status, body))),
+            400..=499 => Some(Failure::new(
+                ErrorReason::Http4xx,
+                http_detail(status, body),
+            )),
+            _ => Some(Failure::new(
+                ErrorReason::Http5xx,
+                http_detail(status, body),
+            )),
         };
         if let Some(f) = failure {
             return self.fail(now, f, status);
@@ -233,7 +257,10 @@ impl Watch {
             self.index = 0;
             self.nonblocking_next = true;
             self.succeeded();
-            return Update::Reset { from, to: new_index };
+            return Update::Reset {
+                from,
+                to: new_index,
+            };
         }
         if new_index == self.index && !self.nonblocking_next {
             self.succeeded();
@@ -355,13 +382,21 @@ mod tests {
         let now = t0();
         let mut w = Watch::new("p", 1);
         assert_eq!(w.request_index(), 0);
-        assert_eq!(w.target("", Duration::from_secs(300), None, None), "/v1/kv/p/?recurse=");
+        assert_eq!(
+            w.target("", Duration::from_secs(300), None, None),
+            "/v1/kv/p/?recurse="
+        );
         let s = swap(w.on_response(now, 200, Some(b"7"), BODY));
         assert_eq!(s.index(), 7);
         assert_eq!(s.reply(b"be/s1"), b"drain 100%\n");
         assert_eq!(w.request_index(), 7);
         assert_eq!(
-            w.target("/consul", Duration::from_secs(300), Some("team a"), Some("p1")),
+            w.target(
+                "/consul",
+                Duration::from_secs(300),
+                Some("team a"),
+                Some("p1")
+            ),
             "/consul/v1/kv/p/?recurse=&index=7&wait=300000ms&ns=team%20a&partition=p1"
         );
     }
@@ -371,7 +406,10 @@ mod tests {
         let now = t0();
         let mut w = Watch::new("p", 1);
         swap(w.on_response(now, 200, Some(b"7"), BODY));
-        assert!(matches!(w.on_response(now, 200, Some(b"7"), BODY), Update::Unchanged));
+        assert!(matches!(
+            w.on_response(now, 200, Some(b"7"), BODY),
+            Update::Unchanged
+        ));
         assert_eq!(w.request_index(), 7);
     }
 
@@ -410,7 +448,13 @@ mod tests {
 
     #[test]
     fn missing_or_garbage_index_is_bad_index() {
-        for h in [None, Some(&b"abc"[..]), Some(b""), Some(b"-1"), Some(b"99999999999999999999999")] {
+        for h in [
+            None,
+            Some(&b"abc"[..]),
+            Some(b""),
+            Some(b"-1"),
+            Some(b"99999999999999999999999"),
+        ] {
             let mut w = Watch::new("p", 1);
             match w.on_response(t0(), 200, h, BODY) {
                 Update::Failed(f) => assert_eq!(f.reason, ErrorReason::BadIndex, "{h:?}"),
@@ -435,10 +479,16 @@ mod tests {
         assert_eq!(w.index(), 7, "the state held is still as of 7");
         assert_eq!(w.request_index(), 0);
         // The non-blocking re-read at the same index changes nothing.
-        assert!(matches!(w.on_response(now, 200, Some(b"7"), BODY), Update::Unchanged));
+        assert!(matches!(
+            w.on_response(now, 200, Some(b"7"), BODY),
+            Update::Unchanged
+        ));
         assert_eq!(w.request_index(), 7);
         match w.on_response(now, 429, Some(b"7"), b"") {
-            Update::Failed(f) => assert_eq!((f.reason, f.detail.as_str()), (ErrorReason::Http4xx, "HTTP 429")),
+            Update::Failed(f) => assert_eq!(
+                (f.reason, f.detail.as_str()),
+                (ErrorReason::Http4xx, "HTTP 429")
+            ),
             other => panic!("{other:?}"),
         }
     }
@@ -470,7 +520,10 @@ mod tests {
         // The burst goes at the minimum gap, then about one a second.
         assert!(starts[4] - starts[0] < Duration::from_millis(450));
         let tail = starts[11] - starts[8];
-        assert!(tail >= Duration::from_millis(2900) && tail <= Duration::from_millis(3100), "{tail:?}");
+        assert!(
+            tail >= Duration::from_millis(2900) && tail <= Duration::from_millis(3100),
+            "{tail:?}"
+        );
     }
 
     #[test]
@@ -482,13 +535,19 @@ mod tests {
             w.on_start(now);
             w.on_failure(now, Failure::new(ErrorReason::Connect, "refused"));
             let delay = w.next_start(now) - now;
-            assert!(delay >= expected_full / 2 && delay <= expected_full.max(MIN_GAP), "{delay:?} vs {expected_full:?}");
+            assert!(
+                delay >= expected_full / 2 && delay <= expected_full.max(MIN_GAP),
+                "{delay:?} vs {expected_full:?}"
+            );
             expected_full = (expected_full * 2).min(BACKOFF_CAP);
         }
         assert_eq!(expected_full, BACKOFF_CAP);
         w.on_response(now, 404, Some(b"3"), b"");
         assert_eq!(w.failures(), 0);
-        assert_eq!(w.next_start(now + Duration::from_secs(10)), now + Duration::from_secs(10));
+        assert_eq!(
+            w.next_start(now + Duration::from_secs(10)),
+            now + Duration::from_secs(10)
+        );
     }
 
     #[test]
@@ -506,6 +565,9 @@ mod tests {
     #[test]
     fn prefix_is_percent_encoded_in_the_path() {
         let w = Watch::new("a b/c%d", 1);
-        assert_eq!(w.target("", Duration::from_secs(1), None, None), "/v1/kv/a%20b/c%25d/?recurse=");
+        assert_eq!(
+            w.target("", Duration::from_secs(1), None, None),
+            "/v1/kv/a%20b/c%25d/?recurse="
+        );
     }
 }

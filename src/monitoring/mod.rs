@@ -49,12 +49,21 @@ pub fn handle_monitoring(head: &RequestHead, st: &Status<'_>) -> Response {
         "/-/readiness" if st.snapshot.is_some() => text(200, "ready\n"),
         "/-/readiness" => text(503, "not ready: no complete consul read yet\n"),
         "/-/metrics" => {
-            let view = View { metrics: st.metrics, snapshot: st.snapshot, now: st.now, started: st.started, max_connections: st.max_connections };
+            let view = View {
+                metrics: st.metrics,
+                snapshot: st.snapshot,
+                now: st.now,
+                started: st.started,
+                max_connections: st.max_connections,
+            };
             let mut r = text(200, &metrics::render(&view));
             r.headers[0].1 = "text/plain; version=0.0.4; charset=utf-8".into();
             r
         }
-        _ => text(404, "not found; try /-/metrics, /-/liveness, /-/readiness\n"),
+        _ => text(
+            404,
+            "not found; try /-/metrics, /-/liveness, /-/readiness\n",
+        ),
     }
 }
 
@@ -85,12 +94,19 @@ fn only_get(head: &RequestHead) -> Option<Response> {
 }
 
 fn text(status: u16, body: &str) -> Response {
-    Response { status, headers: vec![("Content-Type", "text/plain; charset=utf-8".into())], body: body.as_bytes().to_vec() }
+    Response {
+        status,
+        headers: vec![("Content-Type", "text/plain; charset=utf-8".into())],
+        body: body.as_bytes().to_vec(),
+    }
 }
 
 /// `/debug/state`: the snapshot the agent answers from and the watcher.
 pub fn debug_state(st: &Status<'_>) -> String {
-    let age = st.metrics.last_success.map(|t| st.now.saturating_duration_since(t).as_secs_f64());
+    let age = st
+        .metrics
+        .last_success
+        .map(|t| st.now.saturating_duration_since(t).as_secs_f64());
     let state = st.snapshot.map(|s| {
         let mut entries: Vec<_> = s.entries().collect();
         entries.sort_by(|a, b| a.0.cmp(b.0));

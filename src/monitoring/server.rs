@@ -20,7 +20,9 @@ use std::io::{self, Read, Write};
 
 use mio::net::TcpStream;
 
-use crate::http::{parse_request_head, render_response, BodyDecoder, Method, Parse, RequestHead, Response};
+use crate::http::{
+    parse_request_head, render_response, BodyDecoder, Method, Parse, RequestHead, Response,
+};
 
 pub const MAX_HEAD_BYTES: usize = 16 * 1024;
 const READ_CHUNK: usize = 16 * 1024;
@@ -38,9 +40,18 @@ pub enum HttpProgress {
 
 enum Phase {
     ExpectHead,
-    ExpectBody { head: RequestHead, decoder: BodyDecoder, body: Vec<u8> },
-    Handling { keep_alive: bool },
-    Writing { written: usize, keep_alive: bool },
+    ExpectBody {
+        head: RequestHead,
+        decoder: BodyDecoder,
+        body: Vec<u8>,
+    },
+    Handling {
+        keep_alive: bool,
+    },
+    Writing {
+        written: usize,
+        keep_alive: bool,
+    },
 }
 
 pub struct HttpConn {
@@ -53,7 +64,13 @@ pub struct HttpConn {
 
 impl HttpConn {
     pub fn new(stream: TcpStream, max_body: usize) -> HttpConn {
-        HttpConn { stream, inbuf: Vec::new(), out: Vec::new(), phase: Phase::ExpectHead, max_body }
+        HttpConn {
+            stream,
+            inbuf: Vec::new(),
+            out: Vec::new(),
+            phase: Phase::ExpectHead,
+            max_body,
+        }
     }
 
     pub fn stream_mut(&mut self) -> &mut TcpStream {
@@ -127,43 +144,71 @@ impl HttpConn {
                 Parse::Done(head, used) => {
                     self.inbuf.drain(..used);
                     let decoder = BodyDecoder::new(head.framing, self.max_body);
-                    self.phase = Phase::ExpectBody { head, decoder, body: Vec::new() };
+                    self.phase = Phase::ExpectBody {
+                        head,
+                        decoder,
+                        body: Vec::new(),
+                    };
                 }
             }
         }
-        let Phase::ExpectBody { decoder, body, .. } = &mut self.phase else { return Ok(None) };
-        let used = decoder.feed(&self.inbuf, body).map_err(|_| "bad or oversized request body")?;
+        let Phase::ExpectBody { decoder, body, .. } = &mut self.phase else {
+            return Ok(None);
+        };
+        let used = decoder
+            .feed(&self.inbuf, body)
+            .map_err(|_| "bad or oversized request body")?;
         self.inbuf.drain(..used);
         if !decoder.is_done() {
             return Ok(None);
         }
-        let Phase::ExpectBody { head, body, .. } = std::mem::replace(&mut self.phase, Phase::ExpectHead) else {
+        let Phase::ExpectBody { head, body, .. } =
+            std::mem::replace(&mut self.phase, Phase::ExpectHead)
+        else {
             unreachable!()
         };
-        self.phase = Phase::Handling { keep_alive: head.keep_alive };
+        self.phase = Phase::Handling {
+            keep_alive: head.keep_alive,
+        };
         Ok(Some(HttpProgress::Request(head, body)))
     }
 
     fn refuse(&mut self, why: &'static str) -> HttpProgress {
         self.phase = Phase::Handling { keep_alive: false };
-        let resp = Response { status: 400, headers: vec![("Content-Type", "text/plain".into())], body: format!("{why}\n").into_bytes() };
+        let resp = Response {
+            status: 400,
+            headers: vec![("Content-Type", "text/plain".into())],
+            body: format!("{why}\n").into_bytes(),
+        };
         self.respond(&resp, false, None)
     }
 
     /// Sends the response to the request handed out last.
-    pub fn respond(&mut self, resp: &Response, head_only: bool, chunk_over: Option<usize>) -> HttpProgress {
+    pub fn respond(
+        &mut self,
+        resp: &Response,
+        head_only: bool,
+        chunk_over: Option<usize>,
+    ) -> HttpProgress {
         let keep_alive = match self.phase {
             Phase::Handling { keep_alive } => keep_alive,
             _ => false,
         };
         self.out.clear();
         render_response(&mut self.out, resp, keep_alive, chunk_over, head_only);
-        self.phase = Phase::Writing { written: 0, keep_alive };
+        self.phase = Phase::Writing {
+            written: 0,
+            keep_alive,
+        };
         self.on_writable()
     }
 
     pub fn on_writable(&mut self) -> HttpProgress {
-        let Phase::Writing { written, keep_alive } = &mut self.phase else {
+        let Phase::Writing {
+            written,
+            keep_alive,
+        } = &mut self.phase
+        else {
             return HttpProgress::NeedRead;
         };
         while *written < self.out.len() {
