@@ -14,6 +14,7 @@ const COMMIT_VAR: &str = "GITLAB_HAPROXY_AGENT_BUILD_COMMIT";
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");
     println!("cargo:rerun-if-env-changed={COMMIT_VAR}");
+    println!("cargo:rerun-if-env-changed=GITLAB_HAPROXY_AGENT_VERSION");
     let commit = std::env::var(COMMIT_VAR)
         .ok()
         .and_then(|v| sanitize(v.trim()))

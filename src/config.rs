@@ -309,9 +309,18 @@ pub fn usage() -> String {
 pub fn version_line() -> String {
     format!(
         "gitlab-haproxy-agent {} ({})",
-        env!("CARGO_PKG_VERSION"),
+        version(),
         option_env!("GIT_COMMIT").unwrap_or("unknown")
     )
+}
+
+/// The release version: `GITLAB_HAPROXY_AGENT_VERSION` at build time (set by
+/// `scripts/release.sh` from the tag), else Cargo.toml's.
+pub fn version() -> &'static str {
+    match option_env!("GITLAB_HAPROXY_AGENT_VERSION") {
+        Some(v) if !v.is_empty() => v,
+        _ => env!("CARGO_PKG_VERSION"),
+    }
 }
 
 // ---------------------------------------------------------------------------
@@ -984,6 +993,16 @@ fn enterprise_name(env: Env<'_>, var: &str) -> Result<Option<String>, UsageError
 /// `+` is allowed. A negative duration, or one past Go's limit (about 292
 /// years), gives `None`.
 pub fn parse_duration(s: &str) -> Option<Duration> {
+    match parse_signed_duration(s)? {
+        (true, d) if !d.is_zero() => None,
+        (_, d) => Some(d),
+    }
+}
+
+/// Go's `time.ParseDuration` with the sign kept apart: `(negative,
+/// magnitude)`; `None` when it is not a duration. Consul, for one, reads a
+/// negative `wait` as "the default".
+pub fn parse_signed_duration(s: &str) -> Option<(bool, Duration)> {
     const MAX_NANOS: u128 = i64::MAX as u128;
     let (negative, mut rest) = match s.as_bytes().first() {
         Some(b'-') => (true, &s[1..]),
@@ -991,7 +1010,7 @@ pub fn parse_duration(s: &str) -> Option<Duration> {
         _ => (false, s),
     };
     if rest == "0" {
-        return Some(Duration::ZERO);
+        return Some((negative, Duration::ZERO));
     }
     if rest.is_empty() {
         return None;
@@ -1045,10 +1064,7 @@ pub fn parse_duration(s: &str) -> Option<Duration> {
         }
         rest = after;
     }
-    if negative && total != 0 {
-        return None;
-    }
-    Some(Duration::from_nanos(total as u64))
+    Some((negative, Duration::from_nanos(total as u64)))
 }
 
 #[cfg(test)]

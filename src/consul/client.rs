@@ -225,40 +225,28 @@ impl Client {
         self.requests += 1;
         self.build_request();
         self.received = 0;
-        if self.stream.is_none() {
-            match Stream::connect(&self.config.endpoint) {
-                Ok(mut s) => {
-                    if let Err(e) = registry.register(
-                        s.source(),
-                        self.token,
-                        Interest::READABLE | Interest::WRITABLE,
-                    ) {
-                        return self.fail(
-                            registry,
-                            now,
-                            Failure::new(ErrorReason::Connect, e.to_string()),
-                            out,
-                        );
-                    }
-                    self.stream = Some(s);
-                    self.reused = false;
-                    self.phase = Phase::ExpectConnected { since: now };
-                }
-                Err(e) => {
-                    return self.fail(
-                        registry,
-                        now,
-                        Failure::new(ErrorReason::Connect, e.to_string()),
-                        out,
-                    )
-                }
-            }
-        } else {
+        if self.stream.is_some() {
             self.phase = Phase::Sending {
                 written: 0,
                 deadline: self.response_deadline(now),
             };
-            self.drive(registry, now, out);
+            return self.drive(registry, now, out);
+        }
+        let connected = Stream::connect(&self.config.endpoint).and_then(|mut s| {
+            let interest = Interest::READABLE | Interest::WRITABLE;
+            registry.register(s.source(), self.token, interest)?;
+            Ok(s)
+        });
+        match connected {
+            Ok(s) => {
+                self.stream = Some(s);
+                self.reused = false;
+                self.phase = Phase::ExpectConnected { since: now };
+            }
+            Err(e) => {
+                let failure = Failure::new(ErrorReason::Connect, e.to_string());
+                self.fail(registry, now, failure, out);
+            }
         }
     }
 
@@ -273,7 +261,7 @@ impl Client {
         let mut r = format!(
             "GET {target} HTTP/1.1\r\nHost: {}\r\nUser-Agent: gitlab-haproxy-agent/{}\r\n",
             c.host_header,
-            env!("CARGO_PKG_VERSION")
+            crate::config::version()
         );
         if let Some(t) = &c.token {
             r.push_str("X-Consul-Token: ");

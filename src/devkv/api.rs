@@ -663,87 +663,10 @@ fn go_quote(s: &str) -> String {
 }
 
 /// Go's `time.ParseDuration`. `None`: not a duration. `Some(None)`: a
-/// negative duration (only its sign matters here). Units ns, us, µs, μs,
-/// ms, s, m, h; fractions allowed; bare `0` allowed; overflow past
-/// 2^63-1 ns refused.
-// TODO(integrator): dedupe with `crate::config::parse_duration` once it lands.
+/// negative duration (only its sign matters here).
 fn parse_go_duration(s: &str) -> Option<Option<Duration>> {
-    let (neg, mut s) = match s.as_bytes().first() {
-        Some(b'-') => (true, &s[1..]),
-        Some(b'+') => (false, &s[1..]),
-        _ => (false, s),
-    };
-    if s == "0" {
-        return Some(Some(Duration::ZERO));
-    }
-    if s.is_empty() {
-        return None;
-    }
-    let mut total: u64 = 0;
-    while !s.is_empty() {
-        let int_len = s.bytes().take_while(u8::is_ascii_digit).count();
-        let mut whole: u64 = 0;
-        for b in s[..int_len].bytes() {
-            whole = whole.checked_mul(10)?.checked_add(u64::from(b - b'0'))?;
-        }
-        s = &s[int_len..];
-        let (mut frac, mut scale, mut frac_len) = (0u64, 1f64, 0);
-        if let Some(rest) = s.strip_prefix('.') {
-            frac_len = rest.bytes().take_while(u8::is_ascii_digit).count();
-            let mut overflow = false;
-            for b in rest[..frac_len].bytes() {
-                // Like Go's `leadingFraction`: digits past u64 precision are dropped.
-                if overflow {
-                    continue;
-                }
-                match frac
-                    .checked_mul(10)
-                    .and_then(|f| f.checked_add(u64::from(b - b'0')))
-                {
-                    Some(f) => {
-                        frac = f;
-                        scale *= 10.0;
-                    }
-                    None => overflow = true,
-                }
-            }
-            s = &rest[frac_len..];
-        }
-        if int_len == 0 && frac_len == 0 {
-            return None;
-        }
-        let unit_len = s
-            .find(|c: char| c == '.' || c.is_ascii_digit())
-            .unwrap_or(s.len());
-        let unit: u64 = match &s[..unit_len] {
-            "ns" => 1,
-            "us" | "\u{b5}s" | "\u{3bc}s" => 1_000,
-            "ms" => 1_000_000,
-            "s" => 1_000_000_000,
-            "m" => 60_000_000_000,
-            "h" => 3_600_000_000_000,
-            _ => return None,
-        };
-        s = &s[unit_len..];
-        let mut v = whole.checked_mul(unit).filter(|v| *v <= 1 << 63)?;
-        if frac > 0 {
-            v = v
-                .checked_add((frac as f64 * (unit as f64 / scale)) as u64)
-                .filter(|v| *v <= 1 << 63)?;
-        }
-        total = total.checked_add(v).filter(|t| *t <= 1 << 63)?;
-    }
-    if neg {
-        return Some(if total == 0 {
-            Some(Duration::ZERO)
-        } else {
-            None
-        });
-    }
-    if total > i64::MAX as u64 {
-        return None;
-    }
-    Some(Some(Duration::from_nanos(total)))
+    let (negative, d) = crate::config::parse_signed_duration(s)?;
+    Some((!negative || d.is_zero()).then_some(d))
 }
 
 fn dir_entry<'a>(key: &'a str, e: &super::store::Entry) -> DirEntry<'a> {

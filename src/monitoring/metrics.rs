@@ -259,7 +259,7 @@ pub fn render(v: &View<'_>) -> String {
         &mut o,
         &format!(
             "{name}{{version=\"{}\",commit=\"{}\"}}",
-            env!("CARGO_PKG_VERSION"),
+            crate::config::version(),
             escape_label(commit)
         ),
         1.0,
