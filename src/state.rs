@@ -113,39 +113,11 @@ impl Snapshot {
     /// Should an identity appear twice (consul cannot send that), the last
     /// occurrence decides, valid or not.
     pub fn build(prefix: &str, index: u64, pairs: Vec<KvPair>) -> Snapshot {
-        let mut entries =
-            HashMap::with_capacity_and_hasher(pairs.len(), BuildHasherDefault::default());
-        let mut invalid = Vec::new();
+        let mut builder = SnapshotBuilder::new(prefix, index, pairs.len());
         for pair in pairs {
-            let Some(identity) = identity_of(prefix, &pair.key) else {
-                invalid.push(InvalidKey::new(pair, InvalidReason::BadKey));
-                continue;
-            };
-            match parse_value(&pair.value) {
-                Ok(desired) => {
-                    let entry = Entry {
-                        desired,
-                        modify_index: pair.modify_index,
-                    };
-                    entries.insert(
-                        Box::from(identity.as_bytes()),
-                        Slot {
-                            entry,
-                            reply: desired.reply(),
-                        },
-                    );
-                }
-                Err(reason) => {
-                    entries.remove(identity.as_bytes());
-                    invalid.push(InvalidKey::new(pair, reason.into()));
-                }
-            }
+            builder.add(pair);
         }
-        Snapshot {
-            index,
-            entries,
-            invalid,
-        }
+        builder.finish()
     }
 
     /// The consul index this snapshot is as of.
@@ -219,6 +191,58 @@ impl Snapshot {
             .iter()
             .filter(|k| !seen.contains(&k.fingerprint()))
             .collect()
+    }
+}
+
+/// Builds a [`Snapshot`] one KV pair at a time, so a large listing can be
+/// decoded across several loop turns ([`Snapshot::build`] is the one-shot
+/// form). Same rules as `build`.
+#[derive(Debug)]
+pub struct SnapshotBuilder {
+    prefix: String,
+    snapshot: Snapshot,
+}
+
+impl SnapshotBuilder {
+    pub fn new(prefix: &str, index: u64, capacity: usize) -> SnapshotBuilder {
+        let entries = HashMap::with_capacity_and_hasher(capacity, BuildHasherDefault::default());
+        SnapshotBuilder {
+            prefix: prefix.to_owned(),
+            snapshot: Snapshot {
+                index,
+                entries,
+                invalid: Vec::new(),
+            },
+        }
+    }
+
+    pub fn add(&mut self, pair: KvPair) {
+        let s = &mut self.snapshot;
+        let Some(identity) = identity_of(&self.prefix, &pair.key) else {
+            s.invalid.push(InvalidKey::new(pair, InvalidReason::BadKey));
+            return;
+        };
+        match parse_value(&pair.value) {
+            Ok(desired) => {
+                let entry = Entry {
+                    desired,
+                    modify_index: pair.modify_index,
+                };
+                let slot = Slot {
+                    entry,
+                    reply: desired.reply(),
+                };
+                s.entries.insert(Box::from(identity.as_bytes()), slot);
+            }
+            Err(reason) => {
+                s.entries.remove(identity.as_bytes());
+                s.invalid.push(InvalidKey::new(pair, reason.into()));
+            }
+        }
+    }
+
+    pub fn finish(self) -> Snapshot {
+        self.snapshot
     }
 }
 

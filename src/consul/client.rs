@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use mio::{Interest, Registry, Token};
 
 use crate::config::{ConsulConfig, ConsulEndpoint};
-use crate::consul::watch::{ErrorReason, Failure, Update, Watch};
+use crate::consul::watch::{Decoding, ErrorReason, Failure, Response, Update, Watch, DECODE_SLICE};
 use crate::http::{parse_response_head, BodyDecoder, BodyError, Parse, ResponseHead};
 
 /// Connecting must succeed within this.
@@ -115,6 +115,9 @@ enum Phase {
         decoder: BodyDecoder,
         deadline: Instant,
     },
+    /// A large listing being decoded a slice per loop turn (no request in
+    /// flight meanwhile).
+    Decoding(Box<Decoding>),
 }
 
 impl Phase {
@@ -125,6 +128,7 @@ impl Phase {
             Phase::Sending { .. } => "sending",
             Phase::ExpectHead { .. } => "awaiting_head",
             Phase::ExpectBody { .. } => "reading_body",
+            Phase::Decoding(_) => "decoding",
         }
     }
 }
@@ -182,6 +186,7 @@ impl Client {
     pub fn deadline(&self, now: Instant) -> Instant {
         match &self.phase {
             Phase::Idle => self.watch.next_start(now),
+            Phase::Decoding(_) => now,
             Phase::ExpectConnected { since } => *since + CONNECT_TIMEOUT,
             Phase::Sending { deadline, .. }
             | Phase::ExpectHead { deadline }
@@ -199,8 +204,14 @@ impl Client {
         if now < self.deadline(now) {
             return;
         }
-        match self.phase {
+        match &mut self.phase {
             Phase::Idle => self.start(registry, now, out),
+            Phase::Decoding(decoding) => {
+                if let Some(result) = decoding.step(DECODE_SLICE) {
+                    self.phase = Phase::Idle;
+                    out.push(self.watch.on_decoded(now, result));
+                }
+            }
             Phase::ExpectConnected { .. } => self.fail(
                 registry,
                 now,
@@ -289,7 +300,7 @@ impl Client {
     fn drive(&mut self, registry: &Registry, now: Instant, out: &mut Vec<Update>) {
         loop {
             let step = match self.phase {
-                Phase::Idle => return self.check_idle(registry),
+                Phase::Idle | Phase::Decoding(_) => return self.check_idle(registry),
                 Phase::ExpectConnected { .. } => self.step_connect(now),
                 Phase::Sending { .. } => self.step_send(),
                 Phase::ExpectHead { .. } | Phase::ExpectBody { .. } => self.step_read(now),
@@ -457,11 +468,17 @@ impl Client {
             self.stream = None;
         }
         self.reused = keep;
-        let update =
-            self.watch
-                .on_response(now, head.status, head.header("x-consul-index"), &self.body);
+        let body = std::mem::take(&mut self.body);
+        let index = head.header("x-consul-index");
+        let response = self.watch.on_response(now, head.status, index, body);
         self.shrink_buffers();
-        Step::Done(update)
+        match response {
+            Response::Done(update) => Step::Done(update),
+            Response::Decode(decoding) => {
+                self.phase = Phase::Decoding(Box::new(decoding));
+                Step::Blocked
+            }
+        }
     }
 
     fn shrink_buffers(&mut self) {

@@ -15,7 +15,7 @@
 use std::fmt;
 
 use base64::Engine as _;
-use serde::de::{self, Deserializer, SeqAccess, Visitor};
+use serde::de::{self, Deserializer, Visitor};
 use serde::Deserialize;
 
 /// One KV entry as consul sends it, value decoded.
@@ -40,47 +40,129 @@ impl std::fmt::Display for DecodeError {
 /// Decodes a recurse listing. An empty body is an error here: the caller
 /// handles the 404 (empty prefix) before decoding.
 pub fn decode_list(body: &[u8]) -> Result<Vec<KvPair>, DecodeError> {
-    if body.trim_ascii().is_empty() {
-        return Err(DecodeError("kv listing: empty body".to_owned()));
-    }
-    match serde_json::from_slice::<Listing>(body) {
-        Ok(Listing(pairs)) => Ok(pairs),
-        Err(e) => Err(DecodeError(format!("kv listing: {e}"))),
-    }
+    let mut decoder = ListDecoder::new();
+    let mut pairs = Vec::new();
+    while !decoder.step(body, usize::MAX, &mut pairs)? {}
+    Ok(pairs)
 }
 
-/// The top-level array, decoded element by element into [`KvPair`]s.
-struct Listing(Vec<KvPair>);
-
-impl<'de> Deserialize<'de> for Listing {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        d.deserialize_seq(ListingVisitor)
-    }
+/// Decodes a listing a slice of entries at a time, so a snapshot of
+/// 100,000 keys never stalls the loop for long: the caller keeps the body
+/// and calls [`ListDecoder::step`] once per loop turn. The result is the
+/// same as [`decode_list`]'s, whatever the slice size.
+#[derive(Debug, Clone, Default)]
+pub struct ListDecoder {
+    /// Offset of the next byte to look at.
+    pos: usize,
+    /// Past the opening `[`.
+    opened: bool,
+    /// At least one entry seen (so a `,` must come before the next).
+    any: bool,
 }
 
-struct ListingVisitor;
-
-impl<'de> Visitor<'de> for ListingVisitor {
-    type Value = Listing;
-
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("a JSON array of KV entries")
+impl ListDecoder {
+    pub fn new() -> ListDecoder {
+        ListDecoder::default()
     }
 
-    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Listing, A::Error> {
-        let mut pairs = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(4096));
-        while let Some(entry) = seq.next_element::<Entry>()? {
-            pairs.push(KvPair {
+    /// Decodes up to `max_entries` more entries of `body` (always the same
+    /// body) into `out`. `Ok(true)` once the whole listing is decoded.
+    pub fn step(
+        &mut self,
+        body: &[u8],
+        max_entries: usize,
+        out: &mut Vec<KvPair>,
+    ) -> Result<bool, DecodeError> {
+        let err = |msg: &str| Err(DecodeError(format!("kv listing: {msg}")));
+        if !self.opened {
+            self.pos = skip_ws(body, 0);
+            match body.get(self.pos) {
+                None => return err("empty body"),
+                Some(b'[') => {
+                    self.opened = true;
+                    self.pos += 1;
+                }
+                Some(_) => return err("not a JSON array of KV entries"),
+            }
+        }
+        for _ in 0..max_entries {
+            self.pos = skip_ws(body, self.pos);
+            match body.get(self.pos) {
+                None => return err("truncated array"),
+                Some(b']') => {
+                    if skip_ws(body, self.pos + 1) != body.len() {
+                        return err("trailing data after the array");
+                    }
+                    return Ok(true);
+                }
+                Some(b',') if self.any => {
+                    self.pos = skip_ws(body, self.pos + 1);
+                    if body.get(self.pos) == Some(&b']') {
+                        return err("trailing comma");
+                    }
+                }
+                Some(_) if self.any => return err("expected , or ] between entries"),
+                Some(_) => {}
+            }
+            let start = self.pos;
+            let end = value_end(body, start).ok_or_else(|| {
+                DecodeError(format!("kv listing: malformed entry at byte {start}"))
+            })?;
+            let entry: Entry = serde_json::from_slice(&body[start..end])
+                .map_err(|e| DecodeError(format!("kv listing: entry at byte {start}: {e}")))?;
+            out.push(KvPair {
                 key: entry.key,
                 value: entry.value.0,
                 modify_index: entry.modify_index,
             });
+            self.any = true;
+            self.pos = end;
         }
-        Ok(Listing(pairs))
+        Ok(false)
     }
 }
 
-/// One consul `DirEntry`; fields not named here are skipped.
+fn skip_ws(b: &[u8], mut i: usize) -> usize {
+    while i < b.len() && matches!(b[i], b' ' | b'\t' | b'\n' | b'\r') {
+        i += 1;
+    }
+    i
+}
+
+/// The end of the JSON value starting at `start`: strings and nesting are
+/// tracked just enough to find it (serde_json then checks the value
+/// itself). `None` when the body ends first. No recursion: any depth is a
+/// counter.
+fn value_end(b: &[u8], start: usize) -> Option<usize> {
+    let mut depth: usize = 0;
+    let mut i = start;
+    loop {
+        match *b.get(i)? {
+            b'"' => {
+                i += 1;
+                loop {
+                    match *b.get(i)? {
+                        b'\\' => i += 2,
+                        b'"' => break,
+                        _ => i += 1,
+                    }
+                }
+            }
+            b'{' | b'[' => depth += 1,
+            b'}' | b']' if depth == 0 => return Some(i),
+            b'}' | b']' => {
+                depth -= 1;
+                if depth == 0 {
+                    return Some(i + 1);
+                }
+            }
+            b',' if depth == 0 => return Some(i),
+            _ => {}
+        }
+        i += 1;
+    }
+}
+
 #[derive(Deserialize)]
 struct Entry {
     #[serde(rename = "Key")]
@@ -154,6 +236,44 @@ mod tests {
             Ok(pairs) => panic!("decoded {pairs:?} from {:?}", String::from_utf8_lossy(body)),
             Err(DecodeError(msg)) => msg,
         }
+    }
+
+    #[test]
+    fn slices_of_any_size_decode_the_same_as_one_shot() {
+        let body = br#" [ {"Key":"a","Value":"YQ==","ModifyIndex":1} , {"Key":"b","Value":null,"Session":"x","ModifyIndex":2},
+            {"Key":"c\"]","Value":"Yw==","ModifyIndex":3,"Extra":[1,{"x":"]"}]} ] "#;
+        let whole = decode_list(body).unwrap();
+        assert_eq!(whole.len(), 3);
+        assert_eq!(whole[2].key, "c\"]");
+        for slice in 1..4 {
+            let mut d = ListDecoder::new();
+            let mut out = Vec::new();
+            let mut steps = 0;
+            while !d.step(body, slice, &mut out).unwrap() {
+                steps += 1;
+                assert!(steps < 10);
+            }
+            assert_eq!(out, whole, "slice {slice}");
+        }
+    }
+
+    #[test]
+    fn framing_errors_between_entries() {
+        for body in [
+            &b"[{\"Key\":\"a\"},]"[..],
+            b"[{\"Key\":\"a\"} {\"Key\":\"b\"}]",
+            b"[{\"Key\":\"a\"}",
+            b"[{\"Key\":\"a\"}] x",
+            b"[1]",
+            b"[\"a\"]",
+        ] {
+            assert!(
+                decode_list(body).is_err(),
+                "{}",
+                String::from_utf8_lossy(body)
+            );
+        }
+        assert_eq!(decode_list(b" [ ] ").unwrap(), vec![]);
     }
 
     #[test]

@@ -12,8 +12,8 @@
 
 use std::time::{Duration, Instant};
 
-use crate::consul::kv::decode_list;
-use crate::state::Snapshot;
+use crate::consul::kv::{DecodeError, KvPair, ListDecoder};
+use crate::state::{Snapshot, SnapshotBuilder};
 
 /// Never two requests closer than this.
 pub const MIN_GAP: Duration = Duration::from_millis(100);
@@ -100,6 +100,48 @@ pub enum Update {
         to: u64,
     },
     Failed(Failure),
+}
+
+/// What a complete response leads to.
+#[derive(Debug)]
+pub enum Response {
+    Done(Update),
+    /// A large listing: call [`Decoding::step`] once per loop turn, then
+    /// [`Watch::on_decoded`]; no request starts meanwhile.
+    Decode(Decoding),
+}
+
+/// Entries decoded per slice: about a millisecond of work, so answers keep
+/// flowing while a 100,000-key snapshot is decoded.
+pub const DECODE_SLICE: usize = 4096;
+
+/// A listing being decoded, a slice at a time.
+#[derive(Debug)]
+pub struct Decoding {
+    index: u64,
+    decoder: ListDecoder,
+    builder: SnapshotBuilder,
+    pairs: Vec<KvPair>,
+    body: Vec<u8>,
+}
+
+impl Decoding {
+    /// Decodes up to `max_entries` more; `Some` once finished.
+    pub fn step(&mut self, max_entries: usize) -> Option<Result<Snapshot, DecodeError>> {
+        self.pairs.clear();
+        let done = match self.decoder.step(&self.body, max_entries, &mut self.pairs) {
+            Ok(done) => done,
+            Err(e) => return Some(Err(e)),
+        };
+        for pair in self.pairs.drain(..) {
+            self.builder.add(pair);
+        }
+        if !done {
+            return None;
+        }
+        let builder = std::mem::replace(&mut self.builder, SnapshotBuilder::new("", self.index, 0));
+        Some(Ok(builder.finish()))
+    }
 }
 
 /// The index rules, rate limit and backoff of one prefix watch.
@@ -226,21 +268,21 @@ impl Watch {
         now: Instant,
         status: u16,
         index_header: Option<&[u8]>,
-        body: &[u8],
-    ) -> Update {
+        body: Vec<u8>,
+    ) -> Response {
         let failure = match status {
             200 | 404 => None,
             400..=499 => Some(Failure::new(
                 ErrorReason::Http4xx,
-                http_detail(status, body),
+                http_detail(status, &body),
             )),
             _ => Some(Failure::new(
                 ErrorReason::Http5xx,
-                http_detail(status, body),
+                http_detail(status, &body),
             )),
         };
         if let Some(f) = failure {
-            return self.fail(now, f, status);
+            return Response::Done(self.fail(now, f, status));
         }
         let Some(new_index) = index_header.and_then(parse_index) else {
             let shown = index_header.map(|v| crate::logging::escape(v, 32));
@@ -248,7 +290,11 @@ impl Watch {
                 Some(v) => format!("non-numeric X-Consul-Index {v:?}"),
                 None => "response without X-Consul-Index".to_owned(),
             };
-            return self.fail(now, Failure::new(ErrorReason::BadIndex, detail), status);
+            return Response::Done(self.fail(
+                now,
+                Failure::new(ErrorReason::BadIndex, detail),
+                status,
+            ));
         };
         // Index 0 is treated as 1 (consul's documented client rule).
         let new_index = new_index.max(1);
@@ -257,33 +303,49 @@ impl Watch {
             self.index = 0;
             self.nonblocking_next = true;
             self.succeeded();
-            return Update::Reset {
+            return Response::Done(Update::Reset {
                 from,
                 to: new_index,
-            };
+            });
         }
-        if new_index == self.index && !self.nonblocking_next {
+        if new_index == self.index {
+            // A blocking-query timeout, or a non-blocking re-read after an
+            // error: the state held is still current (same index, same
+            // content), so nothing to decode.
+            self.nonblocking_next = false;
             self.succeeded();
-            return Update::Unchanged;
+            return Response::Done(Update::Unchanged);
         }
-        let snapshot = if status == 404 {
-            Snapshot::build(&self.prefix, new_index, Vec::new())
-        } else {
-            match decode_list(body) {
-                Ok(pairs) => Snapshot::build(&self.prefix, new_index, pairs),
-                Err(e) => return self.fail(now, Failure::new(ErrorReason::BadBody, e.0), status),
-            }
+        if status == 404 {
+            let empty = Snapshot::build(&self.prefix, new_index, Vec::new());
+            return Response::Done(self.on_decoded(now, Ok(empty)));
+        }
+        let mut decoding = Decoding {
+            index: new_index,
+            decoder: ListDecoder::new(),
+            builder: SnapshotBuilder::new(&self.prefix, new_index, 0),
+            pairs: Vec::new(),
+            body,
         };
-        let unchanged = new_index == self.index;
-        self.index = new_index;
-        self.nonblocking_next = false;
-        self.succeeded();
-        if unchanged {
-            // A non-blocking re-read after an error at the same index: the
-            // state we hold is still current.
-            return Update::Unchanged;
+        // Small listings are decoded at once; large ones by the caller,
+        // a slice per loop turn.
+        match decoding.step(DECODE_SLICE) {
+            Some(result) => Response::Done(self.on_decoded(now, result)),
+            None => Response::Decode(decoding),
         }
-        Update::Swap(snapshot)
+    }
+
+    /// A decode started by [`Watch::on_response`] finished.
+    pub fn on_decoded(&mut self, now: Instant, result: Result<Snapshot, DecodeError>) -> Update {
+        match result {
+            Ok(snapshot) => {
+                self.index = snapshot.index();
+                self.nonblocking_next = false;
+                self.succeeded();
+                Update::Swap(snapshot)
+            }
+            Err(e) => self.fail(now, Failure::new(ErrorReason::BadBody, e.0), 200),
+        }
     }
 
     /// The request failed before a complete response (connect, timeout,
@@ -370,6 +432,24 @@ mod tests {
         Instant::now()
     }
 
+    /// A response, decoded to the end whatever its size.
+    fn respond(
+        w: &mut Watch,
+        now: Instant,
+        status: u16,
+        index: Option<&[u8]>,
+        body: &[u8],
+    ) -> Update {
+        match w.on_response(now, status, index, body.to_vec()) {
+            Response::Done(u) => u,
+            Response::Decode(mut d) => loop {
+                if let Some(result) = d.step(DECODE_SLICE) {
+                    break w.on_decoded(now, result);
+                }
+            },
+        }
+    }
+
     fn swap(u: Update) -> Snapshot {
         match u {
             Update::Swap(s) => s,
@@ -386,7 +466,7 @@ mod tests {
             w.target("", Duration::from_secs(300), None, None),
             "/v1/kv/p/?recurse="
         );
-        let s = swap(w.on_response(now, 200, Some(b"7"), BODY));
+        let s = swap(respond(&mut w, now, 200, Some(b"7"), BODY));
         assert_eq!(s.index(), 7);
         assert_eq!(s.reply(b"be/s1"), b"drain 100%\n");
         assert_eq!(w.request_index(), 7);
@@ -405,9 +485,9 @@ mod tests {
     fn equal_index_does_not_swap() {
         let now = t0();
         let mut w = Watch::new("p", 1);
-        swap(w.on_response(now, 200, Some(b"7"), BODY));
+        swap(respond(&mut w, now, 200, Some(b"7"), BODY));
         assert!(matches!(
-            w.on_response(now, 200, Some(b"7"), BODY),
+            respond(&mut w, now, 200, Some(b"7"), BODY),
             Update::Unchanged
         ));
         assert_eq!(w.request_index(), 7);
@@ -417,15 +497,15 @@ mod tests {
     fn lower_index_resets_to_zero_and_rereads_at_once() {
         let now = t0();
         let mut w = Watch::new("p", 1);
-        swap(w.on_response(now, 200, Some(b"70"), BODY));
-        match w.on_response(now, 200, Some(b"9"), BODY) {
+        swap(respond(&mut w, now, 200, Some(b"70"), BODY));
+        match respond(&mut w, now, 200, Some(b"9"), BODY) {
             Update::Reset { from: 70, to: 9 } => {}
             other => panic!("{other:?}"),
         }
         assert_eq!(w.request_index(), 0);
         assert_eq!(w.index(), 0);
         // The re-read at index 0 swaps in whatever consul has now.
-        let s = swap(w.on_response(now, 200, Some(b"9"), BODY));
+        let s = swap(respond(&mut w, now, 200, Some(b"9"), BODY));
         assert_eq!(s.index(), 9);
         assert_eq!(w.request_index(), 9);
     }
@@ -433,7 +513,7 @@ mod tests {
     #[test]
     fn index_zero_is_treated_as_one() {
         let mut w = Watch::new("p", 1);
-        let s = swap(w.on_response(t0(), 404, Some(b"0"), b""));
+        let s = swap(respond(&mut w, t0(), 404, Some(b"0"), b""));
         assert_eq!(s.index(), 1);
         assert_eq!(w.request_index(), 1);
     }
@@ -441,7 +521,7 @@ mod tests {
     #[test]
     fn not_found_is_a_valid_empty_state() {
         let mut w = Watch::new("p", 1);
-        let s = swap(w.on_response(t0(), 404, Some(b"12"), b""));
+        let s = swap(respond(&mut w, t0(), 404, Some(b"12"), b""));
         assert!(s.is_empty());
         assert_eq!(s.reply(b"be/s1"), b"ready 100%\n");
     }
@@ -456,7 +536,7 @@ mod tests {
             Some(b"99999999999999999999999"),
         ] {
             let mut w = Watch::new("p", 1);
-            match w.on_response(t0(), 200, h, BODY) {
+            match respond(&mut w, t0(), 200, h, BODY) {
                 Update::Failed(f) => assert_eq!(f.reason, ErrorReason::BadIndex, "{h:?}"),
                 other => panic!("{h:?}: {other:?}"),
             }
@@ -468,8 +548,8 @@ mod tests {
     fn http_errors_keep_the_state_and_make_the_next_read_nonblocking() {
         let now = t0();
         let mut w = Watch::new("p", 1);
-        swap(w.on_response(now, 200, Some(b"7"), BODY));
-        match w.on_response(now, 500, Some(b"7"), b"No cluster leader") {
+        swap(respond(&mut w, now, 200, Some(b"7"), BODY));
+        match respond(&mut w, now, 500, Some(b"7"), b"No cluster leader") {
             Update::Failed(f) => {
                 assert_eq!(f.reason, ErrorReason::Http5xx);
                 assert_eq!(f.detail, "HTTP 500: No cluster leader");
@@ -480,11 +560,11 @@ mod tests {
         assert_eq!(w.request_index(), 0);
         // The non-blocking re-read at the same index changes nothing.
         assert!(matches!(
-            w.on_response(now, 200, Some(b"7"), BODY),
+            respond(&mut w, now, 200, Some(b"7"), BODY),
             Update::Unchanged
         ));
         assert_eq!(w.request_index(), 7);
-        match w.on_response(now, 429, Some(b"7"), b"") {
+        match respond(&mut w, now, 429, Some(b"7"), b"") {
             Update::Failed(f) => assert_eq!(
                 (f.reason, f.detail.as_str()),
                 (ErrorReason::Http4xx, "HTTP 429")
@@ -496,7 +576,7 @@ mod tests {
     #[test]
     fn garbage_body_is_bad_body() {
         let mut w = Watch::new("p", 1);
-        match w.on_response(t0(), 200, Some(b"7"), b"[{\"Key\":") {
+        match respond(&mut w, t0(), 200, Some(b"7"), b"[{\"Key\":") {
             Update::Failed(f) => assert_eq!(f.reason, ErrorReason::BadBody),
             other => panic!("{other:?}"),
         }
@@ -542,7 +622,7 @@ mod tests {
             expected_full = (expected_full * 2).min(BACKOFF_CAP);
         }
         assert_eq!(expected_full, BACKOFF_CAP);
-        w.on_response(now, 404, Some(b"3"), b"");
+        respond(&mut w, now, 404, Some(b"3"), b"");
         assert_eq!(w.failures(), 0);
         assert_eq!(
             w.next_start(now + Duration::from_secs(10)),
@@ -555,11 +635,49 @@ mod tests {
         let now = t0();
         let mut w = Watch::new("p", 1);
         w.on_start(now);
-        match w.on_response(now, 403, None, b"ACL not found") {
+        match respond(&mut w, now, 403, None, b"ACL not found") {
             Update::Failed(f) => assert_eq!(f.detail, "HTTP 403: ACL not found"),
             other => panic!("{other:?}"),
         }
         assert!(w.next_start(now) - now >= CONFIG_ERROR_DELAY);
+    }
+
+    #[test]
+    fn a_large_listing_is_decoded_in_slices_and_commits_its_index_at_the_end() {
+        let now = t0();
+        let mut w = Watch::new("p", 1);
+        let entries: Vec<String> = (0..DECODE_SLICE * 2 + 10)
+            .map(|i| format!(r#"{{"Key":"p/be/s{i}","Value":"ZHJhaW4=","ModifyIndex":{i}}}"#))
+            .collect();
+        let body = format!("[{}]", entries.join(",")).into_bytes();
+        let Response::Decode(mut d) = w.on_response(now, 200, Some(b"99"), body) else {
+            panic!("expected a sliced decode");
+        };
+        assert!(d.step(DECODE_SLICE).is_none(), "second slice still to go");
+        assert_eq!(w.request_index(), 0, "index not committed mid-decode");
+        let result = d.step(DECODE_SLICE).expect("done after three slices");
+        let s = swap(w.on_decoded(now, result));
+        assert_eq!(s.len(), DECODE_SLICE * 2 + 10);
+        assert_eq!(s.reply(b"be/s8200"), b"drain 100%\n");
+        assert_eq!(w.request_index(), 99);
+    }
+
+    #[test]
+    fn a_bad_entry_late_in_a_sliced_decode_fails_the_whole_listing() {
+        let now = t0();
+        let mut w = Watch::new("p", 1);
+        swap(respond(&mut w, now, 200, Some(b"7"), BODY));
+        let mut entries: Vec<String> = (0..DECODE_SLICE + 5)
+            .map(|i| format!(r#"{{"Key":"p/s{i}","Value":null,"ModifyIndex":1}}"#))
+            .collect();
+        entries.push("{\"Key\":".to_owned());
+        let body = format!("[{}]", entries.join(",")).into_bytes();
+        match respond(&mut w, now, 200, Some(b"9"), &body) {
+            Update::Failed(f) => assert_eq!(f.reason, ErrorReason::BadBody),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(w.index(), 7, "the state held is still as of 7");
+        assert_eq!(w.request_index(), 0);
     }
 
     #[test]

@@ -45,8 +45,12 @@ pub struct Proc {
 impl Proc {
     /// Spawns `cmd` with stderr captured.
     pub fn spawn(mut cmd: Command) -> Proc {
-        cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::piped());
-        let mut child = cmd.spawn().unwrap_or_else(|e| panic!("cannot start {cmd:?}: {e}"));
+        cmd.stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        let mut child = cmd
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {cmd:?}: {e}"));
         let lines = Arc::new(Mutex::new(Vec::new()));
         let stderr = child.stderr.take().expect("stderr piped");
         let sink = Arc::clone(&lines);
@@ -73,7 +77,9 @@ impl Proc {
 
     /// Waits for a stderr line containing `needle` and returns it.
     pub fn wait_log(&self, needle: &str, limit: Duration) -> String {
-        wait_for(limit, &format!("log line containing {needle:?}"), || self.log().into_iter().find(|l| l.contains(needle)))
+        wait_for(limit, &format!("log line containing {needle:?}"), || {
+            self.log().into_iter().find(|l| l.contains(needle))
+        })
     }
 
     /// Sends a signal (by PID).
@@ -121,13 +127,19 @@ impl Agent {
     /// `listening` line.
     pub fn start(args: &[&str], env: &[(&str, &str)]) -> Agent {
         let mut cmd = Command::new(BIN);
-        for (flag, default) in [("-listen-addr", "127.0.0.1:0"), ("-monitoring-addr", "127.0.0.1:0"), ("-pprof-addr", "127.0.0.1:0")] {
+        for (flag, default) in [
+            ("-listen-addr", "127.0.0.1:0"),
+            ("-monitoring-addr", "127.0.0.1:0"),
+            ("-pprof-addr", "127.0.0.1:0"),
+        ] {
             if !args.contains(&flag) {
                 cmd.args([flag, default]);
             }
         }
         cmd.args(args);
-        cmd.env_remove("CONSUL_HTTP_ADDR").env_remove("CONSUL_HTTP_TOKEN").env_remove("CONSUL_HTTP_TOKEN_FILE");
+        cmd.env_remove("CONSUL_HTTP_ADDR")
+            .env_remove("CONSUL_HTTP_TOKEN")
+            .env_remove("CONSUL_HTTP_TOKEN_FILE");
         cmd.env("GITLAB_LOG_LEVEL", "debug");
         for (k, v) in env {
             cmd.env(k, v);
@@ -186,7 +198,13 @@ impl Agent {
 
     /// GET on the monitoring listener: (status, body).
     pub fn monitoring_get(&self, path: &str) -> (u16, String) {
-        let (st, body) = http(self.monitoring.expect("monitoring enabled"), "GET", path, b"").expect("monitoring answers");
+        let (st, body) = http(
+            self.monitoring.expect("monitoring enabled"),
+            "GET",
+            path,
+            b"",
+        )
+        .expect("monitoring answers");
         (st, String::from_utf8_lossy(&body).into_owned())
     }
 
@@ -199,7 +217,11 @@ impl Agent {
 
 /// A metric's value in an exposition, `None` if the series is absent.
 pub fn metric_value(text: &str, series: &str) -> Option<f64> {
-    text.lines().find_map(|l| l.strip_prefix(series).and_then(|r| r.strip_prefix(' ')).and_then(|v| v.trim().parse().ok()))
+    text.lines().find_map(|l| {
+        l.strip_prefix(series)
+            .and_then(|r| r.strip_prefix(' '))
+            .and_then(|v| v.trim().parse().ok())
+    })
 }
 
 /// One agent-check connection: send `request`, read until EOF; `None` if
@@ -220,8 +242,16 @@ pub fn http(addr: SocketAddr, method: &str, target: &str, body: &[u8]) -> Option
     http_full(addr, method, target, body).map(|(st, _, b)| (st, b))
 }
 
-/// Like [`http`], also returning the headers (lowercase names).
-pub fn http_full(addr: SocketAddr, method: &str, target: &str, body: &[u8]) -> Option<(u16, Vec<(String, Vec<u8>)>, Vec<u8>)> {
+/// Response headers, names lowercased.
+pub type Headers = Vec<(String, Vec<u8>)>;
+
+/// Like [`http`], also returning the headers.
+pub fn http_full(
+    addr: SocketAddr,
+    method: &str,
+    target: &str,
+    body: &[u8],
+) -> Option<(u16, Headers, Vec<u8>)> {
     let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2)).ok()?;
     s.set_read_timeout(Some(Duration::from_secs(15))).unwrap();
     let req = format!("{method} {target} HTTP/1.1\r\nHost: {addr}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n", body.len());
@@ -268,15 +298,47 @@ pub struct Kv {
 impl Kv {
     /// The binary's own dev KV on `127.0.0.1:0`.
     pub fn dev() -> Kv {
-        let a = Agent::start(&["-dev", "-listen-addr", "", "-monitoring-addr", "", "-pprof-addr", "", "-dev-kv-addr", "127.0.0.1:0"], &[]);
-        Kv { addr: a.dev_kv.expect("dev KV address logged"), proc: Some(a) }
+        let a = Agent::start(
+            &[
+                "-dev",
+                "-listen-addr",
+                "",
+                "-monitoring-addr",
+                "",
+                "-pprof-addr",
+                "",
+                "-dev-kv-addr",
+                "127.0.0.1:0",
+            ],
+            &[],
+        );
+        Kv {
+            addr: a.dev_kv.expect("dev KV address logged"),
+            proc: Some(a),
+        }
     }
 
     /// The dev KV on a given address (to restart "consul" on the same port).
     pub fn dev_at(addr: SocketAddr) -> Kv {
         let at = addr.to_string();
-        let a = Agent::start(&["-dev", "-listen-addr", "", "-monitoring-addr", "", "-pprof-addr", "", "-dev-kv-addr", &at], &[]);
-        Kv { addr: a.dev_kv.expect("dev KV address logged"), proc: Some(a) }
+        let a = Agent::start(
+            &[
+                "-dev",
+                "-listen-addr",
+                "",
+                "-monitoring-addr",
+                "",
+                "-pprof-addr",
+                "",
+                "-dev-kv-addr",
+                &at,
+            ],
+            &[],
+        );
+        Kv {
+            addr: a.dev_kv.expect("dev KV address logged"),
+            proc: Some(a),
+        }
     }
 
     /// A real consul when one is available (`CONSUL_BIN`, else `consul` on
@@ -289,17 +351,25 @@ impl Kv {
     }
 
     pub fn put(&self, key: &str, value: &str) {
-        let (st, body) = http(self.addr, "PUT", &format!("/v1/kv/{key}"), value.as_bytes()).expect("KV answers PUT");
+        let (st, body) = http(self.addr, "PUT", &format!("/v1/kv/{key}"), value.as_bytes())
+            .expect("KV answers PUT");
         assert_eq!((st, body.as_slice()), (200, &b"true"[..]), "PUT {key}");
     }
 
     pub fn delete(&self, key: &str) {
-        let (st, _) = http(self.addr, "DELETE", &format!("/v1/kv/{key}"), b"").expect("KV answers DELETE");
+        let (st, _) =
+            http(self.addr, "DELETE", &format!("/v1/kv/{key}"), b"").expect("KV answers DELETE");
         assert_eq!(st, 200, "DELETE {key}");
     }
 
     pub fn delete_tree(&self, prefix: &str) {
-        let (st, _) = http(self.addr, "DELETE", &format!("/v1/kv/{prefix}?recurse"), b"").expect("KV answers DELETE");
+        let (st, _) = http(
+            self.addr,
+            "DELETE",
+            &format!("/v1/kv/{prefix}?recurse"),
+            b"",
+        )
+        .expect("KV answers DELETE");
         assert_eq!(st, 200, "DELETE {prefix}?recurse");
     }
 }
@@ -307,14 +377,23 @@ impl Kv {
 /// A KV prefix no other test uses.
 pub fn unique_prefix(test: &str) -> String {
     static N: AtomicUsize = AtomicUsize::new(0);
-    format!("test-{}-{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed), test)
+    format!(
+        "test-{}-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed),
+        test
+    )
 }
 
 fn consul_bin() -> Option<std::path::PathBuf> {
     if let Some(p) = std::env::var_os("CONSUL_BIN").filter(|p| !p.is_empty()) {
         return Some(p.into());
     }
-    std::env::var_os("PATH").and_then(|paths| std::env::split_paths(&paths).map(|d| d.join("consul")).find(|p| p.is_file()))
+    std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|d| d.join("consul"))
+            .find(|p| p.is_file())
+    })
 }
 
 /// One `consul agent -dev` per test binary, on free loopback ports.
@@ -326,14 +405,43 @@ fn real_consul() -> Option<SocketAddr> {
             let port = free_port();
             let dir = std::env::temp_dir().join(format!("gha-consul-{}", std::process::id()));
             let mut cmd = Command::new(bin);
-            cmd.args(["agent", "-dev", "-bind", "127.0.0.1", "-client", "127.0.0.1", "-data-dir"]).arg(&dir);
-            cmd.args(["-http-port", &port.to_string(), "-grpc-port", "-1", "-dns-port", "-1", "-serf-lan-port", &free_port().to_string()]);
-            cmd.args(["-serf-wan-port", &free_port().to_string(), "-server-port", &free_port().to_string()]);
+            cmd.args([
+                "agent",
+                "-dev",
+                "-bind",
+                "127.0.0.1",
+                "-client",
+                "127.0.0.1",
+                "-data-dir",
+            ])
+            .arg(&dir);
+            cmd.args([
+                "-http-port",
+                &port.to_string(),
+                "-grpc-port",
+                "-1",
+                "-dns-port",
+                "-1",
+                "-serf-lan-port",
+                &free_port().to_string(),
+            ]);
+            cmd.args([
+                "-serf-wan-port",
+                &free_port().to_string(),
+                "-server-port",
+                &free_port().to_string(),
+            ]);
             let proc = Proc::spawn(cmd);
             let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
-            wait_for(Duration::from_secs(30), "consul agent -dev to elect itself", || {
-                http(addr, "GET", "/v1/status/leader", b"").filter(|(st, b)| *st == 200 && b.len() > 2).map(|_| ())
-            });
+            wait_for(
+                Duration::from_secs(30),
+                "consul agent -dev to elect itself",
+                || {
+                    http(addr, "GET", "/v1/status/leader", b"")
+                        .filter(|(st, b)| *st == 200 && b.len() > 2)
+                        .map(|_| ())
+                },
+            );
             // Lives as long as the test binary; the OS reaps it with us, but
             // kill it explicitly at exit too.
             let pid = proc.pid();
@@ -346,5 +454,9 @@ fn real_consul() -> Option<SocketAddr> {
 /// A port free right now on 127.0.0.1 (for processes that cannot report
 /// their own bound port, like consul).
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
