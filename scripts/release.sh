@@ -1,0 +1,129 @@
+#!/usr/bin/env bash
+# Builds the Linux release archives and their checksum file:
+#
+#   dist/gitlab-haproxy-agent_<version>_linux_<arch>.tar.gz   (one per target)
+#   dist/checksums.txt                                         (sha256sum format)
+#
+# Each archive holds one top-level directory of the same name with the binary,
+# README.md, LICENSE, the systemd unit and the environment file.
+#
+# Usage: scripts/release.sh [--version V] [--target TRIPLE ...]
+#
+#   --version V   default: $CI_COMMIT_TAG without a leading "v", else Cargo.toml's
+#   --target T    a Rust target triple, repeatable; default: this machine's host
+#                 (x86_64-unknown-linux-gnu -> amd64, aarch64-unknown-linux-gnu -> arm64)
+#
+# Environment: DIST_DIR (output directory, default dist), CARGO_TARGET_DIR,
+# SOURCE_DATE_EPOCH (archive mtimes, default: the commit time of HEAD),
+# GITLAB_HAPROXY_AGENT_BUILD_COMMIT (the commit -version prints, default: git).
+# The version is handed to the build as GITLAB_HAPROXY_AGENT_VERSION so that
+# `-version` prints it. CI calls this script and nothing else to build releases.
+set -euo pipefail
+
+die() { printf 'release.sh: %s\n' "$*" >&2; exit 1; }
+usage() { sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "$0"; }
+
+cd "$(dirname "$0")/.."
+root=$PWD
+
+version=""
+targets=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --version) [ $# -ge 2 ] || die "--version needs a value"; version=$2; shift 2 ;;
+    --version=*) version=${1#--version=}; shift ;;
+    --target) [ $# -ge 2 ] || die "--target needs a value"; targets+=("$2"); shift 2 ;;
+    --target=*) targets+=("${1#--target=}"); shift ;;
+    -h|--help) usage; exit 0 ;;
+    *) die "unknown argument: $1 (see --help)" ;;
+  esac
+done
+
+for tool in cargo rustc tar gzip sha256sum; do
+  command -v "$tool" >/dev/null 2>&1 || die "$tool not found on PATH"
+done
+
+name=gitlab-haproxy-agent
+cargo_version=$(awk '
+  /^\[/ { in_pkg = ($0 == "[package]") }
+  in_pkg && /^version *=/ { gsub(/^version *= *"|".*$/, ""); print; exit }
+' Cargo.toml)
+[ -n "$cargo_version" ] || die "cannot read the package version from Cargo.toml"
+
+if [ -z "$version" ] && [ -n "${CI_COMMIT_TAG:-}" ]; then
+  version=${CI_COMMIT_TAG#v}
+fi
+version=${version:-$cargo_version}
+# The version ends up in file names and in the version line: keep it plain.
+[[ "$version" =~ ^[0-9A-Za-z][0-9A-Za-z.+_-]{0,63}$ ]] \
+  || die "invalid version \"$version\" (letters, digits and . + _ - only)"
+
+host=$(rustc -vV | sed -n 's/^host: //p')
+[ -n "$host" ] || die "cannot read the host triple from rustc -vV"
+[ ${#targets[@]} -gt 0 ] || targets=("$host")
+
+arch_of() {
+  case "$1" in
+    x86_64-*-linux-gnu) echo amd64 ;;
+    aarch64-*-linux-gnu) echo arm64 ;;
+    *) return 1 ;;
+  esac
+}
+for t in "${targets[@]}"; do
+  arch_of "$t" >/dev/null || die "unsupported target $t (x86_64-unknown-linux-gnu or aarch64-unknown-linux-gnu)"
+done
+
+if [ -z "${SOURCE_DATE_EPOCH:-}" ]; then
+  SOURCE_DATE_EPOCH=$(git -C "$root" log -1 --format=%ct 2>/dev/null) \
+    || die "not a git checkout: set SOURCE_DATE_EPOCH"
+fi
+[[ "$SOURCE_DATE_EPOCH" =~ ^[0-9]+$ ]] || die "SOURCE_DATE_EPOCH must be seconds since the epoch"
+export SOURCE_DATE_EPOCH
+
+for f in README.md LICENSE packaging/$name.service packaging/$name.env; do
+  [ -f "$f" ] || die "$f is missing (every archive ships it)"
+done
+
+dist=${DIST_DIR:-dist}
+mkdir -p "$dist"
+dist=$(cd "$dist" && pwd)
+target_dir=${CARGO_TARGET_DIR:-target}
+stage=$(mktemp -d "${TMPDIR:-/tmp}/$name-release.XXXXXX")
+trap 'rm -rf "$stage"' EXIT
+
+archives=()
+for t in "${targets[@]}"; do
+  arch=$(arch_of "$t")
+  if [ "$t" != "$host" ]; then
+    if command -v rustup >/dev/null 2>&1 && ! rustup target list --installed | grep -qx "$t"; then
+      die "Rust target $t is not installed (rustup target add $t)"
+    fi
+    if [ "$t" = aarch64-unknown-linux-gnu ] && [ -z "${CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER:-}" ]; then
+      command -v aarch64-linux-gnu-gcc >/dev/null 2>&1 \
+        || die "no linker for $t: install gcc-aarch64-linux-gnu or set CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER"
+      export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc
+    fi
+  fi
+
+  printf '==> %s %s for %s (%s)\n' "$name" "$version" "$t" "$arch"
+  GITLAB_HAPROXY_AGENT_VERSION=$version cargo build --release --locked --target "$t" \
+    || die "cargo build for $t failed"
+
+  dir="${name}_${version}_linux_${arch}"
+  mkdir -p "$stage/$dir/packaging"
+  install -m 0755 "$target_dir/$t/release/$name" "$stage/$dir/$name"
+  install -m 0644 README.md LICENSE "$stage/$dir/"
+  install -m 0644 "packaging/$name.service" "packaging/$name.env" "$stage/$dir/packaging/"
+
+  tar -C "$stage" --sort=name --owner=0 --group=0 --numeric-owner \
+      --mode=u+rwX,go+rX,go-w --mtime="@$SOURCE_DATE_EPOCH" --format=gnu -cf - "$dir" \
+    | gzip -9 -n > "$stage/$dir.tar.gz"
+  mv "$stage/$dir.tar.gz" "$dist/$dir.tar.gz"
+  archives+=("$dir.tar.gz")
+done
+
+# One line per archive built by this run, in sha256sum's own format.
+(cd "$dist" && sha256sum "${archives[@]}") > "$dist/checksums.txt"
+
+printf '==> wrote\n'
+for a in "${archives[@]}" checksums.txt; do printf '  %s\n' "$dist/$a"; done

@@ -1,0 +1,206 @@
+//! The CI and packaging files against the repository, without running CI:
+//! every script `.gitlab-ci.yml` calls exists and is executable, the pins in
+//! `ci/versions.yml` are the Dockerfiles' defaults and hash to the recorded
+//! CI image tag, no job hardcodes an instance, and the environment file lists
+//! every flag and variable of `-help` with its default.
+//!
+//! Plain string scanning: no YAML crate (the YAML itself is parsed in review
+//! with `python3 -c 'import yaml; yaml.safe_load(open(".gitlab-ci.yml"))'`).
+
+use std::collections::BTreeMap;
+use std::os::unix::fs::PermissionsExt;
+use std::path::PathBuf;
+use std::process::Command;
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn read(path: &str) -> String {
+    std::fs::read_to_string(root().join(path)).unwrap_or_else(|e| panic!("cannot read {path}: {e}"))
+}
+
+/// The lines of a YAML or shell file that are not comments.
+fn code_lines(text: &str) -> impl Iterator<Item = &str> {
+    text.lines().filter(|l| !l.trim_start().starts_with('#'))
+}
+
+#[test]
+fn every_script_the_pipeline_calls_exists_and_is_executable() {
+    let ci = read(".gitlab-ci.yml");
+    let mut seen = Vec::new();
+    for line in code_lines(&ci) {
+        let mut rest = line;
+        while let Some(i) = rest.find("scripts/") {
+            // A path, not the tail of another word (fuzz/scripts/...).
+            let before = rest[..i].chars().next_back();
+            let tail = &rest[i..];
+            let end = tail
+                .find(|c: char| c.is_whitespace() || "\"'`;|&)".contains(c))
+                .unwrap_or(tail.len());
+            if before.is_none_or(|c| c.is_whitespace() || "\"'-:[".contains(c)) {
+                seen.push(tail[..end].to_string());
+            }
+            rest = &tail[end..];
+        }
+    }
+    assert!(
+        seen.iter().any(|s| s == "scripts/release.sh"),
+        "no release job? saw {seen:?}"
+    );
+    for script in &seen {
+        let path = root().join(script);
+        let meta = std::fs::metadata(&path)
+            .unwrap_or_else(|e| panic!(".gitlab-ci.yml calls {script}: {e}"));
+        assert!(
+            meta.is_file() && meta.permissions().mode() & 0o111 != 0,
+            "{script} is not an executable file"
+        );
+    }
+}
+
+#[test]
+fn pipeline_names_no_instance() {
+    // The push mirror runs the same file: addresses come from CI_* variables.
+    for (n, line) in read(".gitlab-ci.yml").lines().enumerate() {
+        if line.trim_start().starts_with('#') {
+            continue;
+        }
+        assert!(
+            !line.contains("gitlab.com") && !line.contains("gitlab.net"),
+            ".gitlab-ci.yml:{}: {line}",
+            n + 1
+        );
+    }
+    assert!(
+        read(".gitlab-ci.yml").contains("local: ci/versions.yml"),
+        "the pins are not included"
+    );
+}
+
+fn pins() -> BTreeMap<String, String> {
+    let text = read("ci/versions.yml");
+    let mut out = BTreeMap::new();
+    for line in code_lines(&text) {
+        let Some((k, v)) = line.trim().split_once(':') else {
+            continue;
+        };
+        let v = v.trim().trim_matches('"');
+        if !v.is_empty()
+            && k.chars()
+                .all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_')
+        {
+            out.insert(k.to_string(), v.to_string());
+        }
+    }
+    out
+}
+
+#[test]
+fn dockerfile_defaults_equal_the_pins() {
+    let pins = pins();
+    for name in [
+        "RUST_VERSION",
+        "RUST_NIGHTLY",
+        "CARGO_FUZZ_VERSION",
+        "HAPROXY_MINOR",
+        "CONSUL_VERSION",
+        "TEST_IMAGE_TAG",
+    ] {
+        assert!(
+            pins.contains_key(name),
+            "ci/versions.yml pins no {name}: {pins:?}"
+        );
+    }
+    for dockerfile in ["Dockerfile", "ci/test-image.Dockerfile"] {
+        for line in read(dockerfile).lines() {
+            let Some(arg) = line.strip_prefix("ARG ") else {
+                continue;
+            };
+            let Some((name, default)) = arg.split_once('=') else {
+                continue;
+            };
+            if let Some(pin) = pins.get(name) {
+                assert_eq!(
+                    default, pin,
+                    "{dockerfile}: ARG {name} default differs from ci/versions.yml"
+                );
+            }
+        }
+    }
+    assert!(
+        read("Dockerfile").contains("ARG RUST_VERSION="),
+        "Dockerfile does not take the pinned Rust"
+    );
+}
+
+#[test]
+fn ci_image_tag_is_the_hash_of_the_pins() {
+    let out = Command::new(root().join("scripts/ci/test-image-tag.sh"))
+        .arg("--check")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn environment_file_lists_every_flag_and_variable_with_its_default() {
+    let help = Command::new(env!("CARGO_BIN_EXE_gitlab-haproxy-agent"))
+        .arg("-help")
+        .output()
+        .unwrap();
+    assert!(help.status.success());
+    let help = String::from_utf8(help.stdout).unwrap();
+    let env = read("packaging/gitlab-haproxy-agent.env");
+    for line in env.lines() {
+        assert!(
+            line.is_empty() || line.starts_with('#'),
+            "an uncommented setting: {line:?}"
+        );
+    }
+    let mut flags = 0;
+    for line in help.lines() {
+        // `  -flag type   text (default "V"; env NAME)`
+        if let Some(i) = line.find("(default \"") {
+            let rest = &line[i + "(default \"".len()..];
+            let (default, rest) = rest.split_once("\"; env ").expect(line);
+            let var = rest.trim_end_matches(')');
+            assert!(
+                env.contains(&format!("\n#{var}={default}\n")),
+                "env file lacks `#{var}={default}`"
+            );
+            flags += 1;
+        }
+    }
+    assert!(flags >= 12, "parsed only {flags} flags from -help:\n{help}");
+    for var in [
+        "GITLAB_LOG_FORMAT",
+        "GITLAB_LOG_LEVEL",
+        "CONSUL_HTTP_ADDR",
+        "CONSUL_HTTP_TOKEN",
+        "CONSUL_HTTP_TOKEN_FILE",
+    ] {
+        assert!(env.contains(&format!("\n#{var}=")), "env file lacks {var}");
+    }
+}
+
+#[test]
+fn systemd_unit_reads_the_environment_file_and_is_hardened() {
+    let unit = read("packaging/gitlab-haproxy-agent.service");
+    for want in [
+        "EnvironmentFile=-/etc/default/gitlab-haproxy-agent",
+        "ExecStart=/usr/local/bin/gitlab-haproxy-agent",
+        "DynamicUser=yes",
+        "NoNewPrivileges=yes",
+        "ProtectSystem=strict",
+        "LimitNOFILE=1048576",
+        "Restart=always",
+        "CapabilityBoundingSet=\n",
+    ] {
+        assert!(unit.contains(want), "unit lacks {want:?}");
+    }
+}
