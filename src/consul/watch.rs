@@ -6,9 +6,9 @@
 //! new [`Snapshot`] to swap in, "no change", or an error reason. Always
 //! holds: requests start at least [`MIN_GAP`] apart and no faster than the
 //! token bucket allows; after any error the next read is non-blocking
-//! (index 0); an index that goes backwards resets to 0; an equal index never
-//! swaps; errors back off 250 ms doubling to 30 s with jitter, reset on
-//! success.
+//! (index 0) and swaps in what it reads; an index that goes backwards resets
+//! to 0; an equal index on a blocking read never swaps; errors back off
+//! 250 ms doubling to 30 s with jitter, reset on success.
 
 use std::time::{Duration, Instant};
 
@@ -90,7 +90,8 @@ impl Failure {
 /// What one response means for the state.
 #[derive(Debug)]
 pub enum Update {
-    /// A higher index: swap this snapshot in.
+    /// A higher index, or any non-blocking read (the first, or one after an
+    /// error or a reset): swap this snapshot in.
     Swap(Snapshot),
     /// Same index (a blocking-query timeout or a wake without change).
     Unchanged,
@@ -308,11 +309,12 @@ impl Watch {
                 to: new_index,
             });
         }
-        if new_index == self.index {
-            // A blocking-query timeout, or a non-blocking re-read after an
-            // error: the state held is still current (same index, same
-            // content), so nothing to decode.
-            self.nonblocking_next = false;
+        if new_index == self.index && !self.nonblocking_next {
+            // A blocking-query timeout: the state held is still current.
+            // A non-blocking re-read (after an error) is decoded and swapped
+            // even at the index held: a consul that restarted empty (a `-dev`
+            // agent, a rebuilt cluster) can reach that index with other data,
+            // and the read is what consul holds now.
             self.succeeded();
             return Response::Done(Update::Unchanged);
         }
@@ -558,11 +560,8 @@ mod tests {
         }
         assert_eq!(w.index(), 7, "the state held is still as of 7");
         assert_eq!(w.request_index(), 0);
-        // The non-blocking re-read at the same index changes nothing.
-        assert!(matches!(
-            respond(&mut w, now, 200, Some(b"7"), BODY),
-            Update::Unchanged
-        ));
+        // The non-blocking re-read at the same index swaps in what it read.
+        swap(respond(&mut w, now, 200, Some(b"7"), BODY));
         assert_eq!(w.request_index(), 7);
         match respond(&mut w, now, 429, Some(b"7"), b"") {
             Update::Failed(f) => assert_eq!(
@@ -571,6 +570,31 @@ mod tests {
             ),
             other => panic!("{other:?}"),
         }
+    }
+
+    #[test]
+    fn consul_restarted_empty_at_the_same_index_is_swapped_in() {
+        // Regression (tests/haproxy.rs, consul down): a dev KV restarted
+        // empty and rewritten reached the index the agent held with other
+        // data; the re-read after the outage was taken as "unchanged" and
+        // the new data was never applied.
+        let now = t0();
+        let mut w = Watch::new("p", 1);
+        swap(respond(&mut w, now, 200, Some(b"7"), BODY));
+        assert!(matches!(
+            w.on_failure(now, Failure::new(ErrorReason::Connect, "refused")),
+            Update::Failed(_)
+        ));
+        assert_eq!(w.request_index(), 0);
+        let maint = br#"[{"Key":"p/be/s1","Value":"bWFpbnQ=","CreateIndex":7,"ModifyIndex":7}]"#;
+        let s = swap(respond(&mut w, now, 200, Some(b"7"), maint));
+        assert_eq!(s.reply(b"be/s1"), b"maint 100%\n");
+        // Back to blocking on 7, where an equal index is a timeout.
+        assert_eq!(w.request_index(), 7);
+        assert!(matches!(
+            respond(&mut w, now, 200, Some(b"7"), maint),
+            Update::Unchanged
+        ));
     }
 
     #[test]

@@ -460,3 +460,4 @@ pub fn free_port() -> u16 {
         .unwrap()
         .port()
 }
+pub mod haproxy;

@@ -1,0 +1,516 @@
+//! The agent against a real haproxy (SPEC §9, issue 4): agent-checked
+//! servers at `agent-inter 100ms`, the agent binary, and consul (the dev KV,
+//! or a real `consul agent -dev` through `Kv::any`). Every assertion reads
+//! haproxy's stats socket (`show stat`, `show servers state`, `get weight`);
+//! the agent's own metrics are read only to prove no check went unanswered.
+//!
+//! Every wait polls with a deadline; the only fixed waits are the "state
+//! holds for a while" windows of the freeze tests.
+
+mod support;
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use support::haproxy::{csv_records, parse_csv, servers, Haproxy, Row, Server};
+use support::{free_port, unique_prefix, wait_for, Agent, Kv};
+
+const SEC: Duration = Duration::from_secs(1);
+
+/// The agent under test, watching `prefix` on `kv`, once it has read
+/// consul (so no haproxy check ever meets a `not_synced` close).
+fn agent(kv: &Kv, prefix: &str, extra: &[&str]) -> Agent {
+    let a = Agent::with_consul(kv.addr, prefix, extra);
+    wait_ready(&a);
+    a
+}
+
+fn wait_ready(a: &Agent) {
+    wait_for(10 * SEC, "agent readiness 200", || {
+        (a.monitoring_get("/-/readiness").0 == 200).then_some(())
+    });
+}
+
+fn key(prefix: &str, id: &str) -> String {
+    format!("{prefix}/{id}")
+}
+
+fn is_drain(r: &Row) -> bool {
+    r.status().starts_with("DRAIN")
+}
+
+fn is_maint(r: &Row) -> bool {
+    r.status() == "MAINT"
+}
+
+/// Answered by the agent with no health word: haproxy reports `CHECKED`
+/// ("No status change"); `L7OK` would mean an `up`.
+fn agent_answered(r: &Row) -> bool {
+    matches!(r.agent_status(), "CHECKED" | "L7OK")
+}
+
+fn up_at(r: &Row, weight: i64) -> bool {
+    r.is_up() && r.weight() == weight
+}
+
+#[test]
+fn csv_parser_handles_quotes_and_newlines() {
+    let text = "# a,b,c\n1,\"x,\ny\",\"say \"\"hi\"\"\"\n2,,\n\n";
+    let rows = parse_csv(text);
+    assert_eq!(rows.len(), 2);
+    assert_eq!(rows[0].get("a"), "1");
+    assert_eq!(rows[0].get("b"), "x,\ny");
+    assert_eq!(rows[0].get("c"), "say \"hi\"");
+    assert_eq!((rows[1].get("a"), rows[1].get("c")), ("2", ""));
+    assert_eq!(
+        csv_records("a,b"),
+        vec![vec!["a".to_owned(), "b".to_owned()]]
+    );
+}
+
+#[test]
+fn startup_converges_to_the_kv_state_already_written() {
+    let kv = Kv::dev();
+    let prefix = unique_prefix("startup");
+    kv.put(&key(&prefix, "be_web/srv1"), "drain");
+    kv.put(&key(&prefix, "be_web/srv2"), "maint");
+    kv.put(&key(&prefix, "be_web/srv3"), "50%");
+
+    // haproxy first: servers start from their config state, agent refused.
+    let port = free_port();
+    let hap = Haproxy::start("startup", port, &servers("be_web", 4));
+    hap.wait_all(
+        "config state (UP 100) with the agent refused",
+        5 * SEC,
+        |_, r| up_at(r, 100) && r.agent_status() == "L4CON",
+    );
+
+    let listen = format!("127.0.0.1:{port}");
+    let _agent = agent(&kv, &prefix, &["-listen-addr", &listen]);
+    let t0 = Instant::now();
+    hap.wait_all("the KV state", 3 * SEC, |id, r| {
+        agent_answered(r)
+            && match id {
+                "be_web/srv1" => is_drain(r),
+                "be_web/srv2" => is_maint(r),
+                "be_web/srv3" => up_at(r, 50),
+                _ => up_at(r, 100),
+            }
+    });
+    eprintln!("startup convergence took {:?}", t0.elapsed());
+    let st = hap.servers_state();
+    assert_eq!(st["be_web/srv1"].get("srv_admin_state"), "8", "FDRAIN");
+    assert_eq!(st["be_web/srv2"].get("srv_admin_state"), "1", "FMAINT");
+    assert_eq!(st["be_web/srv2"].get("srv_op_state"), "0", "STOPPED");
+    assert_eq!(hap.get_weight("be_web/srv3"), (50, 100));
+    assert_eq!(hap.get_weight("be_web/srv4"), (100, 100));
+}
+
+#[test]
+fn drain_and_back_is_full_weight_at_once() {
+    let kv = Kv::any();
+    let prefix = unique_prefix("drain");
+    let agent = agent(&kv, &prefix, &[]);
+    let hap = Haproxy::start("drain", agent.listen().port(), &servers("be_web", 2));
+    hap.wait_all("UP 100, answered", 5 * SEC, |_, r| {
+        up_at(r, 100) && agent_answered(r)
+    });
+
+    kv.put(&key(&prefix, "be_web/srv1"), "drain");
+    let r = hap.wait_server("be_web/srv1", "DRAIN", 3 * SEC, is_drain);
+    assert_eq!(r.status(), "DRAIN (agent)");
+    assert_eq!(
+        hap.servers_state()["be_web/srv1"].get("srv_admin_state"),
+        "8"
+    );
+    assert!(up_at(&hap.server("be_web/srv2"), 100), "srv2 untouched");
+
+    kv.delete(&key(&prefix, "be_web/srv1"));
+    // The first sample out of drain is already at full weight: no ramp.
+    let r = hap.wait_server("be_web/srv1", "leaving DRAIN", 3 * SEC, |r| !is_drain(r));
+    assert!(
+        up_at(&r, 100) && r.get("throttle").is_empty(),
+        "left drain with a ramp: {}",
+        r.summary()
+    );
+    assert_eq!(
+        hap.servers_state()["be_web/srv1"].get("srv_op_state"),
+        "2",
+        "RUNNING, not STARTING"
+    );
+    hap.hold("be_web/srv1", "UP 100 unthrottled", SEC, |r| {
+        up_at(r, 100) && r.get("throttle").is_empty()
+    });
+}
+
+#[test]
+fn leaving_maint_ramps_with_slowstart() {
+    let kv = Kv::dev();
+    let prefix = unique_prefix("maint");
+    let agent = agent(&kv, &prefix, &[]);
+    let srv = Server::new("be_web", "srv1").slowstart("4s");
+    let id = srv.id();
+    let hap = Haproxy::start("maint", agent.listen().port(), &[srv]);
+    hap.wait_server(&id, "UP 100, answered", 5 * SEC, |r| {
+        up_at(r, 100) && agent_answered(r)
+    });
+
+    kv.put(&key(&prefix, &id), "maint");
+    hap.wait_server(&id, "MAINT", 3 * SEC, is_maint);
+    let st = &hap.servers_state()[&id];
+    assert_eq!(
+        (st.get("srv_admin_state"), st.get("srv_op_state")),
+        ("1", "0")
+    );
+
+    kv.delete(&key(&prefix, &id));
+    let t0 = Instant::now();
+    let r = hap.wait_server(
+        &id,
+        "a ramp sample (UP, 0 < weight < 100, throttled)",
+        3 * SEC,
+        |r| r.is_up() && r.weight() > 0 && r.weight() < 100 && !r.get("throttle").is_empty(),
+    );
+    eprintln!("ramp sample after {:?}: {}", t0.elapsed(), r.summary());
+    let mut last = r.weight();
+    let r = hap.wait_server(&id, "full weight after the ramp", 8 * SEC, |r| {
+        assert!(r.is_up(), "fell out of UP during the ramp: {}", r.summary());
+        assert!(
+            r.weight() >= last,
+            "weight went down during the ramp: {last} -> {}",
+            r.summary()
+        );
+        last = r.weight();
+        r.weight() == 100 && r.get("throttle").is_empty()
+    });
+    eprintln!("ramp done after {:?}: {}", t0.elapsed(), r.summary());
+    assert!(
+        t0.elapsed() >= 2 * SEC,
+        "a 4s slowstart finished in {:?}",
+        t0.elapsed()
+    );
+    assert_eq!(hap.servers_state()[&id].get("srv_op_state"), "2");
+}
+
+#[test]
+fn weight_percentages_and_back_to_full() {
+    let kv = Kv::any();
+    let prefix = unique_prefix("weights");
+    let agent = agent(&kv, &prefix, &[]);
+    let hap = Haproxy::start("weights", agent.listen().port(), &servers("be_web", 1));
+    let id = "be_web/srv1";
+    hap.wait_server(id, "UP 100, answered", 5 * SEC, |r| {
+        up_at(r, 100) && agent_answered(r)
+    });
+
+    for (value, want) in [
+        ("0%", 0),
+        ("50%", 50),
+        ("100%", 100),
+        ("256%", 256),
+        ("050%", 50),
+    ] {
+        kv.put(&key(&prefix, id), value);
+        let r = hap.wait_server(
+            id,
+            &format!("UP weight {want} for {value:?}"),
+            3 * SEC,
+            |r| r.weight() == want,
+        );
+        // 0% is still UP in the CSV (only the HTML page paints it as drain).
+        assert_eq!(r.status(), "UP", "{value}: {}", r.summary());
+        assert_eq!(hap.get_weight(id), (want as u32, 100), "{value}");
+    }
+    // The case a bare `ready` gets wrong: 50% must go back to 100%.
+    kv.delete(&key(&prefix, id));
+    hap.wait_server(id, "UP 100 after the key is gone", 3 * SEC, |r| {
+        up_at(r, 100)
+    });
+    assert_eq!(hap.get_weight(id), (100, 100));
+}
+
+#[test]
+fn garbage_values_count_as_absent_and_health_words_never_pass() {
+    let kv = Kv::dev();
+    let prefix = unique_prefix("garbage");
+    let agent = agent(&kv, &prefix, &[]);
+    let hap = Haproxy::start("garbage", agent.listen().port(), &servers("be_web", 1));
+    let id = "be_web/srv1";
+    // On every sample: never DOWN (agent), never a health word or maxconn
+    // in haproxy's view of the agent.
+    let sane = |r: &Row| {
+        let agt = r.get("last_agt").to_ascii_lowercase();
+        let words: Vec<&str> = agt.split(|c: char| !c.is_ascii_alphanumeric()).collect();
+        assert!(
+            !r.status().contains("DOWN"),
+            "health passed on: {}",
+            r.summary()
+        );
+        assert!(
+            !words
+                .iter()
+                .any(|w| matches!(*w, "up" | "down" | "stopped" | "fail")),
+            "health word reached haproxy: {}",
+            r.summary()
+        );
+        assert!(
+            r.get("slim").is_empty(),
+            "maxconn reached haproxy: {}",
+            r.summary()
+        );
+        assert!(
+            !is_drain(r) && !is_maint(r),
+            "admin state from garbage: {}",
+            r.summary()
+        );
+    };
+    hap.wait_server(id, "UP 100, answered", 5 * SEC, |r| {
+        up_at(r, 100) && agent_answered(r)
+    });
+
+    for garbage in [
+        "banana",
+        "up",
+        "down",
+        "maxconn:5",
+        "-5%",
+        "257%",
+        "50% drain",
+    ] {
+        kv.put(&key(&prefix, id), "50%");
+        hap.wait_server(id, "UP 50", 3 * SEC, |r| {
+            sane(r);
+            up_at(r, 50)
+        });
+        kv.put(&key(&prefix, id), garbage);
+        hap.wait_server(
+            id,
+            &format!("UP 100 for invalid {garbage:?}"),
+            3 * SEC,
+            |r| {
+                sane(r);
+                up_at(r, 100) && agent_answered(r)
+            },
+        );
+    }
+    hap.hold(id, "UP 100", SEC / 2, |r| {
+        sane(r);
+        up_at(r, 100)
+    });
+}
+
+#[test]
+fn responder_down_freezes_state_and_restart_converges() {
+    let kv = Kv::dev();
+    let prefix = unique_prefix("responder");
+    let first = agent(&kv, &prefix, &[]);
+    let port = first.listen().port();
+    let hap = Haproxy::start("responder", port, &servers("be_web", 3));
+    kv.put(&key(&prefix, "be_web/srv1"), "drain");
+    kv.put(&key(&prefix, "be_web/srv2"), "50%");
+    let frozen = |id: &str, r: &Row| match id {
+        "be_web/srv1" => is_drain(r) && r.weight() == 100,
+        "be_web/srv2" => up_at(r, 50),
+        _ => up_at(r, 100),
+    };
+    hap.wait_all("drain / 50 / 100", 5 * SEC, |id, r| {
+        frozen(id, r) && agent_answered(r)
+    });
+
+    drop(first); // SIGKILL by PID
+    hap.wait_all("haproxy to see the agent refused", 3 * SEC, |_, r| {
+        r.agent_status() == "L4CON"
+    });
+    // Meanwhile the KV changes: nobody can tell haproxy, so nothing moves.
+    kv.delete(&key(&prefix, "be_web/srv1"));
+    kv.put(&key(&prefix, "be_web/srv2"), "maint");
+    kv.put(&key(&prefix, "be_web/srv3"), "25%");
+    let end = Instant::now() + Duration::from_millis(1200);
+    while Instant::now() < end {
+        for (id, r) in hap.stat() {
+            assert!(
+                frozen(&id, &r) && r.agent_status() == "L4CON",
+                "{id} moved while the agent was down: {}",
+                r.summary()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+
+    let listen = format!("127.0.0.1:{port}");
+    let _second = agent(&kv, &prefix, &["-listen-addr", &listen]);
+    hap.wait_all("the new KV state after restart", 3 * SEC, |id, r| {
+        agent_answered(r)
+            && match id {
+                "be_web/srv1" => up_at(r, 100),
+                "be_web/srv2" => is_maint(r),
+                _ => up_at(r, 25),
+            }
+    });
+}
+
+#[test]
+fn consul_down_after_sync_keeps_answering_and_recovers() {
+    let mut kv = Kv::dev();
+    let prefix = unique_prefix("consul-down");
+    let agent = agent(&kv, &prefix, &[]);
+    let hap = Haproxy::start("consul-down", agent.listen().port(), &servers("be_web", 3));
+    kv.put(&key(&prefix, "be_web/srv1"), "drain");
+    kv.put(&key(&prefix, "be_web/srv2"), "50%");
+    let synced = |id: &str, r: &Row| match id {
+        "be_web/srv1" => is_drain(r),
+        "be_web/srv2" => up_at(r, 50),
+        _ => up_at(r, 100),
+    };
+    hap.wait_all("drain / 50 / 100", 5 * SEC, |id, r| {
+        synced(id, r) && agent_answered(r)
+    });
+
+    let addr = kv.addr;
+    drop(kv.proc.take()); // "consul" killed by PID
+    let drains_before = agent.metric("gitlab_haproxy_agent_requests_total{outcome=\"drain\"}");
+    let end = Instant::now() + Duration::from_millis(1500);
+    while Instant::now() < end {
+        for (id, r) in hap.stat() {
+            assert!(
+                synced(&id, &r) && agent_answered(&r),
+                "{id} moved with consul down: {}",
+                r.summary()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // Still answering from the last state, not merely frozen in haproxy.
+    let drains_after = agent.metric("gitlab_haproxy_agent_requests_total{outcome=\"drain\"}");
+    assert!(
+        drains_after >= drains_before + 5.0,
+        "drain replies during the outage: {drains_before} -> {drains_after}"
+    );
+    assert_eq!(
+        agent.monitoring_get("/-/readiness").0,
+        200,
+        "readiness stays 200 after a first read"
+    );
+
+    // The restarted dev KV is empty: write the state again, plus a change.
+    // Two writes bring it back to the very index the agent holds, with other
+    // data (the regression `consul_restarted_empty_at_the_same_index_is_swapped_in`
+    // in src/consul/watch.rs).
+    let kv = Kv::dev_at(addr);
+    kv.put(&key(&prefix, "be_web/srv1"), "drain");
+    kv.put(&key(&prefix, "be_web/srv2"), "maint");
+    hap.wait_all("the change written after recovery", 10 * SEC, |id, r| {
+        agent_answered(r)
+            && match id {
+                "be_web/srv1" => is_drain(r),
+                "be_web/srv2" => is_maint(r),
+                _ => up_at(r, 100),
+            }
+    });
+}
+
+/// How haproxy shows a server at its desired state.
+type Shows = Box<dyn Fn(&Row) -> bool>;
+
+/// What server `i` of the many-servers test is set to, and how haproxy
+/// shows it.
+fn many_value(i: usize) -> (String, Shows) {
+    match i % 3 {
+        0 => ("drain".into(), Box::new(is_drain)),
+        1 => ("maint".into(), Box::new(is_maint)),
+        _ => {
+            let n = (i * 3) % 257;
+            (format!("{n}%"), Box::new(move |r: &Row| up_at(r, n as i64)))
+        }
+    }
+}
+
+#[test]
+fn two_hundred_servers_converge_and_every_check_is_answered() {
+    let kv = Kv::dev();
+    let prefix = unique_prefix("many");
+    let consul = kv.addr.to_string();
+    // Info level: debug would log every consul swap of the 200 writes.
+    let agent = Agent::start(
+        &["-consul-addr", &consul, "-kv-prefix", &prefix],
+        &[("GITLAB_LOG_LEVEL", "info")],
+    );
+    wait_ready(&agent);
+    let all: Vec<Server> = (0..10)
+        .flat_map(|b| servers(&format!("be_{b}"), 20))
+        .collect();
+    let hap = Haproxy::start("many", agent.listen().port(), &all);
+
+    let mut agent_errors: HashMap<String, String> = HashMap::new();
+    let mut note_errors = |id: &str, r: &Row| {
+        if matches!(
+            r.agent_status(),
+            "L4CON" | "L4TOUT" | "L7TOUT" | "L7RSP" | "L7STS" | "L6TOUT" | "L6RSP"
+        ) {
+            agent_errors
+                .entry(id.to_owned())
+                .or_insert_with(|| r.summary());
+        }
+    };
+    hap.wait_all("200 servers UP 100, answered", 10 * SEC, |id, r| {
+        note_errors(id, r);
+        up_at(r, 100) && agent_answered(r)
+    });
+
+    let expect: HashMap<String, Shows> = all
+        .iter()
+        .enumerate()
+        .map(|(i, s)| {
+            let (value, ok) = many_value(i);
+            kv.put(&key(&prefix, &s.id()), &value);
+            (s.id(), ok)
+        })
+        .collect();
+    let t0 = Instant::now();
+    hap.wait_all("200 servers at their KV state", 10 * SEC, |id, r| {
+        note_errors(id, r);
+        agent_answered(r) && expect[id](r)
+    });
+    eprintln!(
+        "200 servers converged {:?} after the last write",
+        t0.elapsed()
+    );
+    // A little more traffic at the converged state, still error-free.
+    hap.hold("be_0/srv1", "drain", SEC / 2, is_drain);
+    for (id, r) in hap.stat() {
+        note_errors(&id, &r);
+        assert!(expect[&id](&r), "{id} moved: {}", r.summary());
+    }
+    assert!(
+        agent_errors.is_empty(),
+        "agent check errors seen in haproxy: {agent_errors:#?}"
+    );
+
+    let outcome = |o: &str| {
+        agent.metric(&format!(
+            "gitlab_haproxy_agent_requests_total{{outcome=\"{o}\"}}"
+        ))
+    };
+    let replies: f64 = ["ready", "drain", "maint"].into_iter().map(outcome).sum();
+    let unanswered: Vec<(&str, f64)> = [
+        "not_synced",
+        "too_long",
+        "control_byte",
+        "empty",
+        "no_newline",
+        "timeout",
+        "peer_closed",
+        "io_error",
+    ]
+    .into_iter()
+    .map(|o| (o, outcome(o)))
+    .collect();
+    eprintln!("{replies} replies; no-reply outcomes: {unanswered:?}");
+    assert!(
+        replies >= 2000.0,
+        "only {replies} replies for 200 servers at 100ms"
+    );
+    for (o, n) in unanswered {
+        assert_eq!(n, 0.0, "{n} checks ended with {o}");
+    }
+}
