@@ -677,9 +677,11 @@ impl EventLoop {
         match update {
             Update::Swap(new) => {
                 self.consul_ok(now);
-                self.log_swap(&new);
+                let changed = self.log_swap(&new);
                 self.metrics.swaps += 1;
-                self.metrics.last_change = Some(SystemTime::now());
+                if changed {
+                    self.metrics.last_change = Some(SystemTime::now());
+                }
                 self.snapshot = Some(new);
             }
             Update::Unchanged => {
@@ -724,7 +726,10 @@ impl EventLoop {
         }
     }
 
-    fn log_swap(&mut self, new: &Snapshot) {
+    /// Logs the swap; true if this is the first read, or an identity was
+    /// added, removed or rewritten, or a new invalid value arrived (a wake
+    /// is not always a change).
+    fn log_swap(&mut self, new: &Snapshot) -> bool {
         let invalid = new.new_invalid_since(self.snapshot.as_ref().unwrap_or(&Snapshot::default()));
         for k in &invalid {
             self.metrics.invalid_values[k.reason.index()] += 1;
@@ -733,10 +738,12 @@ impl EventLoop {
         }
         match self.snapshot.as_ref() {
             None => {
-                info!(keys = new.len(), invalid = new.invalid().len(), index = new.index(); "first consul read complete: answering")
+                info!(keys = new.len(), invalid = new.invalid().len(), index = new.index(); "first consul read complete: answering");
+                true
             }
             Some(old) => {
-                for c in new.changes_from(old) {
+                let changes = new.changes_from(old);
+                for c in &changes {
                     let show = |e: Option<crate::state::Entry>| {
                         e.map_or_else(|| "absent".to_owned(), |e| e.desired.to_string())
                     };
@@ -744,6 +751,7 @@ impl EventLoop {
                     info!(key = escape(c.identity.as_bytes(), 256), old = show(c.old), new = show(c.new), index = index; "state change");
                 }
                 debug!(index = new.index(), keys = new.len(); "state swapped");
+                !changes.is_empty() || !invalid.is_empty()
             }
         }
     }
@@ -829,6 +837,15 @@ impl EventLoop {
 
     fn status(&self, now: Instant) -> Status<'_> {
         let watch = self.client.watch();
+        // The client's deadline is the next start while idle, and the
+        // in-flight request's give-up time otherwise: report them apart
+        // (while a listing is decoded slice by slice, neither applies).
+        let deadline_in = self.client.deadline(now).saturating_duration_since(now);
+        let (next_request_in, request_deadline_in) = match self.client.phase_name() {
+            "idle" => (Some(deadline_in), None),
+            "decoding" => (None, None),
+            _ => (None, Some(deadline_in)),
+        };
         Status {
             metrics: &self.metrics,
             snapshot: self.snapshot.as_ref(),
@@ -837,7 +854,8 @@ impl EventLoop {
                 index: watch.index(),
                 failures: watch.failures(),
                 last_error: self.last_error.as_deref(),
-                next_request_in: self.client.deadline(now).saturating_duration_since(now),
+                next_request_in,
+                request_deadline_in,
             },
             now,
             started: self.started,

@@ -15,7 +15,8 @@
 //!
 //! Text: simplelog's line (`<time> [LEVEL] msg`), the key-values appended as
 //! ` key=value` (quoted when empty or holding a space, `"`, `=` or a control
-//! character), since simplelog itself drops them.
+//! character, and then escaped as Rust strings are), since simplelog itself
+//! drops them; a control character in the message is escaped too.
 
 use std::fmt::Write as _;
 use std::io::Write as _;
@@ -224,13 +225,17 @@ impl Log for TextLogger {
             return;
         }
         let fields = text_fields(record);
-        if fields.is_empty() {
+        let msg = match record.args().as_str() {
+            Some(m) => text_msg(m),
+            None => text_msg(&record.args().to_string()).into_owned().into(),
+        };
+        if fields.is_empty() && matches!(msg, std::borrow::Cow::Borrowed(_)) {
             self.inner.log(record);
             return;
         }
         self.inner.log(
             &Record::builder()
-                .args(format_args!("{}{fields}", record.args()))
+                .args(format_args!("{msg}{fields}"))
                 .metadata(record.metadata().clone())
                 .module_path(record.module_path())
                 .file(record.file())
@@ -242,6 +247,24 @@ impl Log for TextLogger {
     fn flush(&self) {
         self.inner.flush();
     }
+}
+
+/// The message with any control character escaped (`\n`, `\u{1b}`), so a
+/// message formatted from outside bytes by mistake still cannot break the
+/// line; borrowed when there is nothing to escape (the usual case).
+fn text_msg(msg: &str) -> std::borrow::Cow<'_, str> {
+    if !msg.chars().any(char::is_control) {
+        return msg.into();
+    }
+    let mut out = String::with_capacity(msg.len() + 8);
+    for c in msg.chars() {
+        if c.is_control() {
+            out.extend(c.escape_debug());
+        } else {
+            out.push(c);
+        }
+    }
+    out.into()
 }
 
 /// ` key=value` for each key-value of `record`.
@@ -485,6 +508,17 @@ mod tests {
         );
         let none = Record::builder().args(format_args!("m")).build();
         assert_eq!(text_fields(&none), "");
+    }
+
+    #[test]
+    fn text_message_control_characters_are_escaped() {
+        assert!(matches!(
+            text_msg("state change"),
+            std::borrow::Cow::Borrowed("state change")
+        ));
+        assert_eq!(text_msg("a\nb\r\u{1b}[0m\u{0}"), "a\\nb\\r\\u{1b}[0m\\0");
+        let out = text_msg("x\ny");
+        assert!(!out.chars().any(char::is_control), "{out}");
     }
 
     #[test]

@@ -80,89 +80,64 @@ pub struct View<'a> {
     pub now: Instant,
     pub started: SystemTime,
     pub max_connections: usize,
+    /// Consecutive failed consul requests (0 after a success).
+    pub consul_failures: u32,
 }
 
-/// Renders the whole exposition.
+const P: &str = "gitlab_haproxy_agent_";
+
+/// Renders the whole exposition (text format 0.0.4): each family's `# HELP`
+/// and `# TYPE` once, then its samples.
 pub fn render(v: &View<'_>) -> String {
     let m = v.metrics;
-    let mut o = String::with_capacity(8 * 1024);
-    let p = "gitlab_haproxy_agent_";
+    let mut o = Exposition(String::with_capacity(8 * 1024));
 
-    family(&mut o, &format!("{p}requests_total"), "counter", "Agent-check connections by how they ended: a reply of that admin state, or why no reply was sent.");
+    o.family("requests_total", "counter", "Agent-check connections by how they ended: a reply of that admin state, or why no reply was sent.");
     for outcome in Outcome::ALL {
-        sample(
-            &mut o,
-            &format!("{p}requests_total{{outcome=\"{}\"}}", outcome.label()),
-            m.requests[outcome.index()] as f64,
+        o.int(
+            "requests_total",
+            &[("outcome", outcome.label())],
+            m.requests[outcome.index()],
         );
     }
-
-    let h = &m.request_duration;
-    let name = format!("{p}request_duration_seconds");
-    family(
-        &mut o,
-        &name,
-        "histogram",
-        "Time from accepting an agent-check connection to its reply written.",
+    o.histogram(
+        "request_duration_seconds",
+        "Time from accepting an agent-check connection to its reply written (replies only).",
+        &m.request_duration,
     );
-    let mut cumulative = 0;
-    for (i, b) in DURATION_BUCKETS.iter().enumerate() {
-        cumulative += h.counts[i];
-        sample(
-            &mut o,
-            &format!("{name}_bucket{{le=\"{b}\"}}"),
-            cumulative as f64,
-        );
-    }
-    sample(
-        &mut o,
-        &format!("{name}_bucket{{le=\"+Inf\"}}"),
-        h.count as f64,
-    );
-    sample(&mut o, &format!("{name}_sum"), h.sum_ns as f64 / 1e9);
-    sample(&mut o, &format!("{name}_count"), h.count as f64);
-
-    gauge(
-        &mut o,
-        &format!("{p}open_connections"),
+    o.gauge(
+        "open_connections",
         "Agent-check connections open now.",
         m.open_connections as f64,
     );
-    gauge(
-        &mut o,
-        &format!("{p}max_connections"),
+    o.gauge(
+        "max_connections",
         "The -max-connections limit.",
         v.max_connections as f64,
     );
-    counter(
-        &mut o,
-        &format!("{p}connection_limit_reached_total"),
-        "Times accepting paused because -max-connections was reached.",
+    o.counter(
+        "connection_limit_reached_total",
+        "Times accepting paused because -max-connections was reached (gate closings).",
         m.gate_closings,
     );
-    counter(
-        &mut o,
-        &format!("{p}accept_errors_total"),
+    o.counter(
+        "accept_errors_total",
         "Accept failures (e.g. out of file descriptors); accepting pauses briefly after each.",
         m.accept_errors,
     );
 
-    gauge(
-        &mut o,
-        &format!("{p}synced"),
-        "1 once a first consul read completed (the agent answers), else 0.",
-        v.snapshot.is_some() as u8 as f64,
+    o.gauge(
+        "synced",
+        "1 once a first consul read completed (the agent answers; readiness 200), else 0.",
+        f64::from(u8::from(v.snapshot.is_some())),
     );
-    gauge(
-        &mut o,
-        &format!("{p}state_keys"),
+    o.gauge(
+        "state_keys",
         "Valid identities in the state the agent answers from.",
         v.snapshot.map_or(0, |s| s.len()) as f64,
     );
-    let name = format!("{p}state_invalid_keys");
-    family(
-        &mut o,
-        &name,
+    o.family(
+        "state_invalid_keys",
         "gauge",
         "KV keys dropped from the current state (answered as absent), by reason.",
     );
@@ -170,127 +145,177 @@ pub fn render(v: &View<'_>) -> String {
         let n = v
             .snapshot
             .map_or(0, |s| s.invalid().iter().filter(|k| k.reason == r).count());
-        sample(
-            &mut o,
-            &format!("{name}{{reason=\"{}\"}}", r.label()),
-            n as f64,
-        );
+        o.int("state_invalid_keys", &[("reason", r.label())], n as u64);
     }
-    let name = format!("{p}invalid_values_total");
-    family(
-        &mut o,
-        &name,
+    o.family(
+        "invalid_values_total",
         "counter",
         "Invalid KV keys or values seen, counted once per change, by reason.",
     );
     for r in InvalidReason::ALL {
-        sample(
-            &mut o,
-            &format!("{name}{{reason=\"{}\"}}", r.label()),
-            m.invalid_values[r.index()] as f64,
+        o.int(
+            "invalid_values_total",
+            &[("reason", r.label())],
+            m.invalid_values[r.index()],
         );
     }
-    counter(
-        &mut o,
-        &format!("{p}state_swaps_total"),
-        "New states swapped in (consul index moved forward).",
+    o.counter(
+        "state_swaps_total",
+        "New states swapped in (consul index moved forward; not every swap changes an answer).",
         m.swaps,
     );
-    let change = m.last_change.map_or(0.0, unix_seconds);
-    gauge(
-        &mut o,
-        &format!("{p}state_last_change_timestamp_seconds"),
-        "Unix time of the last state swap (0 before the first).",
-        change,
+    o.gauge(
+        "state_last_change_timestamp_seconds",
+        "Unix time the state last changed: first read, an identity added, removed or rewritten, or a new invalid value (0 before the first read).",
+        m.last_change.map_or(0.0, unix_seconds),
     );
 
-    counter(
-        &mut o,
-        &format!("{p}consul_requests_total"),
+    o.counter(
+        "consul_requests_total",
         "Requests sent to consul.",
         m.consul_requests,
     );
-    let name = format!("{p}consul_errors_total");
-    family(
-        &mut o,
-        &name,
+    o.family(
+        "consul_errors_total",
         "counter",
         "Failed consul requests, by reason.",
     );
     for r in ErrorReason::ALL {
-        sample(
-            &mut o,
-            &format!("{name}{{reason=\"{}\"}}", r.label()),
-            m.consul_errors[r.index()] as f64,
+        o.int(
+            "consul_errors_total",
+            &[("reason", r.label())],
+            m.consul_errors[r.index()],
         );
     }
-    counter(
-        &mut o,
-        &format!("{p}consul_unchanged_total"),
+    o.gauge(
+        "consul_consecutive_failures",
+        "Consul requests failed in a row (0 after a success): non-zero means consul is unhealthy now.",
+        f64::from(v.consul_failures),
+    );
+    o.counter(
+        "consul_unchanged_total",
         "Consul responses that did not move the index (blocking-query timeouts, spurious wakes).",
         m.consul_unchanged,
     );
-    counter(
-        &mut o,
-        &format!("{p}consul_index_resets_total"),
+    o.counter(
+        "consul_index_resets_total",
         "Times X-Consul-Index went backwards and the watch restarted from 0.",
         m.consul_index_resets,
     );
-    gauge(
-        &mut o,
-        &format!("{p}consul_index"),
-        "X-Consul-Index of the state the agent answers from.",
+    o.gauge(
+        "consul_index",
+        "X-Consul-Index of the state the agent answers from (0 before the first read).",
         v.snapshot.map_or(0, |s| s.index()) as f64,
     );
-    let age = m
-        .last_success
-        .map_or(-1.0, |t| v.now.saturating_duration_since(t).as_secs_f64());
-    gauge(
-        &mut o,
-        &format!("{p}consul_last_success_age_seconds"),
-        "Seconds since the last successful consul read (-1 before the first).",
-        age,
+    o.gauge(
+        "consul_last_success_age_seconds",
+        "Seconds since the last successful consul read (-1 before the first); grows up to -consul-wait between reads when nothing changes.",
+        m.last_success
+            .map_or(-1.0, |t| v.now.saturating_duration_since(t).as_secs_f64()),
     );
 
-    let name = format!("{p}build_info");
-    family(&mut o, &name, "gauge", "Build information; always 1.");
-    let commit = option_env!("GIT_COMMIT").unwrap_or("unknown");
-    sample(
-        &mut o,
-        &format!(
-            "{name}{{version=\"{}\",commit=\"{}\"}}",
-            crate::config::version(),
-            escape_label(commit)
-        ),
-        1.0,
+    o.family("build_info", "gauge", "Build information; always 1.");
+    o.int(
+        "build_info",
+        &[
+            ("version", crate::config::version()),
+            ("commit", option_env!("GIT_COMMIT").unwrap_or("unknown")),
+        ],
+        1,
     );
 
     process_metrics(&mut o, v.started);
-    o
+    o.0
 }
 
-fn family(o: &mut String, name: &str, kind: &str, help: &str) {
-    let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} {kind}");
+/// The exposition being written. Names given without the `process_` prefix
+/// get the agent's prefix.
+struct Exposition(String);
+
+impl Exposition {
+    fn name(name: &str) -> (&'static str, &str) {
+        if name.starts_with("process_") {
+            ("", name)
+        } else {
+            (P, name)
+        }
+    }
+
+    fn family(&mut self, name: &str, kind: &str, help: &str) {
+        let (p, name) = Self::name(name);
+        let help = escape_help(help);
+        let _ = writeln!(self.0, "# HELP {p}{name} {help}\n# TYPE {p}{name} {kind}");
+    }
+
+    fn series(&mut self, name: &str, labels: &[(&str, &str)]) {
+        let (p, name) = Self::name(name);
+        let _ = write!(self.0, "{p}{name}");
+        for (i, (k, v)) in labels.iter().enumerate() {
+            let sep = if i == 0 { '{' } else { ',' };
+            let _ = write!(self.0, "{sep}{k}=\"{}\"", escape_label(v));
+        }
+        if !labels.is_empty() {
+            self.0.push('}');
+        }
+    }
+
+    fn int(&mut self, name: &str, labels: &[(&str, &str)], value: u64) {
+        self.series(name, labels);
+        let _ = writeln!(self.0, " {value}");
+    }
+
+    fn float(&mut self, name: &str, labels: &[(&str, &str)], value: f64) {
+        self.series(name, labels);
+        let _ = writeln!(self.0, " {}", format_float(value));
+    }
+
+    fn gauge(&mut self, name: &str, help: &str, value: f64) {
+        self.family(name, "gauge", help);
+        self.float(name, &[], value);
+    }
+
+    fn counter(&mut self, name: &str, help: &str, value: u64) {
+        self.family(name, "counter", help);
+        self.int(name, &[], value);
+    }
+
+    /// Cumulative `le` buckets, `+Inf` equal to `_count`, then `_sum`.
+    fn histogram(&mut self, name: &str, help: &str, h: &Histogram) {
+        self.family(name, "histogram", help);
+        let bucket = format!("{name}_bucket");
+        let mut cumulative = 0;
+        for (i, b) in DURATION_BUCKETS.iter().enumerate() {
+            cumulative += h.counts[i];
+            self.int(&bucket, &[("le", &format_float(*b))], cumulative);
+        }
+        self.int(&bucket, &[("le", "+Inf")], h.count);
+        self.float(&format!("{name}_sum"), &[], h.sum_ns as f64 / 1e9);
+        self.int(&format!("{name}_count"), &[], h.count);
+    }
 }
 
-fn sample(o: &mut String, series: &str, value: f64) {
-    let _ = writeln!(o, "{series} {value}");
+/// A sample value as the text format wants it: `+Inf`, `-Inf`, `NaN`, or
+/// a plain decimal (Rust's `Display` never uses an exponent).
+fn format_float(v: f64) -> String {
+    if v.is_nan() {
+        "NaN".to_owned()
+    } else if v.is_infinite() {
+        if v > 0.0 { "+Inf" } else { "-Inf" }.to_owned()
+    } else {
+        v.to_string()
+    }
 }
 
-fn gauge(o: &mut String, name: &str, help: &str, value: f64) {
-    family(o, name, "gauge", help);
-    sample(o, name, value);
-}
-
-fn counter(o: &mut String, name: &str, help: &str, value: u64) {
-    family(o, name, "counter", help);
-    sample(o, name, value as f64);
-}
-
+/// Label values: `\`, `"` and line feed escaped (text format 0.0.4).
 fn escape_label(v: &str) -> String {
     v.replace('\\', "\\\\")
         .replace('"', "\\\"")
         .replace('\n', "\\n")
+}
+
+/// HELP text: `\` and line feed escaped (text format 0.0.4).
+fn escape_help(v: &str) -> String {
+    v.replace('\\', "\\\\").replace('\n', "\\n")
 }
 
 fn unix_seconds(t: SystemTime) -> f64 {
@@ -298,40 +323,74 @@ fn unix_seconds(t: SystemTime) -> f64 {
         .map_or(0.0, |d| d.as_secs_f64())
 }
 
-/// The standard `process_*` metrics, read from /proc at scrape time.
-fn process_metrics(o: &mut String, started: SystemTime) {
+/// The fields of `/proc/self/stat` the `process_*` metrics need, in the
+/// units the kernel gives (clock ticks, bytes, pages).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct ProcStat {
+    utime_ticks: u64,
+    stime_ticks: u64,
+    start_ticks: u64,
+    vsize_bytes: u64,
+    rss_pages: u64,
+}
+
+/// Parses `/proc/<pid>/stat` (proc(5)): fields after the `(comm)`, which
+/// may itself hold spaces and parentheses, so split after the last `)`.
+fn parse_proc_stat(stat: &str) -> Option<ProcStat> {
+    let rest = stat.get(stat.rfind(')')? + 1..)?;
+    // rest[0] is field 3 (state); field n (1-based) is rest[n - 3].
+    let f: Vec<&str> = rest.split_ascii_whitespace().collect();
+    let num = |n: usize| f.get(n - 3)?.parse::<u64>().ok();
+    Some(ProcStat {
+        utime_ticks: num(14)?,
+        stime_ticks: num(15)?,
+        start_ticks: num(22)?,
+        vsize_bytes: num(23)?,
+        rss_pages: num(24)?,
+    })
+}
+
+/// `btime` (boot time, unix seconds) from `/proc/stat`.
+fn parse_boot_time(stat: &str) -> Option<u64> {
+    stat.lines()
+        .find_map(|l| l.strip_prefix("btime "))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+/// The standard `process_*` metrics (as the Prometheus Go client names
+/// them), read from /proc at scrape time.
+fn process_metrics(o: &mut Exposition, started: SystemTime) {
+    // SAFETY: sysconf has no preconditions.
     let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
     let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(1) as f64;
-    if let Ok(stat) = std::fs::read_to_string("/proc/self/stat") {
-        // Fields after the `(comm)`, which may itself hold spaces.
-        if let Some(rest) = stat.rfind(')').map(|i| &stat[i + 2..]) {
-            let f: Vec<&str> = rest.split(' ').collect();
-            let num = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
-            // utime, stime are fields 14, 15 (1-based), here 11, 12; vsize 23 -> 20; rss 24 -> 21.
-            gauge_kind(
-                o,
-                "process_cpu_seconds_total",
-                "counter",
-                "Total user and system CPU time spent in seconds.",
-                (num(11) + num(12)) / ticks,
-            );
-            gauge(
-                o,
-                "process_virtual_memory_bytes",
-                "Virtual memory size in bytes.",
-                num(20),
-            );
-            gauge(
-                o,
-                "process_resident_memory_bytes",
-                "Resident memory size in bytes.",
-                num(21) * page,
-            );
-        }
+    let stat = std::fs::read_to_string("/proc/self/stat")
+        .ok()
+        .and_then(|s| parse_proc_stat(&s));
+    if let Some(st) = stat {
+        o.family(
+            "process_cpu_seconds_total",
+            "counter",
+            "Total user and system CPU time spent in seconds.",
+        );
+        o.float(
+            "process_cpu_seconds_total",
+            &[],
+            (st.utime_ticks + st.stime_ticks) as f64 / ticks,
+        );
+        o.gauge(
+            "process_virtual_memory_bytes",
+            "Virtual memory size in bytes.",
+            st.vsize_bytes as f64,
+        );
+        o.gauge(
+            "process_resident_memory_bytes",
+            "Resident memory size in bytes.",
+            st.rss_pages as f64 * page,
+        );
     }
     if let Ok(dir) = std::fs::read_dir("/proc/self/fd") {
-        gauge(
-            o,
+        // read_dir's own descriptor is counted too, as the Go client does.
+        o.gauge(
             "process_open_fds",
             "Number of open file descriptors.",
             dir.count() as f64,
@@ -341,25 +400,28 @@ fn process_metrics(o: &mut String, started: SystemTime) {
         rlim_cur: 0,
         rlim_max: 0,
     };
+    // SAFETY: getrlimit writes into the struct we own.
     if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } == 0 {
-        gauge(
-            o,
+        o.gauge(
             "process_max_fds",
             "Maximum number of open file descriptors.",
             lim.rlim_cur as f64,
         );
     }
-    gauge(
-        o,
+    // The kernel's start time (boot time + start ticks), as the Go client
+    // reports it; the loop's own start time where /proc cannot say.
+    let boot = std::fs::read_to_string("/proc/stat")
+        .ok()
+        .and_then(|s| parse_boot_time(&s));
+    let start = match (stat, boot) {
+        (Some(st), Some(boot)) => boot as f64 + st.start_ticks as f64 / ticks,
+        _ => unix_seconds(started),
+    };
+    o.gauge(
         "process_start_time_seconds",
         "Start time of the process since unix epoch in seconds.",
-        unix_seconds(started),
+        start,
     );
-}
-
-fn gauge_kind(o: &mut String, name: &str, kind: &str, help: &str, value: f64) {
-    family(o, name, kind, help);
-    sample(o, name, value);
 }
 
 #[cfg(test)]
@@ -373,6 +435,7 @@ mod tests {
             now: Instant::now(),
             started: SystemTime::now(),
             max_connections: 10,
+            consul_failures: 0,
         })
     }
 
@@ -471,5 +534,148 @@ mod tests {
             );
         }
         assert!(seen.contains("gitlab_haproxy_agent_request_duration_seconds"));
+    }
+
+    #[test]
+    fn label_values_and_help_are_escaped() {
+        let mut o = Exposition(String::new());
+        o.family("x", "gauge", "a \\ b\nc");
+        o.int("x", &[("v", "q\"b\\s\nn"), ("w", "ok")], 1);
+        assert_eq!(
+            o.0,
+            concat!(
+                "# HELP gitlab_haproxy_agent_x a \\\\ b\\nc\n",
+                "# TYPE gitlab_haproxy_agent_x gauge\n",
+                "gitlab_haproxy_agent_x{v=\"q\\\"b\\\\s\\nn\",w=\"ok\"} 1\n"
+            )
+        );
+    }
+
+    #[test]
+    fn floats_in_the_text_format() {
+        assert_eq!(format_float(0.000_01), "0.00001");
+        assert_eq!(format_float(5.0), "5");
+        assert_eq!(format_float(-1.0), "-1");
+        assert_eq!(format_float(f64::INFINITY), "+Inf");
+        assert_eq!(format_float(f64::NEG_INFINITY), "-Inf");
+        assert_eq!(format_float(f64::NAN), "NaN");
+        assert_eq!(format_float(1e21), "1000000000000000000000");
+    }
+
+    #[test]
+    fn histogram_edges_land_in_their_bucket_and_past_the_last_in_inf() {
+        let mut m = Metrics::default();
+        m.count_request(Outcome::Ready, Some(Duration::from_micros(10)));
+        m.count_request(Outcome::Ready, Some(Duration::from_secs(9)));
+        let t = scrape(&m);
+        let b = |le: &str| {
+            value(
+                &t,
+                &format!("gitlab_haproxy_agent_request_duration_seconds_bucket{{le=\"{le}\"}}"),
+            )
+        };
+        assert_eq!(b("0.00001"), 1.0);
+        assert_eq!(b("5"), 1.0);
+        assert_eq!(b("+Inf"), 2.0);
+        // Buckets never decrease.
+        let counts: Vec<f64> = t
+            .lines()
+            .filter(|l| l.starts_with("gitlab_haproxy_agent_request_duration_seconds_bucket"))
+            .map(|l| l.rsplit(' ').next().unwrap().parse().unwrap())
+            .collect();
+        assert_eq!(counts.len(), DURATION_BUCKETS.len() + 1);
+        assert!(counts.windows(2).all(|w| w[0] <= w[1]), "{counts:?}");
+    }
+
+    #[test]
+    fn every_sample_follows_its_family_and_names_follow_the_rules() {
+        let t = scrape(&Metrics::default());
+        let mut family: Option<(String, String)> = None;
+        for l in t.lines() {
+            if let Some(rest) = l.strip_prefix("# TYPE ") {
+                let (name, kind) = rest.split_once(' ').unwrap();
+                match kind {
+                    "counter" => assert!(name.ends_with("_total"), "{name}"),
+                    _ => assert!(!name.ends_with("_total"), "{name}"),
+                }
+                family = Some((name.to_owned(), kind.to_owned()));
+                continue;
+            }
+            if l.starts_with('#') {
+                continue;
+            }
+            let (name, kind) = family.as_ref().expect("sample before any TYPE");
+            let series = l.split([' ', '{']).next().unwrap();
+            let ok = match kind.as_str() {
+                "histogram" => [
+                    format!("{name}_bucket"),
+                    format!("{name}_sum"),
+                    format!("{name}_count"),
+                ]
+                .contains(&series.to_owned()),
+                _ => series == name,
+            };
+            assert!(ok, "{series} under family {name} ({kind})");
+        }
+    }
+
+    #[test]
+    fn build_info_carries_version_and_commit() {
+        let t = scrape(&Metrics::default());
+        let line = t
+            .lines()
+            .find(|l| l.starts_with("gitlab_haproxy_agent_build_info{"))
+            .unwrap();
+        assert!(
+            line.starts_with(&format!(
+                "gitlab_haproxy_agent_build_info{{version=\"{}\",commit=\"",
+                crate::config::version()
+            )),
+            "{line}"
+        );
+        assert!(line.ends_with("\"} 1"), "{line}");
+    }
+
+    #[test]
+    fn proc_stat_fields_after_a_tricky_comm() {
+        // proc(5) field numbers: 14 utime, 15 stime, 22 starttime, 23 vsize, 24 rss.
+        let mut fields: Vec<String> = (3..=52).map(|n| n.to_string()).collect();
+        fields[0] = "S".into();
+        let stat = format!("1234 (a) (b c) {}\n", fields.join(" "));
+        assert_eq!(
+            parse_proc_stat(&stat),
+            Some(ProcStat {
+                utime_ticks: 14,
+                stime_ticks: 15,
+                start_ticks: 22,
+                vsize_bytes: 23,
+                rss_pages: 24,
+            })
+        );
+        assert_eq!(parse_proc_stat("1234 (x) S 1 2"), None);
+        assert_eq!(parse_proc_stat("no paren"), None);
+        let real = std::fs::read_to_string("/proc/self/stat").unwrap();
+        assert!(parse_proc_stat(&real).is_some_and(|s| s.rss_pages > 0));
+    }
+
+    #[test]
+    fn boot_time_from_proc_stat() {
+        assert_eq!(
+            parse_boot_time("cpu  1 2 3\nintr 5\nbtime 1700000000\nprocesses 9\n"),
+            Some(1_700_000_000)
+        );
+        assert_eq!(parse_boot_time("cpu 1\n"), None);
+    }
+
+    #[test]
+    fn process_start_time_is_near_now_for_this_process() {
+        let t = scrape(&Metrics::default());
+        let start = value(&t, "process_start_time_seconds");
+        let now = unix_seconds(SystemTime::now());
+        // This test process started within the last hour, and not in the future.
+        assert!(
+            start <= now + 1.0 && start > now - 3600.0,
+            "{start} vs {now}"
+        );
     }
 }

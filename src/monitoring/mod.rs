@@ -1,7 +1,9 @@
 //! Observability (SPEC §7): the metrics registry ([`metrics`]), the HTTP
 //! server connection shared with the dev KV ([`server`]), and the routes of
 //! the monitoring (`/-/metrics`, `/-/liveness`, `/-/readiness`) and pprof
-//! (`/debug/state`) listeners.
+//! (`/debug/state`) listeners. `/debug/pprof/*` answers 404 with how to
+//! profile from outside ([`NO_PPROF`]): an in-process signal sampler would
+//! interrupt the one answering thread and need a second thread to report.
 //!
 //! In: a request head and a [`Status`] view of the loop. Out: a response.
 //! Always holds: handlers are pure over the view, so they never block the
@@ -24,8 +26,13 @@ pub struct WatchStatus<'a> {
     pub index: u64,
     pub failures: u32,
     pub last_error: Option<&'a str>,
-    /// Time until the next request may start (rate limit or backoff).
-    pub next_request_in: Duration,
+    /// While idle: time until the next request may start (rate limit, or
+    /// backoff after a failure). `None` while a request is in flight.
+    pub next_request_in: Option<Duration>,
+    /// While a request is in flight: time left before the client gives up
+    /// on it (connect timeout, or the whole-response deadline). `None` while
+    /// idle.
+    pub request_deadline_in: Option<Duration>,
 }
 
 /// What the handlers may look at.
@@ -55,6 +62,7 @@ pub fn handle_monitoring(head: &RequestHead, st: &Status<'_>) -> Response {
                 now: st.now,
                 started: st.started,
                 max_connections: st.max_connections,
+                consul_failures: st.watch.failures,
             };
             let mut r = text(200, &metrics::render(&view));
             r.headers[0].1 = "text/plain; version=0.0.4; charset=utf-8".into();
@@ -67,6 +75,19 @@ pub fn handle_monitoring(head: &RequestHead, st: &Status<'_>) -> Response {
     }
 }
 
+/// Why `/debug/pprof/*` is not served, and what to use instead.
+pub const NO_PPROF: &str = "\
+CPU profiles are not served in-process: a signal-based sampler would interrupt
+the single answering thread and needs a second thread to build the report.
+Profile from outside instead, with no cost until you do:
+
+    perf record -F 99 -g -p <pid> -- sleep 30
+    perf report            # or: perf script | inferno-flamegraph > cpu.svg
+
+Release builds keep line tables (profile.release debug = 1) for readable
+stacks. The state the agent answers from is at /debug/state.
+";
+
 /// Routes of `-pprof-addr`.
 pub fn handle_pprof(head: &RequestHead, st: &Status<'_>) -> Response {
     if let Some(r) = only_get(head) {
@@ -78,6 +99,7 @@ pub fn handle_pprof(head: &RequestHead, st: &Status<'_>) -> Response {
             r.headers[0].1 = "application/json".into();
             r
         }
+        p if p == "/debug/pprof" || p.starts_with("/debug/pprof/") => text(404, NO_PPROF),
         _ => text(404, "not found; try /debug/state\n"),
     }
 }
@@ -102,6 +124,8 @@ fn text(status: u16, body: &str) -> Response {
 }
 
 /// `/debug/state`: the snapshot the agent answers from and the watcher.
+/// `age_seconds` is the time since the last successful consul read; the
+/// consul token is not in [`Status`], so it cannot appear here.
 pub fn debug_state(st: &Status<'_>) -> String {
     let age = st
         .metrics
@@ -124,10 +148,17 @@ pub fn debug_state(st: &Status<'_>) -> String {
             .collect();
         json!({"index": s.index(), "keys": s.len(), "identities": identities, "invalid": invalid})
     });
+    let last_change = st.metrics.last_change.and_then(|t| {
+        t.duration_since(SystemTime::UNIX_EPOCH)
+            .ok()
+            .map(|d| d.as_secs_f64())
+    });
     let doc = json!({
+        "version": crate::config::version_line(),
         "synced": st.snapshot.is_some(),
         "kv_prefix": st.kv_prefix,
         "age_seconds": age,
+        "last_change_unix_seconds": last_change,
         "absent_reply": "ready 100%",
         "state": state,
         "watcher": {
@@ -135,10 +166,170 @@ pub fn debug_state(st: &Status<'_>) -> String {
             "index": st.watch.index,
             "consecutive_failures": st.watch.failures,
             "last_error": st.watch.last_error,
-            "next_request_in_seconds": st.watch.next_request_in.as_secs_f64(),
+            "backing_off": st.watch.failures > 0 && st.watch.next_request_in.is_some(),
+            "next_request_in_seconds": st.watch.next_request_in.map(|d| d.as_secs_f64()),
+            "request_deadline_in_seconds": st.watch.request_deadline_in.map(|d| d.as_secs_f64()),
         },
     });
     let mut s = serde_json::to_string_pretty(&doc).unwrap_or_default();
     s.push('\n');
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::consul::kv::KvPair;
+    use crate::http::{parse_request_head, Parse};
+
+    fn head(req: &str) -> RequestHead {
+        match parse_request_head(req.as_bytes(), 4096) {
+            Parse::Done(h, _) => h,
+            _ => panic!("bad test request {req:?}"),
+        }
+    }
+
+    fn get(path: &str) -> RequestHead {
+        head(&format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n"))
+    }
+
+    fn pair(key: &str, value: &str, modify_index: u64) -> KvPair {
+        KvPair {
+            key: key.to_owned(),
+            value: value.as_bytes().to_vec(),
+            modify_index,
+        }
+    }
+
+    fn status<'a>(
+        metrics: &'a Metrics,
+        snapshot: Option<&'a Snapshot>,
+        now: Instant,
+        idle: bool,
+    ) -> Status<'a> {
+        Status {
+            metrics,
+            snapshot,
+            watch: WatchStatus {
+                phase: if idle { "idle" } else { "awaiting_head" },
+                index: snapshot.map_or(0, |s| s.index()),
+                failures: if idle { 2 } else { 0 },
+                last_error: idle.then_some("connection refused"),
+                next_request_in: idle.then_some(Duration::from_millis(500)),
+                request_deadline_in: (!idle).then_some(Duration::from_secs(300)),
+            },
+            now,
+            started: SystemTime::now(),
+            max_connections: 100,
+            kv_prefix: "p",
+        }
+    }
+
+    fn body(r: &Response) -> &str {
+        std::str::from_utf8(&r.body).unwrap()
+    }
+
+    #[test]
+    fn readiness_follows_the_first_read() {
+        let m = Metrics::default();
+        let now = Instant::now();
+        let r = handle_monitoring(&get("/-/readiness"), &status(&m, None, now, true));
+        assert_eq!(r.status, 503);
+        let snap = Snapshot::build("p", 3, vec![]);
+        let r = handle_monitoring(&get("/-/readiness"), &status(&m, Some(&snap), now, true));
+        assert_eq!(r.status, 200);
+        let r = handle_monitoring(&get("/-/liveness"), &status(&m, None, now, true));
+        assert_eq!((r.status, body(&r)), (200, "ok\n"));
+    }
+
+    #[test]
+    fn metrics_route_has_the_text_format_content_type() {
+        let m = Metrics::default();
+        let r = handle_monitoring(&get("/-/metrics"), &status(&m, None, Instant::now(), true));
+        assert_eq!(r.status, 200);
+        assert_eq!(r.headers[0].1, "text/plain; version=0.0.4; charset=utf-8");
+        assert!(body(&r).contains("gitlab_haproxy_agent_consul_consecutive_failures 2\n"));
+    }
+
+    #[test]
+    fn unknown_paths_and_methods() {
+        let m = Metrics::default();
+        let st = status(&m, None, Instant::now(), true);
+        assert_eq!(handle_monitoring(&get("/nope"), &st).status, 404);
+        assert_eq!(handle_pprof(&get("/-/metrics"), &st).status, 404);
+        let post = head("POST /-/metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n");
+        let r = handle_monitoring(&post, &st);
+        assert_eq!(r.status, 405);
+        assert!(r
+            .headers
+            .iter()
+            .any(|(k, v)| *k == "Allow" && v == "GET, HEAD"));
+        assert_eq!(handle_pprof(&post, &st).status, 405);
+        let head_req = head("HEAD /-/liveness HTTP/1.1\r\nHost: x\r\n\r\n");
+        assert_eq!(handle_monitoring(&head_req, &st).status, 200);
+    }
+
+    #[test]
+    fn pprof_profile_explains_perf() {
+        let m = Metrics::default();
+        let st = status(&m, None, Instant::now(), true);
+        for path in ["/debug/pprof/profile", "/debug/pprof", "/debug/pprof/heap"] {
+            let r = handle_pprof(&get(path), &st);
+            assert_eq!(r.status, 404, "{path}");
+            assert!(body(&r).contains("perf record"), "{path}");
+        }
+        let r = handle_pprof(&get("/debug/pprof/profile?seconds=5"), &st);
+        assert!(body(&r).contains("perf record -F 99 -g -p <pid>"));
+    }
+
+    #[test]
+    fn debug_state_shows_identities_invalid_keys_and_the_idle_watcher() {
+        let snap = Snapshot::build(
+            "p",
+            42,
+            vec![
+                pair("p/be/a", "drain", 40),
+                pair("p/be/b", "50%", 41),
+                pair("p/be/c", "up", 42),
+            ],
+        );
+        let mut m = Metrics::default();
+        let now = Instant::now();
+        m.last_success = Some(now - Duration::from_secs(3));
+        let doc: serde_json::Value =
+            serde_json::from_str(&debug_state(&status(&m, Some(&snap), now, true))).unwrap();
+        assert_eq!(doc["synced"], true);
+        assert_eq!(doc["age_seconds"], 3.0);
+        assert_eq!(doc["state"]["index"], 42);
+        assert_eq!(doc["state"]["keys"], 2);
+        let ids = &doc["state"]["identities"];
+        assert_eq!(ids["be/a"]["value"], "drain");
+        assert_eq!(ids["be/a"]["reply"], "drain 100%");
+        assert_eq!(ids["be/a"]["modify_index"], 40);
+        assert_eq!(ids["be/b"]["reply"], "ready 50%");
+        assert_eq!(doc["state"]["invalid"][0]["key"], "p/be/c");
+        assert_eq!(doc["state"]["invalid"][0]["reason"], "health_word");
+        let w = &doc["watcher"];
+        assert_eq!(w["phase"], "idle");
+        assert_eq!(w["consecutive_failures"], 2);
+        assert_eq!(w["backing_off"], true);
+        assert_eq!(w["last_error"], "connection refused");
+        assert_eq!(w["next_request_in_seconds"], 0.5);
+        assert!(w["request_deadline_in_seconds"].is_null());
+    }
+
+    #[test]
+    fn debug_state_in_flight_shows_the_request_deadline_not_a_next_request() {
+        let m = Metrics::default();
+        let doc: serde_json::Value =
+            serde_json::from_str(&debug_state(&status(&m, None, Instant::now(), false))).unwrap();
+        assert_eq!(doc["synced"], false);
+        assert!(doc["state"].is_null());
+        assert!(doc["age_seconds"].is_null());
+        let w = &doc["watcher"];
+        assert_eq!(w["phase"], "awaiting_head");
+        assert!(w["next_request_in_seconds"].is_null());
+        assert_eq!(w["request_deadline_in_seconds"], 300.0);
+        assert_eq!(w["backing_off"], false);
+    }
 }
