@@ -837,15 +837,9 @@ impl EventLoop {
 
     fn status(&self, now: Instant) -> Status<'_> {
         let watch = self.client.watch();
-        // The client's deadline is the next start while idle, and the
-        // in-flight request's give-up time otherwise: report them apart
-        // (while a listing is decoded slice by slice, neither applies).
-        let deadline_in = self.client.deadline(now).saturating_duration_since(now);
-        let (next_request_in, request_deadline_in) = match self.client.phase_name() {
-            "idle" => (Some(deadline_in), None),
-            "decoding" => (None, None),
-            _ => (None, Some(deadline_in)),
-        };
+        let until = |t: Instant| t.saturating_duration_since(now);
+        let next_request_in = self.client.next_request_at(now).map(until);
+        let request_deadline_in = self.client.request_deadline().map(until);
         Status {
             metrics: &self.metrics,
             snapshot: self.snapshot.as_ref(),

@@ -187,10 +187,23 @@ impl Client {
         match &self.phase {
             Phase::Idle => self.watch.next_start(now),
             Phase::Decoding(_) => now,
-            Phase::ExpectConnected { since } => *since + CONNECT_TIMEOUT,
+            _ => self.request_deadline().unwrap_or(now),
+        }
+    }
+
+    /// While idle: when the next request may start (rate limit, backoff).
+    pub fn next_request_at(&self, now: Instant) -> Option<Instant> {
+        matches!(self.phase, Phase::Idle).then(|| self.watch.next_start(now))
+    }
+
+    /// While a request is in flight: when the client gives up on it.
+    pub fn request_deadline(&self) -> Option<Instant> {
+        match &self.phase {
+            Phase::Idle | Phase::Decoding(_) => None,
+            Phase::ExpectConnected { since } => Some(*since + CONNECT_TIMEOUT),
             Phase::Sending { deadline, .. }
             | Phase::ExpectHead { deadline }
-            | Phase::ExpectBody { deadline, .. } => *deadline,
+            | Phase::ExpectBody { deadline, .. } => Some(*deadline),
         }
     }
 
