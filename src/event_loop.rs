@@ -92,6 +92,24 @@ fn classify(t: Token) -> Tok {
     }
 }
 
+/// What a failed `accept` means for the accept loop.
+enum AcceptError {
+    /// Nothing more waiting (`WouldBlock`).
+    Drained,
+    /// Interrupted, or a connection aborted before it was accepted: go on.
+    Retry,
+    /// Anything else (EMFILE, ENFILE, ENOBUFS ...): stop for now.
+    Failed(io::Error),
+}
+
+fn classify_accept_error(e: io::Error) -> AcceptError {
+    match e.kind() {
+        io::ErrorKind::WouldBlock => AcceptError::Drained,
+        io::ErrorKind::Interrupted | io::ErrorKind::ConnectionAborted => AcceptError::Retry,
+        _ => AcceptError::Failed(e),
+    }
+}
+
 /// Listeners bound at start-up (a bind failure is fatal, exit 1).
 pub struct Listeners {
     pub agent: Option<std::net::TcpListener>,
@@ -352,15 +370,11 @@ impl EventLoop {
             let Some(listener) = self.agent_listener.as_ref() else {
                 return;
             };
-            match listener.accept() {
+            match listener.accept().map_err(classify_accept_error) {
                 Ok((stream, _)) => self.serve_new(stream),
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
-                Err(e)
-                    if matches!(
-                        e.kind(),
-                        io::ErrorKind::Interrupted | io::ErrorKind::ConnectionAborted
-                    ) => {}
-                Err(e) => {
+                Err(AcceptError::Drained) => return,
+                Err(AcceptError::Retry) => {}
+                Err(AcceptError::Failed(e)) => {
                     self.metrics.accept_errors += 1;
                     self.accept_paused_until = Some(now + ACCEPT_PAUSE);
                     if self
@@ -486,7 +500,7 @@ impl EventLoop {
                 Role::DevKv => self.devkv_listener.as_ref(),
             };
             let Some(listener) = listener else { return };
-            match listener.accept() {
+            match listener.accept().map_err(classify_accept_error) {
                 Ok((stream, _)) => {
                     if self.https.len() >= MAX_HTTP_CONNS {
                         continue; // dropped: closed at once
@@ -520,13 +534,9 @@ impl EventLoop {
                     self.http_timers.push_back((now + HTTP_IDLE, key, gen));
                     self.http_event(key, now);
                 }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
-                Err(e)
-                    if matches!(
-                        e.kind(),
-                        io::ErrorKind::Interrupted | io::ErrorKind::ConnectionAborted
-                    ) => {}
-                Err(e) => {
+                Err(AcceptError::Drained) => return,
+                Err(AcceptError::Retry) => {}
+                Err(AcceptError::Failed(e)) => {
                     debug!(error = e.to_string(); "http accept failed");
                     return;
                 }

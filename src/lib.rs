@@ -22,6 +22,7 @@ pub mod contract;
 pub mod devkv;
 pub mod event_loop;
 pub mod http;
+pub mod jitter;
 pub mod logging;
 pub mod monitoring;
 pub mod state;

@@ -13,6 +13,7 @@
 use std::time::{Duration, Instant};
 
 use crate::consul::kv::{DecodeError, KvPair, ListDecoder};
+use crate::jitter::Jitter;
 use crate::state::{Snapshot, SnapshotBuilder};
 
 /// Never two requests closer than this.
@@ -158,7 +159,7 @@ pub struct Watch {
     tokens_at: Option<Instant>,
     failures: u32,
     not_before: Option<Instant>,
-    rng: u64,
+    rng: Jitter,
 }
 
 impl Watch {
@@ -174,7 +175,7 @@ impl Watch {
             tokens_at: None,
             failures: 0,
             not_before: None,
-            rng: seed | 1,
+            rng: Jitter::new(seed),
         }
     }
 
@@ -378,18 +379,8 @@ impl Watch {
         let exp = self.failures.saturating_sub(1).min(16);
         let full = BACKOFF_FIRST.saturating_mul(1 << exp).min(BACKOFF_CAP);
         let half = full / 2;
-        let r = self.next_random() % (half.as_micros() as u64 + 1);
+        let r = self.rng.below(half.as_micros() as u64 + 1);
         half + Duration::from_micros(r)
-    }
-
-    fn next_random(&mut self) -> u64 {
-        // xorshift64*: jitter only, no need for more.
-        let mut x = self.rng;
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        self.rng = x;
-        x.wrapping_mul(0x2545_f491_4f6c_dd1d)
     }
 }
 

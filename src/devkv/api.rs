@@ -22,6 +22,7 @@ use serde::Serialize;
 
 use super::store::Store;
 use crate::http::{percent_decode, query_pairs, Method, RequestHead, Response};
+use crate::jitter::Jitter;
 
 /// consul's `kv_max_value_size` default: larger PUT bodies get 413. The
 /// loop's request body bound must be above this for the 413 to be seen.
@@ -43,7 +44,7 @@ pub struct DevKv {
     store: Store,
     jitter: bool,
     /// xorshift64* state for the wait stagger (never 0).
-    rng: u64,
+    rng: Jitter,
 }
 
 /// What to do with one request.
@@ -128,13 +129,13 @@ impl DevKv {
         DevKv {
             store: Store::new(),
             jitter,
-            rng: JITTER_SEED,
+            rng: Jitter::new(JITTER_SEED),
         }
     }
 
     /// Reseeds the stagger PRNG (deterministic by default).
     pub fn set_jitter_seed(&mut self, seed: u64) {
-        self.rng = if seed == 0 { JITTER_SEED } else { seed };
+        self.rng = Jitter::new(seed);
     }
 
     /// How long tombstones live (15 min by default).
@@ -386,16 +387,7 @@ impl DevKv {
         if !self.jitter || span == 0 {
             return Duration::ZERO;
         }
-        Duration::from_nanos(self.next_random() % span)
-    }
-
-    fn next_random(&mut self) -> u64 {
-        let mut x = self.rng;
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        self.rng = x;
-        x.wrapping_mul(0x2545_f491_4f6c_dd1d)
+        Duration::from_nanos(self.rng.below(span))
     }
 }
 
@@ -784,14 +776,7 @@ mod tests {
 
     fn req(method: &str, target: &str) -> RequestHead {
         let (path, query) = target.split_once('?').unwrap_or((target, ""));
-        let m = match method {
-            "GET" => Method::Get,
-            "HEAD" => Method::Head,
-            "PUT" => Method::Put,
-            "DELETE" => Method::Delete,
-            "OPTIONS" => Method::Options,
-            _ => Method::Other,
-        };
+        let m = Method::from_name(method);
         RequestHead {
             method: m,
             method_name: method.to_owned(),

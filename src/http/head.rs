@@ -110,7 +110,7 @@ pub fn parse_request_head(buf: &[u8], max_head_bytes: usize) -> Parse<RequestHea
     };
     Parse::Done(
         RequestHead {
-            method: method(method_name),
+            method: Method::from_name(method_name),
             method_name: method_name.to_string(),
             path: path.to_string(),
             query: query.to_string(),
@@ -189,15 +189,17 @@ fn httparse_reason(e: httparse::Error) -> &'static str {
     }
 }
 
-fn method(name: &str) -> Method {
-    // Methods are case-sensitive (RFC 9110 §9.1).
-    match name {
-        "GET" => Method::Get,
-        "HEAD" => Method::Head,
-        "PUT" => Method::Put,
-        "DELETE" => Method::Delete,
-        "OPTIONS" => Method::Options,
-        _ => Method::Other,
+impl Method {
+    /// The method a token names; case-sensitive (RFC 9110 §9.1).
+    pub fn from_name(name: &str) -> Method {
+        match name {
+            "GET" => Method::Get,
+            "HEAD" => Method::Head,
+            "PUT" => Method::Put,
+            "DELETE" => Method::Delete,
+            "OPTIONS" => Method::Options,
+            _ => Method::Other,
+        }
     }
 }
 
