@@ -298,43 +298,24 @@ pub struct Kv {
 impl Kv {
     /// The binary's own dev KV on `127.0.0.1:0`.
     pub fn dev() -> Kv {
-        let a = Agent::start(
-            &[
-                "-dev",
-                "-listen-addr",
-                "",
-                "-monitoring-addr",
-                "",
-                "-pprof-addr",
-                "",
-                "-dev-kv-addr",
-                "127.0.0.1:0",
-            ],
-            &[],
-        );
-        Kv {
-            addr: a.dev_kv.expect("dev KV address logged"),
-            proc: Some(a),
-        }
+        Kv::dev_at("127.0.0.1:0".parse().unwrap())
     }
 
     /// The dev KV on a given address (to restart "consul" on the same port).
     pub fn dev_at(addr: SocketAddr) -> Kv {
         let at = addr.to_string();
-        let a = Agent::start(
-            &[
-                "-dev",
-                "-listen-addr",
-                "",
-                "-monitoring-addr",
-                "",
-                "-pprof-addr",
-                "",
-                "-dev-kv-addr",
-                &at,
-            ],
-            &[],
-        );
+        let args = [
+            "-dev",
+            "-listen-addr",
+            "",
+            "-monitoring-addr",
+            "",
+            "-pprof-addr",
+            "",
+            "-dev-kv-addr",
+            &at,
+        ];
+        let a = Agent::start(&args, &[]);
         Kv {
             addr: a.dev_kv.expect("dev KV address logged"),
             proc: Some(a),
