@@ -442,3 +442,4 @@ pub fn free_port() -> u16 {
         .port()
 }
 pub mod haproxy;
+pub mod proxy;

@@ -1,0 +1,464 @@
+//! SPEC §6, the command line: usage and version, exit codes and the one-line
+//! error, the four flag syntaxes and the environment fallbacks, signals, log
+//! formats, and the consul token (sent as a header, never logged).
+
+mod support;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use support::proxy::{Mode, Proxy};
+use support::{unique_prefix, wait_for, Agent, Kv, Proc, BIN};
+
+/// Every listener the binary would otherwise bind on a fixed port.
+const NO_FIXED_PORTS: [&str; 6] = [
+    "-listen-addr",
+    "127.0.0.1:0",
+    "-monitoring-addr",
+    "",
+    "-pprof-addr",
+    "",
+];
+
+/// Runs the binary to completion (killed after 10 s): (exit code, stdout,
+/// stderr).
+fn run(args: &[&str], env: &[(&str, &str)]) -> (Option<i32>, String, String) {
+    let mut cmd = Command::new(BIN);
+    cmd.args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    clean_env(&mut cmd);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let mut child = cmd.spawn().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let status = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break st;
+        }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("{args:?} still running after 10 s");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let mut out = String::new();
+    let mut err = String::new();
+    child
+        .stdout
+        .take()
+        .unwrap()
+        .read_to_string(&mut out)
+        .unwrap();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    (status.code(), out, err)
+}
+
+/// No setting from the test runner's environment leaks into the agent.
+fn clean_env(cmd: &mut Command) {
+    for (k, _) in std::env::vars_os() {
+        let k = k.to_string_lossy().into_owned();
+        if k.starts_with("CONSUL_") || k.starts_with("GITLAB_") {
+            cmd.env_remove(k);
+        }
+    }
+}
+
+/// Starts the binary as is (no default flags added) and waits for a stderr
+/// line containing `ready_line`.
+fn spawn(args: &[&str], env: &[(&str, &str)], ready_line: &str) -> (Proc, String) {
+    let mut cmd = Command::new(BIN);
+    cmd.args(args);
+    clean_env(&mut cmd);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let proc = Proc::spawn(cmd);
+    let line = proc.wait_log(ready_line, Duration::from_secs(10));
+    (proc, line)
+}
+
+#[test]
+fn help_prints_usage_with_defaults() {
+    for flag in ["-h", "-help", "--help"] {
+        let (code, out, err) = run(&[flag], &[]);
+        assert_eq!(code, Some(0), "{flag}: {err}");
+        assert!(
+            out.starts_with("Usage: gitlab-haproxy-agent"),
+            "{flag}: {out}"
+        );
+        for default in [
+            "(default \":9777\"",
+            "(default \":9778\"",
+            "(default \"127.0.0.1:9779\"",
+            "(default \"127.0.0.1:8500\"",
+            "(default \"gitlab-haproxy-agent/state\"",
+            "(default \"5s\"",
+            "(default \"256\"",
+            "(default \"20000\"",
+            "(default \"5m\"",
+            "(default \"67108864\"",
+        ] {
+            assert!(
+                out.contains(default),
+                "{flag}: usage lacks {default}:\n{out}"
+            );
+        }
+        assert!(out.contains("GITLAB_HAPROXY_AGENT_LISTEN_ADDR"), "{out}");
+        assert!(err.is_empty(), "{flag}: {err}");
+    }
+}
+
+#[test]
+fn version_prints_version_and_commit() {
+    let (code, out, _) = run(&["-version"], &[]);
+    assert_eq!(code, Some(0));
+    let line = out.strip_suffix('\n').expect("one line");
+    assert!(!line.contains('\n'), "{out:?}");
+    let rest = line
+        .strip_prefix(&format!(
+            "gitlab-haproxy-agent {} (",
+            env!("CARGO_PKG_VERSION")
+        ))
+        .unwrap_or_else(|| panic!("{line}"));
+    let commit = rest.strip_suffix(')').unwrap_or_else(|| panic!("{line}"));
+    assert!(!commit.is_empty() && !commit.contains(' '), "{line}");
+    // Built from a checkout: the commit is a git hash.
+    if std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/.git")).exists() {
+        assert!(
+            commit.bytes().all(|b| b.is_ascii_hexdigit()) && commit.len() >= 7,
+            "{line}"
+        );
+    }
+}
+
+/// (arguments, environment, what the error line must name).
+type BadUsage = (
+    &'static [&'static str],
+    &'static [(&'static str, &'static str)],
+    &'static str,
+);
+
+#[test]
+fn bad_usage_exits_2_with_exactly_one_line() {
+    let cases: &[BadUsage] = &[
+        (&["-bogus"], &[], "-bogus"),
+        (&["--no-such-flag=1"], &[], "no-such-flag"),
+        (&["-read-timeout", "5"], &[], "-read-timeout"),
+        (&["-read-timeout", "fast"], &[], "-read-timeout"),
+        (&["-read-timeout=-1s"], &[], "-read-timeout"),
+        (&["-listen-addr", "nonsense"], &[], "-listen-addr"),
+        (&["-listen-addr", "127.0.0.1:99999"], &[], "-listen-addr"),
+        (
+            &["-monitoring-addr", "1.2.3.4.5:1"],
+            &[],
+            "-monitoring-addr",
+        ),
+        (&["-consul-addr", "127.0.0.1:notaport"], &[], "-consul-addr"),
+        (&["-consul-wait", "11m"], &[], "-consul-wait"),
+        (&["-consul-wait", "500ms"], &[], "-consul-wait"),
+        (&["-consul-addr", "https://127.0.0.1:8501"], &[], "https"),
+        (
+            &[],
+            &[("CONSUL_HTTP_ADDR", "https://127.0.0.1:8501")],
+            "CONSUL_HTTP_ADDR",
+        ),
+        (&[], &[("CONSUL_HTTP_SSL", "true")], "CONSUL_HTTP_SSL"),
+        (&[], &[("CONSUL_CACERT", "/etc/ca.pem")], "CONSUL_CACERT"),
+        (&["-max-line-bytes", "0"], &[], "-max-line-bytes"),
+        (
+            &[],
+            &[("GITLAB_HAPROXY_AGENT_READ_TIMEOUT", "soon")],
+            "GITLAB_HAPROXY_AGENT_READ_TIMEOUT",
+        ),
+        (&[], &[("GITLAB_LOG_LEVEL", "loud")], "GITLAB_LOG_LEVEL"),
+        (&["stray-argument"], &[], "stray-argument"),
+    ];
+    for (args, env, names) in cases {
+        let mut all: Vec<&str> = NO_FIXED_PORTS.to_vec();
+        all.extend_from_slice(args);
+        let (code, out, err) = run(&all, env);
+        assert_eq!(code, Some(2), "{args:?} {env:?}: {err}");
+        assert_eq!(
+            err.lines().count(),
+            1,
+            "{args:?} {env:?}: exactly one line on stderr, got {err:?}"
+        );
+        assert!(
+            err.ends_with('\n') && err.contains(names),
+            "{args:?} {env:?}: {err:?} should name {names}"
+        );
+        assert!(!err.contains("Usage"), "no usage dump: {err}");
+        assert!(out.is_empty(), "{args:?}: {out}");
+    }
+}
+
+#[test]
+fn four_flag_syntaxes() {
+    for (i, syntax) in [
+        "-kv-prefix P",
+        "-kv-prefix=P",
+        "--kv-prefix P",
+        "--kv-prefix=P",
+    ]
+    .iter()
+    .enumerate()
+    {
+        let prefix = format!("syntax-{i}");
+        let words: Vec<String> = syntax
+            .replace('P', &prefix)
+            .split(' ')
+            .map(str::to_owned)
+            .collect();
+        let timeout = format!("--read-timeout={}ms", 1000 + i);
+        let mut args: Vec<&str> = vec!["-dev", "-dev-kv-addr", "127.0.0.1:0", &timeout];
+        args.extend(words.iter().map(String::as_str));
+        let agent = Agent::start(&args, &[]);
+        let line = agent
+            .proc
+            .wait_log("\"msg\":\"listening\"", Duration::from_secs(1));
+        assert!(
+            line.contains(&format!("\"kv_prefix\":\"{prefix}\"")),
+            "{syntax}: {line}"
+        );
+        assert!(
+            line.contains(&format!("\"read_timeout_ms\":{}", 1000 + i)),
+            "{syntax}: {line}"
+        );
+    }
+}
+
+#[test]
+fn environment_fallback_and_flag_beats_environment() {
+    let dev = [
+        "-dev",
+        "-dev-kv-addr",
+        "127.0.0.1:0",
+        "-monitoring-addr",
+        "",
+        "-pprof-addr",
+        "",
+    ];
+    let env = [
+        ("GITLAB_HAPROXY_AGENT_LISTEN_ADDR", "127.0.0.1:0"),
+        ("GITLAB_HAPROXY_AGENT_KV_PREFIX", "from-env"),
+    ];
+    let (_p, line) = spawn(&dev, &env, "\"msg\":\"listening\"");
+    let listen = line
+        .split("listen_addr=")
+        .nth(1)
+        .and_then(|r| r.split([' ', '"']).next())
+        .unwrap_or_else(|| panic!("{line}"));
+    let addr: std::net::SocketAddr = listen.parse().unwrap();
+    assert!(
+        addr.ip().is_loopback() && addr.port() != 9777,
+        "the variable's address: {line}"
+    );
+    assert!(line.contains("\"kv_prefix\":\"from-env\""), "{line}");
+
+    let mut args = dev.to_vec();
+    args.extend(["-listen-addr", "127.0.0.1:0", "-kv-prefix", "from-flag"]);
+    let env = [
+        ("GITLAB_HAPROXY_AGENT_LISTEN_ADDR", "127.0.0.2:0"),
+        ("GITLAB_HAPROXY_AGENT_KV_PREFIX", "from-env"),
+    ];
+    let (_p, line) = spawn(&args, &env, "\"msg\":\"listening\"");
+    assert!(
+        line.contains("listen_addr=127.0.0.1:") && line.contains("\"kv_prefix\":\"from-flag\""),
+        "{line}"
+    );
+}
+
+#[test]
+fn bind_failure_exits_1() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap().to_string();
+    let (code, _, err) = run(
+        &[
+            "-listen-addr",
+            &addr,
+            "-monitoring-addr",
+            "",
+            "-pprof-addr",
+            "",
+            "-consul-addr",
+            "127.0.0.1:1",
+        ],
+        &[],
+    );
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("cannot listen on -listen-addr"), "{err}");
+}
+
+#[test]
+fn sigterm_finishes_in_flight_answers_then_exits_0() {
+    let mut agent = Agent::start(&["-dev", "-dev-kv-addr", "127.0.0.1:0"], &[]);
+    let kv = Kv {
+        addr: agent.dev_kv.unwrap(),
+        proc: None,
+    };
+    kv.put("gitlab-haproxy-agent/state/be/s1", "drain");
+    agent.wait_reply("be/s1", "drain 100%", Duration::from_secs(5));
+    // A check in flight: connected, half its line sent.
+    let mut s = TcpStream::connect(agent.listen()).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    s.write_all(b"be/").unwrap();
+    wait_for(
+        Duration::from_secs(2),
+        "the connection to be open in the agent",
+        || (agent.metric("gitlab_haproxy_agent_open_connections") >= 1.0).then_some(()),
+    );
+    agent.proc.signal(libc::SIGTERM);
+    agent
+        .proc
+        .wait_log("\"msg\":\"shutting down", Duration::from_secs(2));
+    // The listener closes right after that line.
+    wait_for(Duration::from_secs(2), "new connections refused", || {
+        TcpStream::connect_timeout(&agent.listen(), Duration::from_secs(1))
+            .is_err()
+            .then_some(())
+    });
+    s.write_all(b"s1\n").unwrap();
+    let mut out = Vec::new();
+    s.read_to_end(&mut out).unwrap();
+    assert_eq!(out, b"drain 100%\n", "the in-flight check is answered");
+    let st = agent
+        .proc
+        .wait_exit(Duration::from_secs(5))
+        .expect("exits after SIGTERM");
+    assert_eq!(st.code(), Some(0));
+}
+
+#[test]
+fn text_log_format() {
+    let args = [
+        "-dev",
+        "-dev-kv-addr",
+        "127.0.0.1:0",
+        "-listen-addr",
+        "127.0.0.1:0",
+        "-monitoring-addr",
+        "",
+        "-pprof-addr",
+        "",
+    ];
+    let (proc, line) = spawn(&args, &[("GITLAB_LOG_FORMAT", "text")], "listening");
+    assert!(
+        !line.starts_with('{') && line.contains("listen_addr=127.0.0.1:"),
+        "{line}"
+    );
+    wait_for(Duration::from_secs(5), "first read line", || {
+        proc.log()
+            .into_iter()
+            .find(|l| l.contains("first consul read complete"))
+    });
+    for l in proc.log() {
+        assert!(
+            !l.trim_start().starts_with('{'),
+            "a JSON line in text format: {l}"
+        );
+        assert!(
+            serde_json::from_str::<serde_json::Value>(&l).is_err(),
+            "{l}"
+        );
+    }
+}
+
+#[test]
+fn token_is_sent_as_a_header_and_never_logged() {
+    const TOKEN: &str = "5e6b1d2c-token-never-logged-9f00";
+    let kv = Kv::any();
+    let prefix = unique_prefix("token");
+    kv.put(&format!("{prefix}/be/s1"), "drain");
+    let proxy = Proxy::start(kv.addr);
+    let consul = proxy.addr.to_string();
+    let args = [
+        "-consul-addr",
+        consul.as_str(),
+        "-kv-prefix",
+        &prefix,
+        "-consul-wait",
+        "1s",
+    ];
+    let agent = Agent::start(
+        &args,
+        &[("CONSUL_HTTP_TOKEN", TOKEN), ("GITLAB_LOG_LEVEL", "trace")],
+    );
+    agent.wait_reply("be/s1", "drain 100%", Duration::from_secs(10));
+    kv.put(&format!("{prefix}/be/s1"), "maint");
+    agent.wait_reply("be/s1", "maint 100%", Duration::from_secs(5));
+    // Errors are logged with consul's explanation: still no token.
+    let before = agent.metric("gitlab_haproxy_agent_consul_errors_total{reason=\"http_5xx\"}");
+    proxy.set_mode(Mode::Status(500));
+    wait_for(Duration::from_secs(5), "a 5xx", || {
+        (agent.metric("gitlab_haproxy_agent_consul_errors_total{reason=\"http_5xx\"}") > before)
+            .then_some(())
+    });
+    proxy.set_mode(Mode::Pass);
+    wait_for(Duration::from_secs(10), "several requests", || {
+        (proxy.requests() >= 4).then_some(())
+    });
+    for _ in 0..3 {
+        assert!(agent.check("be/s1\n").is_some());
+    }
+
+    let heads = proxy.request_heads();
+    assert!(heads.len() >= 4);
+    for h in &heads {
+        let header = h.lines().any(|l| {
+            let (name, value) = l.split_once(':').unwrap_or(("", ""));
+            name.eq_ignore_ascii_case("x-consul-token") && value.trim() == TOKEN
+        });
+        assert!(header, "X-Consul-Token sent: {h}");
+        let target = h.lines().next().unwrap();
+        assert!(!target.contains("token="), "never ?token=: {target}");
+    }
+    let log = agent.proc.log();
+    assert!(
+        log.iter().any(|l| l.contains("\"level\":\"trace\"")),
+        "trace logging is on"
+    );
+    for l in &log {
+        assert!(
+            !l.contains(TOKEN) && !l.contains("token-never-logged"),
+            "token in a log line: {l}"
+        );
+    }
+}
+
+#[test]
+fn token_file_beats_token_variable() {
+    let kv = Kv::any();
+    let prefix = unique_prefix("token_file");
+    let proxy = Proxy::start(kv.addr);
+    let file = std::env::temp_dir().join(format!("gha-token-{}", std::process::id()));
+    std::fs::write(&file, "file-token-1234\n").unwrap();
+    let consul = proxy.addr.to_string();
+    let env = [
+        ("CONSUL_HTTP_TOKEN", "env-token-5678"),
+        ("CONSUL_HTTP_TOKEN_FILE", file.to_str().unwrap()),
+    ];
+    let agent = Agent::start(
+        &["-consul-addr", consul.as_str(), "-kv-prefix", &prefix],
+        &env,
+    );
+    agent.wait_reply("be/s1", "ready 100%", Duration::from_secs(10));
+    let _ = std::fs::remove_file(&file);
+    let head = proxy.request_heads().into_iter().next().unwrap();
+    assert!(
+        head.to_ascii_lowercase()
+            .contains("x-consul-token: file-token-1234\r\n"),
+        "{head}"
+    );
+    assert!(!head.contains("env-token-5678"), "{head}");
+}
