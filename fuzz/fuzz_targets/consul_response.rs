@@ -15,7 +15,7 @@
 use std::sync::OnceLock;
 use std::time::Instant;
 
-use gitlab_haproxy_agent::consul::watch::Watch;
+use gitlab_haproxy_agent::consul::watch::{Response, Watch};
 use gitlab_haproxy_agent::http::{
     parse_response_head, BodyDecoder, BodyError, Parse, ResponseHead,
 };
@@ -191,6 +191,20 @@ fuzz_target!(|data: &[u8]| {
             .all(|(n, _)| *n == n.to_ascii_lowercase()));
         let mut watch = Watch::new("gitlab-haproxy-agent/state", 1);
         watch.on_start(now());
-        let _ = watch.on_response(now(), head.status, head.header("x-consul-index"), body);
+        let index = head.header("x-consul-index");
+        // A listing is decoded in slices as the client does; any slice size
+        // must end (the decoder always moves forward).
+        if let Response::Decode(mut d) = watch.on_response(now(), head.status, index, body.clone())
+        {
+            let mut turns = 0usize;
+            let result = loop {
+                if let Some(r) = d.step(7) {
+                    break r;
+                }
+                turns += 1;
+                assert!(turns <= body.len(), "sliced decode did not finish");
+            };
+            let _ = watch.on_decoded(now(), result);
+        }
     }
 });

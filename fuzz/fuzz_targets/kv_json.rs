@@ -4,7 +4,7 @@
 //! Input: a response body as consul would send it for `?recurse`.
 #![no_main]
 
-use gitlab_haproxy_agent::consul::kv::decode_list;
+use gitlab_haproxy_agent::consul::kv::{decode_list, ListDecoder};
 use gitlab_haproxy_agent::contract::parse_value;
 use gitlab_haproxy_agent::state::Snapshot;
 use libfuzzer_sys::fuzz_target;
@@ -12,9 +12,31 @@ use libfuzzer_sys::fuzz_target;
 const PREFIX: &str = "gitlab-haproxy-agent/state";
 
 fuzz_target!(|data: &[u8]| {
-    let Ok(pairs) = decode_list(data) else {
+    // Decoding in slices (as the client does for large listings) gives the
+    // one-shot result, whatever the slice size, and always ends.
+    let whole = decode_list(data);
+    let slice = 1 + data.first().map_or(0, |b| usize::from(*b % 8));
+    let mut decoder = ListDecoder::new();
+    let mut sliced = Vec::new();
+    let mut steps = 0usize;
+    let sliced = loop {
+        match decoder.step(data, slice, &mut sliced) {
+            Ok(true) => break Ok(sliced),
+            Ok(false) => {}
+            Err(e) => break Err(e),
+        }
+        steps += 1;
+        assert!(steps <= data.len(), "sliced decode did not end");
+    };
+    assert_eq!(
+        whole.is_ok(),
+        sliced.is_ok(),
+        "one-shot and sliced disagree"
+    );
+    let Ok(pairs) = whole else {
         return;
     };
+    assert_eq!(sliced.as_ref().ok(), Some(&pairs));
     // Values are base64 in the body: never longer than it.
     let decoded: usize = pairs.iter().map(|p| p.key.len() + p.value.len()).sum();
     assert!(decoded <= data.len(), "decoded more than the input");
