@@ -11,7 +11,7 @@ use std::collections::{HashMap, HashSet};
 use std::hash::{BuildHasherDefault, Hasher};
 
 use crate::consul::kv::KvPair;
-use crate::contract::{parse_identity, parse_value, Desired, InvalidValue};
+use crate::contract::{parse_identity, parse_value, Admin, Desired, InvalidValue};
 
 /// How much of an invalid value is kept for showing.
 const INVALID_VALUE_SHOWN_BYTES: usize = 128;
@@ -130,6 +130,16 @@ impl Snapshot {
         match self.entries.get(identity) {
             Some(slot) => slot.reply,
             None => Desired::READY.reply(),
+        }
+    }
+
+    /// The reply and the admin state answered for an identity, in one probe
+    /// (the hot path: [`Snapshot::reply`] and [`Snapshot::get`] together
+    /// would hash and compare the identity twice).
+    pub fn answer(&self, identity: &[u8]) -> (&'static [u8], Admin) {
+        match self.entries.get(identity) {
+            Some(slot) => (slot.reply, slot.entry.desired.admin()),
+            None => (Desired::READY.reply(), Admin::Ready),
         }
     }
 
@@ -375,6 +385,31 @@ mod tests {
             .iter()
             .map(|k| (k.key.as_str(), k.reason))
             .collect()
+    }
+
+    #[test]
+    fn answer_is_reply_and_admin_in_one_probe() {
+        let snap = snapshot(vec![
+            at("be_web/srv1", b"drain", 10),
+            at("be_web/srv2", b"maint", 11),
+            at("be_web/srv3", b"50%", 12),
+            at("be_web/srv4", b"bogus", 13),
+        ]);
+        for id in [
+            "be_web/srv1",
+            "be_web/srv2",
+            "be_web/srv3",
+            "be_web/srv4",
+            "absent",
+        ] {
+            let id = id.as_bytes();
+            let admin = snap.get(id).map_or(Admin::Ready, |e| e.desired.admin());
+            assert_eq!(snap.answer(id), (snap.reply(id), admin), "{id:?}");
+        }
+        assert_eq!(
+            snap.answer(b"be_web/srv2"),
+            (&b"maint 100%\n"[..], Admin::Maint)
+        );
     }
 
     #[test]

@@ -86,7 +86,9 @@ impl AgentConn {
             // Read into the scratch buffer, after the bytes held so far, so
             // the usual one-read line never touches the heap.
             let held = self.buf.len();
-            scratch[..held].copy_from_slice(&self.buf);
+            if held > 0 {
+                scratch[..held].copy_from_slice(&self.buf);
+            }
             let n = match self.stream.read(&mut scratch[held..limit]) {
                 Ok(0) => return Progress::Done(self.ended_without_line(Outcome::PeerClosed)),
                 Ok(n) => n,
@@ -105,10 +107,8 @@ impl AgentConn {
                     let Some(snapshot) = snapshot else {
                         return Progress::Done(Outcome::NotSynced);
                     };
-                    let reply = snapshot.reply(id);
-                    let outcome = snapshot
-                        .get(id)
-                        .map_or(Outcome::Ready, |e| e.desired.admin().into());
+                    let (reply, admin) = snapshot.answer(id);
+                    let outcome = admin.into();
                     self.phase = Phase::Replying {
                         reply,
                         written: 0,

@@ -1,0 +1,339 @@
+//! `cargo bench --bench responder`: the release binary under the project's
+//! own load generator (benches/common), plus allocations per check counted
+//! in-process.
+//!
+//! The agent runs in `-dev` mode on loopback port 0, with 1,000 keys
+//! (`be_N/srv_M` = `ready`) loaded through PUTs, pinned to CPU 0; the
+//! generator is pinned to CPU 1 (or on all CPUs for `c64-allcpus`).
+//! Scenarios: closed loop c1, c16, c256, c64 on all CPUs; open loop 1,000 and
+//! 10,000 checks/s; 10,000 idle connections (RSS per connection); a KV write
+//! until the first check answers the new value.
+//!
+//! Comparison mode: `BENCH_ADDR=127.0.0.1:9701 BENCH_PID=<pid>` drives that
+//! responder instead (e.g. a yardstick; `scripts/bench-compare.sh` does the
+//! full interleaved comparison). Knobs: `BENCH_DURATION` (s, default 4),
+//! `BENCH_IDLE` (idle connections, default 10000), `BENCH_SRC_IPS` (source
+//! addresses 127.0.0.1..N, default 1).
+
+mod common;
+
+use std::net::SocketAddrV4;
+use std::time::{Duration, Instant};
+
+use common::*;
+
+#[global_allocator]
+static ALLOC: Counting = Counting;
+
+fn main() {
+    if std::env::args().any(|a| a == "--list") {
+        return; // `cargo test --benches` / `cargo bench -- --list`
+    }
+    raise_nofile();
+    let dur = env_secs("BENCH_DURATION", 4.0);
+    let idle_n: usize = std::env::var("BENCH_IDLE")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(10_000);
+    let src_ips: u8 = std::env::var("BENCH_SRC_IPS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1);
+    let cpus = ncpus();
+    let gen_cpu = if cpus >= 2 { vec![1] } else { vec![] };
+
+    let external = std::env::var("BENCH_ADDR")
+        .ok()
+        .map(|a| a.parse::<SocketAddrV4>().expect("BENCH_ADDR"));
+    let mut agent = None;
+    let (addr, pid, name) = match external {
+        Some(a) => {
+            let pid: u32 = std::env::var("BENCH_PID")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0);
+            (a, pid, format!("external {a}"))
+        }
+        None => {
+            let a = Agent::start(&["-read-timeout", "60s"]);
+            if cpus >= 2 {
+                pin(a.pid() as i32, &[0]);
+            }
+            let mut kv = Kv::connect(a.kv);
+            let keys: Vec<(String, Vec<u8>)> = (0..1000)
+                .map(|i| (format!("be_{}/srv_{}", i / 10, i % 10), b"ready".to_vec()))
+                .collect();
+            let t = Instant::now();
+            kv.put_many(&keys);
+            kv.put("bench/sentinel", b"drain");
+            wait_reply(
+                a.addr,
+                b"bench/sentinel\n",
+                b"drain 100%\n",
+                Duration::from_secs(10),
+            )
+            .expect("agent answers the loaded keys");
+            println!(
+                "loaded 1,000 keys through PUTs in {:.0} ms",
+                t.elapsed().as_secs_f64() * 1e3
+            );
+            let r = (a.addr, a.pid(), "agent".to_string());
+            agent = Some(a);
+            r
+        }
+    };
+    println!(
+        "responder: {name} (pid {pid}); generator pinned to {gen_cpu:?}; {dur:?} per scenario"
+    );
+
+    // Warm-up.
+    run(&Load {
+        cpus: gen_cpu.clone(),
+        ..Load::new(addr, Mode::Closed(16), Duration::from_millis(500))
+    });
+
+    let mut t = Table::new(
+        "responder",
+        &[
+            "scenario",
+            "checks/s",
+            "p50_us",
+            "p90_us",
+            "p99_us",
+            "p99.9_us",
+            "max_us",
+            "errors",
+            "agent_cpu_%",
+            "agent_cpu_us/check",
+            "gen_cpu_%",
+            "rss_kB",
+            "steal_%",
+            "other_cpu_%",
+        ],
+    );
+    let scenarios: Vec<(String, Mode, usize, Vec<usize>)> = vec![
+        ("c1".into(), Mode::Closed(1), 1, gen_cpu.clone()),
+        ("c16".into(), Mode::Closed(16), 1, gen_cpu.clone()),
+        ("c256".into(), Mode::Closed(256), 1, gen_cpu.clone()),
+        ("c64-allcpus".into(), Mode::Closed(64), cpus, vec![]),
+        ("open1000".into(), Mode::Open(1000), 1, gen_cpu.clone()),
+        ("open10000".into(), Mode::Open(10_000), 1, gen_cpu.clone()),
+    ];
+    for (label, mode, threads, pinned) in scenarios {
+        let load = Load {
+            threads,
+            cpus: pinned,
+            src_ips,
+            ..Load::new(addr, mode, dur)
+        };
+        let (c0, s0) = (proc_cpu(pid), cpu_stat());
+        let o = run(&load);
+        let (c1, s1) = (proc_cpu(pid), cpu_stat());
+        let agent_cpu = c1.saturating_sub(c0).as_secs_f64();
+        let (busy, steal, total) = s0.iter().zip(&s1).fold((0, 0, 0), |a, (x, y)| {
+            (a.0 + y.0 - x.0, a.1 + y.1 - x.1, a.2 + y.2 - x.2)
+        });
+        let el = o.elapsed.as_secs_f64();
+        let ncpu = s0.len().max(1) as f64;
+        // Busy time of all CPUs not explained by the agent or the generator,
+        // in % of one core: a high value marks a disturbed run.
+        let other = (busy as f64 / total.max(1) as f64 * ncpu * 100.0)
+            - 100.0 * (agent_cpu + o.gen_cpu.as_secs_f64()) / el;
+        t.row(vec![
+            label,
+            f0(o.rate()),
+            f1(o.q_us(0.5)),
+            f1(o.q_us(0.9)),
+            f1(o.q_us(0.99)),
+            f1(o.q_us(0.999)),
+            f1(o.q_us(1.0)),
+            o.errors.total().to_string(),
+            f1(100.0 * agent_cpu / el),
+            f1(agent_cpu * 1e6 / o.checks.max(1) as f64),
+            f1(100.0 * o.gen_cpu.as_secs_f64() / el),
+            rss_kb(pid).to_string(),
+            f1(100.0 * steal as f64 / total.max(1) as f64),
+            f0(other.max(0.0)),
+        ]);
+        if let Some(e) = o.first_error {
+            println!("  first error: {e} ({:?})", o.errors);
+        }
+    }
+
+    // Idle connections: RSS per connection.
+    if idle_n > 0 && pid != 0 {
+        let before = rss_kb(pid);
+        let fds = hold_idle(addr, idle_n);
+        std::thread::sleep(Duration::from_millis(500));
+        let with = rss_kb(pid);
+        let n = fds.len();
+        for fd in fds {
+            close_rst(fd);
+        }
+        std::thread::sleep(Duration::from_millis(300));
+        let after = rss_kb(pid);
+        let per = (with.saturating_sub(before)) as f64 * 1024.0 / n.max(1) as f64;
+        t.row(vec![
+            format!("idle{n}"),
+            "".into(),
+            "".into(),
+            "".into(),
+            "".into(),
+            "".into(),
+            "".into(),
+            "".into(),
+            "".into(),
+            "".into(),
+            "".into(),
+            format!("{before}->{with}->{after} ({per:.0} B/conn)"),
+            "".into(),
+            "".into(),
+        ]);
+    }
+
+    // A KV write until the first check that answers it. Writes 1.1 s apart:
+    // the watcher's token bucket (5 burst, 1/s) would otherwise delay
+    // re-reads on purpose.
+    if let Some(a) = agent.as_ref() {
+        let mut kv = Kv::connect(a.kv);
+        let mut took = Vec::new();
+        for i in 0..8 {
+            let (v, want): (&[u8], &[u8]) = if i % 2 == 0 {
+                (b"maint", b"maint 100%\n")
+            } else {
+                (b"drain", b"drain 100%\n")
+            };
+            kv.put("bench/flip", v);
+            let t0 = Instant::now();
+            match wait_reply(a.addr, b"bench/flip\n", want, Duration::from_secs(2)) {
+                Some(_) => took.push(t0.elapsed().as_nanos() as u64),
+                None => took.push(u64::MAX),
+            }
+            std::thread::sleep(Duration::from_millis(1100));
+        }
+        took.sort_unstable();
+        t.row(vec![
+            "kv-write-to-answer (1,001 keys)".into(),
+            "".into(),
+            f1(quantile_us(&took, 0.5)),
+            "".into(),
+            "".into(),
+            "".into(),
+            f1(quantile_us(&took, 1.0)),
+            took.iter().filter(|&&x| x == u64::MAX).count().to_string(),
+            "".into(),
+            "".into(),
+            "".into(),
+            "".into(),
+            "".into(),
+            "".into(),
+        ]);
+    }
+    t.finish();
+    drop(agent);
+
+    allocations_per_check();
+}
+
+/// Runs the event loop in a thread of this process and counts that thread's
+/// allocations over many checks (target: zero on the hot path).
+fn allocations_per_check() {
+    use gitlab_haproxy_agent::config::{self, Command};
+    use gitlab_haproxy_agent::event_loop::{bind, EventLoop, Listeners};
+
+    let args: Vec<std::ffi::OsString> = [
+        "-dev",
+        "-listen-addr",
+        "127.0.0.1:0",
+        "-dev-kv-addr",
+        "127.0.0.1:0",
+        "-monitoring-addr",
+        "",
+        "-pprof-addr",
+        "",
+    ]
+    .iter()
+    .map(Into::into)
+    .collect();
+    let Ok(Command::Run(mut cfg)) = config::parse(args, &|_| None) else {
+        panic!("config");
+    };
+    let agent = bind(cfg.listen_addr.as_ref().expect("listen")).expect("bind");
+    let devkv = bind(cfg.dev_kv_addr.as_ref().expect("kv")).expect("bind kv");
+    let (addr, kv) = match (agent.local_addr().unwrap(), devkv.local_addr().unwrap()) {
+        (std::net::SocketAddr::V4(a), std::net::SocketAddr::V4(k)) => (a, k),
+        _ => panic!("v4"),
+    };
+    if cfg.consul_follows_dev_kv() {
+        cfg.consul.retarget(kv.into());
+    }
+    let listeners = Listeners {
+        agent: Some(agent),
+        monitoring: None,
+        pprof: None,
+        devkv: Some(devkv),
+    };
+    let mut el = EventLoop::new(&cfg, listeners).expect("loop");
+    std::thread::spawn(move || {
+        count_this_thread();
+        let _ = el.run();
+    });
+    let mut put = Kv::connect(kv);
+    let keys: Vec<(String, Vec<u8>)> = (0..1000)
+        .map(|i| (format!("be_{}/srv_{}", i / 10, i % 10), b"ready".to_vec()))
+        .collect();
+    put.put_many(&keys);
+    put.put("bench/sentinel", b"drain");
+    wait_reply(
+        addr,
+        b"bench/sentinel\n",
+        b"drain 100%\n",
+        Duration::from_secs(10),
+    )
+    .expect("in-process agent");
+    let lines = identity_lines(1000);
+    let mut t = Table::new(
+        "allocations",
+        &["path", "checks", "allocations", "bytes", "allocs/check"],
+    );
+    // Warm-up so that buffers the loop keeps have reached their size.
+    for l in lines.iter().take(2000 % lines.len()) {
+        check(addr, l);
+    }
+    // 0: line in the socket at accept; 1: registered, whole line later;
+    // 2: registered, line in two pieces.
+    let mut measure = |label: &str, n: usize, slow: u8| {
+        let (a0, b0) = allocs();
+        for i in 0..n {
+            let line = &lines[i % lines.len()];
+            if slow > 0 {
+                // Connect, wait, then send (whole or in two pieces): the
+                // slab, registration, timer (and partial-line) path.
+                let mut s = std::net::TcpStream::connect(addr).unwrap();
+                std::thread::sleep(Duration::from_micros(300));
+                use std::io::{Read, Write};
+                let cut = if slow == 2 { 3 } else { line.len() };
+                s.write_all(&line[..cut]).unwrap();
+                std::thread::sleep(Duration::from_micros(300));
+                s.write_all(&line[cut..]).unwrap();
+                let mut got = Vec::new();
+                let _ = s.read_to_end(&mut got);
+            } else {
+                check(addr, line);
+            }
+        }
+        std::thread::sleep(Duration::from_millis(50));
+        let (a1, b1) = allocs();
+        t.row(vec![
+            label.to_string(),
+            n.to_string(),
+            (a1 - a0).to_string(),
+            (b1 - b0).to_string(),
+            format!("{:.3}", (a1 - a0) as f64 / n as f64),
+        ]);
+    };
+    measure("fast (line in socket at accept)", 10_000, 0);
+    measure("registered, whole line later", 1_000, 1);
+    measure("registered, line in 2 pieces", 1_000, 2);
+    t.finish();
+}

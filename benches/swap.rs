@@ -1,0 +1,218 @@
+//! `cargo bench --bench swap`: a KV snapshot decoded and swapped.
+//!
+//! 1. In-process: `consul::kv::decode_list` + `state::Snapshot::build` of a
+//!    consul-shaped recurse listing with 1,000 / 10,000 / 100,000 keys:
+//!    time (median and max of several runs) and allocations (counting
+//!    global allocator).
+//! 2. Through the release binary (`-dev`, pinned to CPU 0): 100,000 keys
+//!    loaded, then one write makes the watcher re-read all of them while an
+//!    open-loop load of 2,000 checks/s runs; reports the write-to-answer
+//!    time and the latency of the checks in flight during the swap. In dev
+//!    mode the same loop also *encodes* the listing (the dev KV), so this is
+//!    an upper bound of what a real consul costs the loop.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use base64::Engine as _;
+use common::*;
+use gitlab_haproxy_agent::consul::kv::decode_list;
+use gitlab_haproxy_agent::state::Snapshot;
+
+#[global_allocator]
+static ALLOC: Counting = Counting;
+
+const PREFIX: &str = "gitlab-haproxy-agent/state";
+
+fn listing(n: usize) -> Vec<u8> {
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let mut s = String::with_capacity(n * 200);
+    s.push('[');
+    for i in 0..n {
+        if i > 0 {
+            s.push(',');
+        }
+        let v = match i % 10 {
+            9 => "drain",
+            8 => "50%",
+            _ => "ready",
+        };
+        s.push_str(&format!(
+            "{{\"LockIndex\":0,\"Key\":\"{PREFIX}/be_{}/srv_{}\",\"Flags\":0,\"Value\":\"{}\",\"CreateIndex\":{},\"ModifyIndex\":{}}}",
+            i / 10,
+            i % 10,
+            b64.encode(v),
+            i + 10,
+            i + 10
+        ));
+    }
+    s.push(']');
+    s.into_bytes()
+}
+
+fn main() {
+    if std::env::args().any(|a| a == "--list") {
+        return;
+    }
+    COUNT_ALL.store(true, std::sync::atomic::Ordering::Relaxed);
+    let mut t = Table::new(
+        "swap",
+        &[
+            "keys",
+            "body_bytes",
+            "decode_ms",
+            "build_ms",
+            "total_ms_median",
+            "total_ms_max",
+            "allocations",
+            "alloc_bytes",
+            "runs",
+        ],
+    );
+    for n in [1_000usize, 10_000, 100_000] {
+        let body = listing(n);
+        let runs = if n >= 100_000 { 5 } else { 20 };
+        let mut dec = Vec::new();
+        let mut bld = Vec::new();
+        let mut tot = Vec::new();
+        let mut allocs_one = (0, 0);
+        let mut current = Snapshot::default();
+        for r in 0..runs {
+            let (a0, b0) = allocs();
+            let t0 = Instant::now();
+            let pairs = decode_list(&body).expect("decode");
+            let t1 = Instant::now();
+            let snap = Snapshot::build(PREFIX, r as u64 + 1, pairs);
+            let t2 = Instant::now();
+            // The swap itself: the old snapshot is dropped here, as in the loop.
+            let old = std::mem::replace(&mut current, snap);
+            drop(old);
+            let t3 = Instant::now();
+            let (a1, b1) = allocs();
+            allocs_one = (a1 - a0, b1 - b0);
+            dec.push(t1 - t0);
+            bld.push(t2 - t1);
+            tot.push(t3 - t0);
+        }
+        assert_eq!(current.len(), n);
+        let med = |v: &mut Vec<Duration>| {
+            v.sort();
+            v[v.len() / 2].as_secs_f64() * 1e3
+        };
+        let max = tot.iter().max().unwrap().as_secs_f64() * 1e3;
+        t.row(vec![
+            n.to_string(),
+            body.len().to_string(),
+            format!("{:.2}", med(&mut dec)),
+            format!("{:.2}", med(&mut bld)),
+            format!("{:.2}", med(&mut tot)),
+            format!("{max:.2}"),
+            allocs_one.0.to_string(),
+            allocs_one.1.to_string(),
+            runs.to_string(),
+        ]);
+    }
+    t.finish();
+    COUNT_ALL.store(false, std::sync::atomic::Ordering::Relaxed);
+
+    in_flight_during_swap(100_000);
+}
+
+fn in_flight_during_swap(n: usize) {
+    raise_nofile();
+    let agent = Agent::start(&[]);
+    if ncpus() >= 2 {
+        pin(agent.pid() as i32, &[0]);
+    }
+    let mut kv = Kv::connect(agent.kv);
+    let t = Instant::now();
+    let keys: Vec<(String, Vec<u8>)> = (0..n)
+        .map(|i| (format!("be_{}/srv_{}", i / 10, i % 10), b"ready".to_vec()))
+        .collect();
+    kv.put_many(&keys);
+    kv.put("bench/flip", b"drain");
+    wait_reply(
+        agent.addr,
+        b"bench/flip\n",
+        b"drain 100%\n",
+        Duration::from_secs(60),
+    )
+    .expect("agent has the keys");
+    println!(
+        "loaded {n} keys through PUTs in {:.1} s",
+        t.elapsed().as_secs_f64()
+    );
+    std::thread::sleep(Duration::from_millis(300));
+
+    let mut t = Table::new(
+        "swap_in_flight",
+        &[
+            "keys",
+            "write_to_answer_ms",
+            "checks_in_window",
+            "window_p50_us",
+            "window_p99_us",
+            "window_max_us",
+            "baseline_p99_us",
+            "errors",
+        ],
+    );
+    let gen_cpu = if ncpus() >= 2 { vec![1] } else { vec![] };
+    for rep in 0..3 {
+        let addr = agent.addr;
+        let load = Load {
+            keep_samples: true,
+            cpus: gen_cpu.clone(),
+            ..Load::new(addr, Mode::Open(2_000), Duration::from_secs(3))
+        };
+        let started = Instant::now();
+        let h = std::thread::spawn(move || run(&load));
+        std::thread::sleep(Duration::from_millis(1000));
+        let (v, want): (&[u8], &[u8]) = if rep % 2 == 0 {
+            (b"maint", b"maint 100%\n")
+        } else {
+            (b"drain", b"drain 100%\n")
+        };
+        let w0 = Instant::now();
+        kv.put("bench/flip", v);
+        let took = wait_reply(agent.addr, b"bench/flip\n", want, Duration::from_secs(10));
+        let w1 = Instant::now();
+        let o = h.join().unwrap();
+        // Checks scheduled from the write until the answer changed (plus
+        // 10 ms): the ones the swap could delay.
+        let from = w0.duration_since(started).as_nanos() as u64;
+        let to = (w1 + Duration::from_millis(10))
+            .duration_since(started)
+            .as_nanos() as u64;
+        let shift = 5_000_000; // run() starts 5 ms after `started`
+        let mut inwin: Vec<u64> = o
+            .samples
+            .iter()
+            .filter(|(s, _)| s + shift >= from && s + shift <= to)
+            .map(|&(_, l)| l)
+            .collect();
+        inwin.sort_unstable();
+        let mut base: Vec<u64> = o
+            .samples
+            .iter()
+            .filter(|(s, _)| s + shift < from)
+            .map(|&(_, l)| l)
+            .collect();
+        base.sort_unstable();
+        t.row(vec![
+            n.to_string(),
+            took.map_or("timeout".into(), |d| {
+                format!("{:.1}", d.as_secs_f64() * 1e3)
+            }),
+            inwin.len().to_string(),
+            f1(quantile_us(&inwin, 0.5)),
+            f1(quantile_us(&inwin, 0.99)),
+            f1(quantile_us(&inwin, 1.0)),
+            f1(quantile_us(&base, 0.99)),
+            o.errors.total().to_string(),
+        ]);
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    t.finish();
+}
