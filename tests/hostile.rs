@@ -10,7 +10,6 @@
 //! is a std listener thread in the test.
 
 // tests/support's `http_full` signature trips this lint (shared file).
-#![allow(clippy::type_complexity)]
 
 mod support;
 

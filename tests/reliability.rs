@@ -7,7 +7,6 @@
 //! connection count and its time (each well under ten seconds).
 
 // tests/support's `http_full` signature trips this lint (shared file).
-#![allow(clippy::type_complexity)]
 
 mod support;
 
