@@ -208,6 +208,9 @@ pub struct EventLoop {
 
     gate_open: bool,
     accept_paused_until: Option<Instant>,
+    /// After EMFILE on an HTTP listener: retry accepting on all of them then
+    /// (edge-triggered, a waiting connection would not wake us again).
+    http_accept_retry_at: Option<Instant>,
     accept_pending: bool,
     last_hint: Option<Instant>,
     hints_suppressed: u64,
@@ -270,6 +273,7 @@ impl EventLoop {
             scratch: vec![0; config.max_line_bytes + 1],
             gate_open: true,
             accept_paused_until: None,
+            http_accept_retry_at: None,
             accept_pending: false,
             last_hint: None,
             hints_suppressed: 0,
@@ -335,6 +339,9 @@ impl EventLoop {
         }
         if let Some(Reverse((t, _, _))) = self.park_timers.peek() {
             d = d.min(*t);
+        }
+        if let Some(t) = self.http_accept_retry_at {
+            d = d.min(t);
         }
         if let Some(t) = self.accept_paused_until {
             d = d.min(t);
@@ -537,7 +544,8 @@ impl EventLoop {
                 Err(AcceptError::Drained) => return,
                 Err(AcceptError::Retry) => {}
                 Err(AcceptError::Failed(e)) => {
-                    debug!(error = e.to_string(); "http accept failed");
+                    debug!(error = e.to_string(); "http accept failed: retrying shortly");
+                    self.http_accept_retry_at = Some(now + ACCEPT_PAUSE);
                     return;
                 }
             }
@@ -812,6 +820,12 @@ impl EventLoop {
         self.client
             .on_timer(self.poll.registry(), now, &mut self.updates);
         self.apply_updates(now);
+        if self.http_accept_retry_at.is_some_and(|t| now >= t) {
+            self.http_accept_retry_at = None;
+            for role in [Role::Monitoring, Role::Pprof, Role::DevKv] {
+                self.accept_http(role, now);
+            }
+        }
         if self.accept_paused_until.is_some_and(|t| now >= t) {
             self.accept_pending = true;
         }

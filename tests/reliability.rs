@@ -200,6 +200,15 @@ fn descriptor_exhaustion_pauses_accepting_without_spinning_and_recovers() {
         "agent used {used}/{ticks} ticks in 1 s out of descriptors: busy loop?"
     );
 
+    // A scrape arriving meanwhile waits in the monitoring backlog.
+    let mut scrape = std::net::TcpStream::connect(agent.monitoring.unwrap()).unwrap();
+    scrape
+        .write_all(b"GET /-/liveness HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    scrape
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+
     // Open ones are still served (the first ones connected were accepted).
     for c in conns.iter_mut().take(3) {
         assert_eq!(finish(c, b"be_web/srv1\n").as_deref(), Some("ready 100%"));
@@ -210,6 +219,14 @@ fn descriptor_exhaustion_pauses_accepting_without_spinning_and_recovers() {
         (fd_count(pid) <= base + 1).then_some(())
     });
     agent.wait_reply("be_web/srv1", "ready 100%", Duration::from_secs(2));
+    // Regression: the monitoring listener retries its failed accept by
+    // itself (edge-triggered: nothing else would wake it for that scrape).
+    let mut answer = String::new();
+    let _ = scrape.read_to_string(&mut answer);
+    assert!(
+        answer.starts_with("HTTP/1.1 200"),
+        "scrape left waiting: {answer:?}"
+    );
     assert!(agent.metric(ACCEPT_ERRORS) >= 1.0, "accept errors counted");
     assert!(
         agent.proc.log().iter().any(|l| l.contains("accept failed")),
