@@ -33,7 +33,7 @@ use crate::logging::escape;
 use crate::monitoring::metrics::Metrics;
 use crate::monitoring::server::{is_head, HttpConn, HttpProgress};
 use crate::monitoring::{handle_monitoring, handle_pprof, Status, WatchStatus};
-use crate::state::Snapshot;
+use crate::state::{ChangeScan, Graveyard, Snapshot};
 
 const AGENT_LISTENER: Token = Token(0);
 const MONITORING_LISTENER: Token = Token(1);
@@ -56,6 +56,9 @@ const HTTP_IDLE: Duration = Duration::from_secs(60);
 const MAX_HTTP_CONNS: usize = 1024;
 /// A dev KV request body (a PUT value) may be at most this (consul: 512 KiB).
 const HTTP_MAX_BODY: usize = 1024 * 1024;
+/// Entries of a replaced state compared (for the change log) or freed per
+/// loop turn: well under a millisecond each.
+const RETIRE_SLICE: usize = 4096;
 /// Shutdown waits at most this long for in-flight answers.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 /// Repeated warnings (missing newline, accept errors) at most this often.
@@ -193,6 +196,10 @@ pub struct EventLoop {
 
     client: Client,
     snapshot: Option<Snapshot>,
+    /// The state before the last swap, while its changes are logged.
+    retiring: Option<(Snapshot, ChangeScan)>,
+    /// The state before that, being freed.
+    graveyard: Option<Graveyard>,
     last_error: Option<String>,
     outage: Option<(Instant, u64)>,
     devkv: Option<DevKv>,
@@ -260,6 +267,8 @@ impl EventLoop {
             next_gen: 0,
             client: Client::new(config.consul.clone(), &config.kv_prefix, CONSUL, seed),
             snapshot: None,
+            retiring: None,
+            graveyard: None,
             last_error: None,
             outage: None,
             devkv,
@@ -291,7 +300,8 @@ impl EventLoop {
                 info!(open_connections = self.agents.len(); "shut down");
                 return Ok(());
             }
-            let timeout = if self.accept_pending {
+            let busy = self.accept_pending || self.retiring.is_some() || self.graveyard.is_some();
+            let timeout = if busy {
                 Some(Duration::ZERO)
             } else {
                 Some(self.next_deadline(now).saturating_duration_since(now))
@@ -695,12 +705,8 @@ impl EventLoop {
         match update {
             Update::Swap(new) => {
                 self.consul_ok(now);
-                let changed = self.log_swap(&new);
                 self.metrics.swaps += 1;
-                if changed {
-                    self.metrics.last_change = Some(SystemTime::now());
-                }
-                self.snapshot = Some(new);
+                self.swap_in(new);
             }
             Update::Unchanged => {
                 self.consul_ok(now);
@@ -747,29 +753,61 @@ impl EventLoop {
     /// Logs the swap; true if this is the first read, or an identity was
     /// added, removed or rewritten, or a new invalid value arrived (a wake
     /// is not always a change).
-    fn log_swap(&mut self, new: &Snapshot) -> bool {
-        let invalid = new.new_invalid_since(self.snapshot.as_ref().unwrap_or(&Snapshot::default()));
+    /// Answers from `new` at once; the per-key change log against the old
+    /// state, and freeing it, then run a slice per loop turn
+    /// ([`EventLoop::retire_step`]).
+    fn swap_in(&mut self, new: Snapshot) {
+        // A swap still being logged from the last change: finish it first.
+        while self.retiring.is_some() || self.graveyard.is_some() {
+            self.retire_step(usize::MAX);
+        }
+        let empty = Snapshot::default();
+        let invalid = new.new_invalid_since(self.snapshot.as_ref().unwrap_or(&empty));
         for k in &invalid {
             self.metrics.invalid_values[k.reason.index()] += 1;
             warn!(key = escape(k.key.as_bytes(), 256), value = escape(k.value.as_bytes(), 128), reason = k.reason.label(), index = k.modify_index;
                 "invalid KV entry dropped: answered as if absent (ready 100%)");
         }
-        match self.snapshot.as_ref() {
+        if !invalid.is_empty() {
+            self.metrics.last_change = Some(SystemTime::now());
+        }
+        debug!(index = new.index(), keys = new.len(); "state swapped");
+        match self.snapshot.replace(new) {
             None => {
-                info!(keys = new.len(), invalid = new.invalid().len(), index = new.index(); "first consul read complete: answering");
-                true
+                let s = self.snapshot.as_ref().expect("just swapped in");
+                info!(keys = s.len(), invalid = s.invalid().len(), index = s.index(); "first consul read complete: answering");
+                self.metrics.last_change = Some(SystemTime::now());
             }
-            Some(old) => {
-                let changes = new.changes_from(old);
-                for c in &changes {
-                    let show = |e: Option<crate::state::Entry>| {
-                        e.map_or_else(|| "absent".to_owned(), |e| e.desired.to_string())
-                    };
-                    let index = c.new.or(c.old).map_or(0, |e| e.modify_index);
-                    info!(key = escape(c.identity.as_bytes(), 256), old = show(c.old), new = show(c.new), index = index; "state change");
-                }
-                debug!(index = new.index(), keys = new.len(); "state swapped");
-                !changes.is_empty() || !invalid.is_empty()
+            Some(old) => self.retiring = Some((old, ChangeScan::default())),
+        }
+    }
+
+    /// One slice of retiring the previous state: log what changed, then
+    /// free it.
+    fn retire_step(&mut self, max: usize) {
+        if let Some((old, scan)) = self.retiring.as_mut() {
+            let new = self.snapshot.as_ref().expect("a state to compare with");
+            let mut changes = Vec::new();
+            let done = scan.step(new, old, max, &mut changes);
+            for c in &changes {
+                let show = |e: Option<crate::state::Entry>| {
+                    e.map_or_else(|| "absent".to_owned(), |e| e.desired.to_string())
+                };
+                let index = c.new.or(c.old).map_or(0, |e| e.modify_index);
+                info!(key = escape(c.identity.as_bytes(), 256), old = show(c.old), new = show(c.new), index = index; "state change");
+            }
+            if !changes.is_empty() {
+                self.metrics.last_change = Some(SystemTime::now());
+            }
+            if done {
+                let (old, _) = self.retiring.take().expect("retiring");
+                self.graveyard = Some(old.into_graveyard());
+            }
+            return;
+        }
+        if let Some(g) = self.graveyard.as_mut() {
+            if g.free(max) {
+                self.graveyard = None;
             }
         }
     }
@@ -777,6 +815,9 @@ impl EventLoop {
     // ---- time, signals ----
 
     fn on_time(&mut self, now: Instant) {
+        if self.retiring.is_some() || self.graveyard.is_some() {
+            self.retire_step(RETIRE_SLICE);
+        }
         while let Some(&(t, key, gen)) = self.agent_timers.front() {
             if t > now {
                 break;

@@ -171,26 +171,17 @@ impl Snapshot {
     /// Every identity whose entry differs between `old` and `self` (added,
     /// removed, or changed desired state or modify index), sorted by identity.
     pub fn changes_from<'a>(&'a self, old: &'a Snapshot) -> Vec<Change<'a>> {
-        let added_or_changed = self.entries.iter().filter_map(|(k, slot)| {
-            let before = old.get(k);
-            (before != Some(slot.entry)).then_some(Change {
-                identity: identity_str(k),
-                old: before,
-                new: Some(slot.entry),
-            })
-        });
-        let removed = old
-            .entries
-            .iter()
-            .filter(|(k, _)| !self.entries.contains_key(&k[..]))
-            .map(|(k, slot)| Change {
-                identity: identity_str(k),
-                old: Some(slot.entry),
-                new: None,
-            });
-        let mut changes: Vec<Change<'a>> = added_or_changed.chain(removed).collect();
+        let mut changes = Vec::new();
+        let mut scan = ChangeScan::default();
+        while !scan.step(self, old, usize::MAX, &mut changes) {}
         changes.sort_unstable_by(|a, b| a.identity.cmp(b.identity));
         changes
+    }
+
+    /// Hands the snapshot over to be freed a slice at a time (dropping
+    /// 100,000 entries at once is several milliseconds of one loop turn).
+    pub fn into_graveyard(self) -> Graveyard {
+        Graveyard(self.entries.into_iter())
     }
 
     /// The invalid keys of `self` that are new or differ (value, reason or
@@ -201,6 +192,78 @@ impl Snapshot {
             .iter()
             .filter(|k| !seen.contains(&k.fingerprint()))
             .collect()
+    }
+}
+
+/// Finds the changes between two snapshots (the same ones as
+/// [`Snapshot::changes_from`], unsorted) a slice of entries at a time, so the
+/// per-key change log of a 100,000-key swap never stalls the loop. Neither
+/// snapshot may change between steps (HashMap iteration order is stable
+/// while the map is not modified, which is what makes the position valid).
+#[derive(Debug, Default)]
+pub struct ChangeScan {
+    /// Past the new snapshot's entries; now looking for removals in the old.
+    in_old: bool,
+    pos: usize,
+}
+
+impl ChangeScan {
+    /// Looks at up to `max` more entries; `true` once both are scanned.
+    pub fn step<'a>(
+        &mut self,
+        new: &'a Snapshot,
+        old: &'a Snapshot,
+        max: usize,
+        out: &mut Vec<Change<'a>>,
+    ) -> bool {
+        let mut budget = max;
+        if !self.in_old {
+            for (k, slot) in new.entries.iter().skip(self.pos).take(budget) {
+                self.pos += 1;
+                budget -= 1;
+                let before = old.get(k);
+                if before != Some(slot.entry) {
+                    out.push(Change {
+                        identity: identity_str(k),
+                        old: before,
+                        new: Some(slot.entry),
+                    });
+                }
+            }
+            if self.pos < new.entries.len() {
+                return false;
+            }
+            self.in_old = true;
+            self.pos = 0;
+        }
+        for (k, slot) in old.entries.iter().skip(self.pos).take(budget) {
+            self.pos += 1;
+            if !new.entries.contains_key(&k[..]) {
+                out.push(Change {
+                    identity: identity_str(k),
+                    old: Some(slot.entry),
+                    new: None,
+                });
+            }
+        }
+        self.pos >= old.entries.len()
+    }
+}
+
+/// A snapshot being freed a slice at a time.
+pub struct Graveyard(std::collections::hash_map::IntoIter<Box<[u8]>, Slot>);
+
+impl Graveyard {
+    /// Frees up to `max` entries; `true` once all are gone.
+    pub fn free(&mut self, max: usize) -> bool {
+        self.0.by_ref().take(max).for_each(drop);
+        self.0.len() == 0
+    }
+}
+
+impl std::fmt::Debug for Graveyard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Graveyard({} left)", self.0.len())
     }
 }
 
@@ -353,6 +416,49 @@ impl Hasher for IdentityHasher {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn change_scan_in_small_slices_finds_what_changes_from_finds() {
+        let old = Snapshot::build(
+            PREFIX,
+            1,
+            (0..50)
+                .map(|i| kv(&format!("{PREFIX}/s{i}"), b"drain", 1))
+                .collect(),
+        );
+        let mut pairs: Vec<KvPair> = (10..60)
+            .map(|i| kv(&format!("{PREFIX}/s{i}"), b"drain", 1))
+            .collect();
+        pairs[5] = kv(&format!("{PREFIX}/s15"), b"maint", 2);
+        let new = Snapshot::build(PREFIX, 2, pairs);
+        let mut whole = new.changes_from(&old);
+        assert_eq!(whole.len(), 10 + 1 + 10, "10 removed, 1 changed, 10 added");
+        let mut sliced = Vec::new();
+        let mut scan = ChangeScan::default();
+        let mut steps = 0;
+        while !scan.step(&new, &old, 7, &mut sliced) {
+            steps += 1;
+        }
+        assert_eq!(steps, 100 / 7, "50 + 50 entries, 7 a step");
+        sliced.sort_unstable_by(|a, b| a.identity.cmp(b.identity));
+        whole.sort_unstable_by(|a, b| a.identity.cmp(b.identity));
+        assert_eq!(sliced, whole);
+    }
+
+    #[test]
+    fn graveyard_frees_in_slices() {
+        let s = Snapshot::build(
+            PREFIX,
+            1,
+            (0..10)
+                .map(|i| kv(&format!("{PREFIX}/s{i}"), b"drain", 1))
+                .collect(),
+        );
+        let mut g = s.into_graveyard();
+        assert!(!g.free(4));
+        assert!(!g.free(4));
+        assert!(g.free(4));
+    }
 
     const PREFIX: &str = "gitlab-haproxy-agent/state";
 

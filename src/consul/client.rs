@@ -30,6 +30,9 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 const RESPONSE_SLACK: Duration = Duration::from_secs(5);
 const MAX_HEAD_BYTES: usize = 64 * 1024;
 const READ_CHUNK: usize = 64 * 1024;
+/// Read at most this much of a response per loop turn (a 13 MB listing read
+/// in one go holds every answer for milliseconds).
+const READ_BUDGET: usize = 1024 * 1024;
 
 /// The socket to consul.
 enum Stream {
@@ -149,6 +152,8 @@ pub struct Client {
     body: Vec<u8>,
     /// Bytes received for the request in flight.
     received: usize,
+    /// The read budget ran out with bytes possibly still in the socket.
+    more_to_read: bool,
     requests: u64,
 }
 
@@ -165,6 +170,7 @@ impl Client {
             inbuf: Vec::new(),
             body: Vec::new(),
             received: 0,
+            more_to_read: false,
             requests: 0,
         }
     }
@@ -184,6 +190,9 @@ impl Client {
 
     /// When the loop must call [`Client::on_timer`] next.
     pub fn deadline(&self, now: Instant) -> Instant {
+        if self.more_to_read {
+            return now;
+        }
         match &self.phase {
             Phase::Idle => self.watch.next_start(now),
             Phase::Decoding(_) => now,
@@ -214,6 +223,9 @@ impl Client {
 
     /// Time passed: start a request or give up on one.
     pub fn on_timer(&mut self, registry: &Registry, now: Instant, out: &mut Vec<Update>) {
+        if std::mem::take(&mut self.more_to_read) {
+            return self.drive(registry, now, out);
+        }
         if now < self.deadline(now) {
             return;
         }
@@ -389,10 +401,17 @@ impl Client {
 
     fn step_read(&mut self, now: Instant) -> Step {
         // Parse what is buffered first (pipelined leftovers), then read.
+        let mut budget = READ_BUDGET;
         loop {
             match self.advance_parse(now) {
                 Step::Blocked => {}
                 other => return other,
+            }
+            if budget == 0 {
+                // A big body: let the loop answer checks, then come back
+                // (edge-triggered: no new event would tell us to).
+                self.more_to_read = true;
+                return Step::Blocked;
             }
             let s = self.stream.as_mut().expect("reading without a stream");
             let len = self.inbuf.len();
@@ -406,6 +425,7 @@ impl Client {
                 Ok(n) => {
                     self.inbuf.truncate(len + n);
                     self.received += n;
+                    budget = budget.saturating_sub(n);
                 }
                 Err(e) => {
                     self.inbuf.truncate(len);

@@ -160,6 +160,8 @@ pub struct Watch {
     failures: u32,
     not_before: Option<Instant>,
     rng: Jitter,
+    /// Entries in the last listing decoded (to size the next one).
+    last_entries: usize,
 }
 
 impl Watch {
@@ -176,6 +178,7 @@ impl Watch {
             failures: 0,
             not_before: None,
             rng: Jitter::new(seed),
+            last_entries: 0,
         }
     }
 
@@ -326,7 +329,13 @@ impl Watch {
         let mut decoding = Decoding {
             index: new_index,
             decoder: ListDecoder::new(),
-            builder: SnapshotBuilder::new(&self.prefix, new_index, 0),
+            // Sized like the last listing: growing a 100,000-entry table
+            // rehashes it all in one loop turn.
+            builder: SnapshotBuilder::new(
+                &self.prefix,
+                new_index,
+                self.last_entries + self.last_entries / 8,
+            ),
             pairs: Vec::new(),
             body,
         };
@@ -342,6 +351,7 @@ impl Watch {
     pub fn on_decoded(&mut self, now: Instant, result: Result<Snapshot, DecodeError>) -> Update {
         match result {
             Ok(snapshot) => {
+                self.last_entries = snapshot.len() + snapshot.invalid().len();
                 self.index = snapshot.index();
                 self.nonblocking_next = false;
                 self.succeeded();
