@@ -23,7 +23,7 @@ AGENT_KV_PORT=${AGENT_KV_PORT:-9712}
 mkdir -p target/bench-results
 export OUT_MD=${OUT_MD:-$ROOT/target/bench-results/compare.md}
 export REPEAT=${REPEAT:-5} DURATION=${DURATION:-5}
-[[ -x "$PEERS/run-baseline.sh" ]] || { cp -r /work/shared/bench-peers "$PEERS" && chmod -R u+w "$PEERS"; }
+[[ -x "$PEERS/run-baseline.sh" ]] || { cp -r "${BENCH_PEERS_SRC:-$ROOT/../shared/bench-peers}" "$PEERS" && chmod -R u+w "$PEERS"; }
 
 cargo build --release -q
 BIN=$ROOT/target/release/gitlab-haproxy-agent

@@ -10,9 +10,10 @@
 #
 # Knobs (environment): RATE (2000 checks/s), PHASE_SECS (15), SILENT (10000,
 # shrunk to what RLIMIT_NOFILE allows), DRIP (1000), LOADGEN (path to a built
-# /work/shared/bench-peers loadgen; built into /tmp/bench-peers if unset).
+# ../shared/bench-peers loadgen; built into /tmp/bench-peers if unset).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+ROOT=$PWD
 RATE=${RATE:-2000}
 PHASE_SECS=${PHASE_SECS:-15}
 SILENT=${SILENT:-10000}
@@ -32,7 +33,7 @@ if (( SILENT + DRIP > max )); then SILENT=$(( max - DRIP )); echo "fd limit: SIL
 
 if [[ -z "${LOADGEN:-}" ]]; then
     if [[ ! -x /tmp/bench-peers/loadgen/target/release/loadgen ]]; then
-        rm -rf /tmp/bench-peers && cp -r /work/shared/bench-peers /tmp/bench-peers
+        rm -rf /tmp/bench-peers && cp -r "${BENCH_PEERS_SRC:-$ROOT/../shared/bench-peers}" /tmp/bench-peers
         (cd /tmp/bench-peers/loadgen && cargo build --release -q)
     fi
     LOADGEN=/tmp/bench-peers/loadgen/target/release/loadgen

@@ -11,6 +11,7 @@
 # Knobs: SOAK_SECS, RATE (1000 checks/s), CHURN_MS, SAMPLE_SECS, LOADGEN.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+ROOT=$PWD
 SOAK_SECS=${SOAK_SECS:-180}
 RATE=${RATE:-1000}
 CHURN_MS=${CHURN_MS:-100}
@@ -26,7 +27,7 @@ trap cleanup EXIT INT TERM
 
 if [[ -z "${LOADGEN:-}" ]]; then
     if [[ ! -x /tmp/bench-peers/loadgen/target/release/loadgen ]]; then
-        rm -rf /tmp/bench-peers && cp -r /work/shared/bench-peers /tmp/bench-peers
+        rm -rf /tmp/bench-peers && cp -r "${BENCH_PEERS_SRC:-$ROOT/../shared/bench-peers}" /tmp/bench-peers
         (cd /tmp/bench-peers/loadgen && cargo build --release -q)
     fi
     LOADGEN=/tmp/bench-peers/loadgen/target/release/loadgen
