@@ -170,3 +170,94 @@ fn reject_outcome(r: Reject) -> Outcome {
         Reject::Empty => Outcome::Empty,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::io::{Read, Write};
+    use std::time::Duration;
+
+    use super::*;
+    use crate::consul::kv::KvPair;
+
+    /// A connected pair: our mio end (as accepted) and the peer's std end.
+    fn pair() -> (TcpStream, std::net::TcpStream) {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let peer = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (ours, _) = l.accept().unwrap();
+        ours.set_nonblocking(true).unwrap();
+        (TcpStream::from_std(ours), peer)
+    }
+
+    fn snapshot() -> Snapshot {
+        let pair = KvPair {
+            key: "p/be/s1".into(),
+            value: b"drain".to_vec(),
+            modify_index: 3,
+        };
+        Snapshot::build("p", 3, vec![pair])
+    }
+
+    #[test]
+    fn a_reply_that_does_not_fit_the_send_buffer_is_resumed_when_writable() {
+        let (mut ours, mut peer) = pair();
+        peer.write_all(b"be/s1\n").unwrap();
+        std::thread::sleep(Duration::from_millis(20));
+        // Fill our send buffer (and the peer's receive buffer) so the reply
+        // write can only go out in part or not at all.
+        let junk = vec![b'x'; 64 * 1024];
+        let mut queued = 0;
+        for size in [64 * 1024, 1024, 1] {
+            loop {
+                match ours.write(&junk[..size]) {
+                    Ok(n) => queued += n,
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                    Err(e) => panic!("{e}"),
+                }
+            }
+        }
+        let mut conn = AgentConn::new(ours);
+        let mut scratch = vec![0; 257];
+        let snap = snapshot();
+        assert_eq!(
+            conn.on_readable(Some(&snap), 256, &mut scratch),
+            Progress::NeedWrite
+        );
+        // The peer drains: the rest of the reply goes out on the next
+        // writable event, whole and once.
+        peer.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let mut got = Vec::new();
+        let mut buf = vec![0; 64 * 1024];
+        while got.len() < queued {
+            let n = peer.read(&mut buf).unwrap();
+            got.extend_from_slice(&buf[..n]);
+        }
+        let mut progress = conn.on_writable();
+        while progress == Progress::NeedWrite {
+            std::thread::sleep(Duration::from_millis(5));
+            let n = peer.read(&mut buf).unwrap();
+            got.extend_from_slice(&buf[..n]);
+            progress = conn.on_writable();
+        }
+        assert_eq!(progress, Progress::Done(Outcome::Drain));
+        drop(conn);
+        peer.read_to_end(&mut got).unwrap();
+        assert_eq!(&got[queued..], b"drain 100%\n");
+    }
+
+    #[test]
+    fn not_synced_reads_the_line_then_closes_without_a_reply() {
+        let (ours, mut peer) = pair();
+        peer.write_all(b"be/s1\n").unwrap();
+        std::thread::sleep(Duration::from_millis(20));
+        let mut conn = AgentConn::new(ours);
+        let mut scratch = vec![0; 257];
+        assert_eq!(
+            conn.on_readable(None, 256, &mut scratch),
+            Progress::Done(Outcome::NotSynced)
+        );
+        drop(conn);
+        let mut got = Vec::new();
+        peer.read_to_end(&mut got).unwrap();
+        assert!(got.is_empty());
+    }
+}
