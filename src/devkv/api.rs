@@ -156,6 +156,15 @@ impl DevKv {
     /// Handles one complete request (head + decoded body) at `now`.
     pub fn handle(&mut self, req: &RequestHead, body: &[u8], now: Instant) -> Handled {
         self.store.reap(now);
+        if req.path == "/v1/status/leader" && req.method == Method::Get {
+            // Tools (and test harnesses) poll this until a leader is elected;
+            // the dev KV is its own leader from the start.
+            return Handled::Respond(Response {
+                status: 200,
+                headers: vec![("Content-Type", "application/json".to_owned())],
+                body: br#""127.0.0.1:8300""#.to_vec(),
+            });
+        }
         match self.route(req, body, now) {
             Ok(handled) => handled,
             Err(resp) => Handled::Respond(resp),
@@ -849,6 +858,14 @@ mod tests {
 
     fn json(r: &Response) -> serde_json::Value {
         serde_json::from_slice(&r.body).unwrap()
+    }
+
+    #[test]
+    fn status_leader_answers_like_an_elected_dev_agent() {
+        let mut t = T::new();
+        let r = t.get("/v1/status/leader");
+        assert_eq!((r.status, body(&r)), (200, "\"127.0.0.1:8300\""));
+        assert_eq!(t.get("/v1/status/peers").status, 404);
     }
 
     #[test]

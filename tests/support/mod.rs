@@ -377,12 +377,16 @@ fn consul_bin() -> Option<std::path::PathBuf> {
     })
 }
 
-/// One `consul agent -dev` per test binary, on free loopback ports.
+/// One `consul agent -dev` per test binary, on free loopback ports. It is
+/// started from a thread that lives as long as the test binary, with
+/// `PR_SET_PDEATHSIG`, so the kernel kills it when the tests end (whatever
+/// way they end) and no consul outlives them.
 fn real_consul() -> Option<SocketAddr> {
-    static CONSUL: OnceLock<Option<(SocketAddr, u32)>> = OnceLock::new();
-    CONSUL
-        .get_or_init(|| {
-            let bin = consul_bin()?;
+    static CONSUL: OnceLock<Option<SocketAddr>> = OnceLock::new();
+    *CONSUL.get_or_init(|| {
+        let bin = consul_bin()?;
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
             let port = free_port();
             let dir = std::env::temp_dir().join(format!("gha-consul-{}", std::process::id()));
             let mut cmd = Command::new(bin);
@@ -403,16 +407,23 @@ fn real_consul() -> Option<SocketAddr> {
                 "-1",
                 "-dns-port",
                 "-1",
-                "-serf-lan-port",
-                &free_port().to_string(),
             ]);
             cmd.args([
+                "-serf-lan-port",
+                &free_port().to_string(),
                 "-serf-wan-port",
                 &free_port().to_string(),
-                "-server-port",
-                &free_port().to_string(),
             ]);
-            let proc = Proc::spawn(cmd);
+            cmd.args(["-server-port", &free_port().to_string()]);
+            // SAFETY: prctl(2) only, between fork and exec.
+            unsafe {
+                use std::os::unix::process::CommandExt;
+                cmd.pre_exec(|| {
+                    libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                    Ok(())
+                });
+            }
+            let _proc = Proc::spawn(cmd);
             let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
             wait_for(
                 Duration::from_secs(30),
@@ -423,13 +434,14 @@ fn real_consul() -> Option<SocketAddr> {
                         .map(|_| ())
                 },
             );
-            // Lives as long as the test binary; the OS reaps it with us, but
-            // kill it explicitly at exit too.
-            let pid = proc.pid();
-            std::mem::forget(proc);
-            Some((addr, pid))
-        })
-        .map(|(a, _)| a)
+            let _ = tx.send(addr);
+            // The death signal follows this thread: keep it for the binary's life.
+            loop {
+                std::thread::park();
+            }
+        });
+        Some(rx.recv().expect("consul agent -dev started"))
+    })
 }
 
 /// A port free right now on 127.0.0.1 (for processes that cannot report
