@@ -388,7 +388,6 @@ fn real_consul() -> Option<SocketAddr> {
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
             let port = free_port();
-            let dir = std::env::temp_dir().join(format!("gha-consul-{}", std::process::id()));
             let mut cmd = Command::new(bin);
             cmd.args([
                 "agent",
@@ -397,9 +396,7 @@ fn real_consul() -> Option<SocketAddr> {
                 "127.0.0.1",
                 "-client",
                 "127.0.0.1",
-                "-data-dir",
-            ])
-            .arg(&dir);
+            ]); // dev mode keeps everything in memory
             cmd.args([
                 "-http-port",
                 &port.to_string(),
