@@ -20,26 +20,12 @@ SILENT=${SILENT:-10000}
 DRIP=${DRIP:-1000}
 TOOL="python3 scripts/loadtool.py"
 WORK=$(mktemp -d /tmp/gha-load.XXXXXX)
-PIDS=()
-cleanup() {
-    for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
-    wait 2>/dev/null || true
-}
-trap cleanup EXIT INT TERM
+# shellcheck source=scripts/lib-load.sh
+. scripts/lib-load.sh
 
 ulimit -n "$(ulimit -Hn)"
 max=$(( $(ulimit -n) - 500 ))
 if (( SILENT + DRIP > max )); then SILENT=$(( max - DRIP )); echo "fd limit: SILENT shrunk to $SILENT"; fi
-
-if [[ -z "${LOADGEN:-}" ]]; then
-    if [[ ! -x /tmp/bench-peers/loadgen/target/release/loadgen ]]; then
-        rm -rf /tmp/bench-peers && cp -r "${BENCH_PEERS_SRC:-$ROOT/../shared/bench-peers}" /tmp/bench-peers
-        (cd /tmp/bench-peers/loadgen && cargo build --release -q)
-    fi
-    LOADGEN=/tmp/bench-peers/loadgen/target/release/loadgen
-fi
-cargo build --release -q
-BIN=target/release/gitlab-haproxy-agent
 
 # exec: run in the background, $! is the program itself (killed by PID).
 pin() { if command -v taskset >/dev/null && (( $(nproc) > 1 )); then exec taskset -c "$1" "${@:2}"; else exec "${@:2}"; fi; }

@@ -18,22 +18,9 @@ CHURN_MS=${CHURN_MS:-100}
 SAMPLE_SECS=${SAMPLE_SECS:-5}
 TOOL="python3 scripts/loadtool.py"
 WORK=$(mktemp -d /tmp/gha-soak.XXXXXX)
-PIDS=()
-cleanup() {
-    for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
-    wait 2>/dev/null || true
-}
-trap cleanup EXIT INT TERM
+# shellcheck source=scripts/lib-load.sh
+. scripts/lib-load.sh
 
-if [[ -z "${LOADGEN:-}" ]]; then
-    if [[ ! -x /tmp/bench-peers/loadgen/target/release/loadgen ]]; then
-        rm -rf /tmp/bench-peers && cp -r "${BENCH_PEERS_SRC:-$ROOT/../shared/bench-peers}" /tmp/bench-peers
-        (cd /tmp/bench-peers/loadgen && cargo build --release -q)
-    fi
-    LOADGEN=/tmp/bench-peers/loadgen/target/release/loadgen
-fi
-cargo build --release -q
-BIN=target/release/gitlab-haproxy-agent
 
 "$BIN" -dev -listen-addr 127.0.0.1:0 -monitoring-addr 127.0.0.1:0 -pprof-addr "" \
     -dev-kv-addr 127.0.0.1:0 2>"$WORK/agent.log" &
