@@ -49,6 +49,9 @@ pub const BACKLOG: i32 = 4096;
 /// Accept at most this many per turn, so one busy listener cannot starve
 /// the rest of the loop; the loop comes back at once if more are waiting.
 const ACCEPT_BATCH: usize = 256;
+/// In a turn with many events, look for new checks again after this many
+/// (one `accept4`, usually EAGAIN, per 64 events).
+const ACCEPT_EVERY: usize = 64;
 /// After EMFILE/ENFILE, retry accepting after this (no busy loop).
 const ACCEPT_PAUSE: Duration = Duration::from_millis(100);
 /// HTTP connections (monitoring, pprof, dev KV) idle longer are closed.
@@ -313,7 +316,17 @@ impl EventLoop {
                 return Err(e);
             }
             let now = Instant::now();
-            for event in events.iter() {
+            // New checks first, and again every ACCEPT_EVERY events: their
+            // line is usually already there, so they are answered at once
+            // instead of waiting behind a turn full of slow peers' bytes.
+            if events.iter().any(|e| e.token() == AGENT_LISTENER) {
+                self.accept_agents(now);
+            }
+            let others = events.iter().filter(|e| e.token() != AGENT_LISTENER);
+            for (i, event) in others.enumerate() {
+                if i % ACCEPT_EVERY == ACCEPT_EVERY - 1 && self.agent_listener.is_some() {
+                    self.accept_agents(now);
+                }
                 self.dispatch(event.token(), now);
             }
             self.on_time(now);
@@ -325,7 +338,7 @@ impl EventLoop {
 
     fn dispatch(&mut self, token: Token, now: Instant) {
         match classify(token) {
-            Tok::AgentListener => self.accept_agents(now),
+            Tok::AgentListener => {} // accepted before the other events
             Tok::Listener(role) => self.accept_http(role, now),
             Tok::Consul => {
                 self.client
