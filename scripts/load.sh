@@ -48,7 +48,9 @@ run() { # label
 field() { python3 -c 'import json,sys; print(json.loads(sys.argv[1])[sys.argv[2]])' "$1" "$2"; }
 
 (pin 1 "$LOADGEN" --addr "$LISTEN" --rate "$RATE" --duration 2 --id-count 1000 --threads 1 >/dev/null)
+$TOOL hist "$MON" "$WORK/h0"
 IDLE=$(run idle)
+$TOOL hist "$MON" "$WORK/h1"
 echo "idle:       $IDLE"
 
 HOLD=$(( PHASE_SECS + 20 ))
@@ -60,7 +62,9 @@ PIDS+=("$!")
 for _ in $(seq 300); do [[ -e "$WORK/silent.ready" && -e "$WORK/drip.ready" ]] && break; sleep 0.1; done
 sleep 1
 OPEN_BEFORE=$($TOOL metric "$MON" gitlab_haproxy_agent_open_connections)
+$TOOL hist "$MON" "$WORK/h2"
 LOADED=$(run "beside $SILENT silent + $DRIP dripping")
+$TOOL hist "$MON" "$WORK/h3"
 OPEN_AFTER=$($TOOL metric "$MON" gitlab_haproxy_agent_open_connections)
 echo "slow peers: $LOADED"
 read -r RSS HWM < <($TOOL rss "$AGENT")
@@ -78,6 +82,7 @@ echo "checks/s loaded    $(field "$LOADED" rate_per_s) (errors $(field "$LOADED"
 echo "p50 idle/loaded    $(field "$IDLE" p50_us) / $(field "$LOADED" p50_us) us"
 echo "p99 idle/loaded    $P99_IDLE / $P99_LOADED us  (ratio $RATIO, target <= 2x: $VERDICT)"
 echo "p999 idle/loaded   $(field "$IDLE" p999_us) / $(field "$LOADED" p999_us) us"
+echo "agent-side p99     $($TOOL hist-p99 "$WORK/h0" "$WORK/h1") / $($TOOL hist-p99 "$WORK/h2" "$WORK/h3") (accept -> reply written, from its own histogram)"
 echo "loadgen start lag  p99 $(field "$IDLE" start_lag_p99_us) / $(field "$LOADED" start_lag_p99_us) us (the generator's own lag, inside the figures above)"
 echo "agent process      $(cat /proc/$AGENT/comm) pid $AGENT"
 echo "open connections   $OPEN_BEFORE before, $OPEN_AFTER after the loaded phase"

@@ -7,6 +7,8 @@
   loadtool.py drip ADDR N SECS [READY]   N connections sending one byte a second (reconnecting when closed)
   loadtool.py churn KV PREFIX SECS MS    one PUT every MS milliseconds for SECS seconds
   loadtool.py rss PID                    print VmRSS and VmHWM in KiB
+  loadtool.py hist MON FILE              save the agent's request duration histogram
+  loadtool.py hist-p99 BEFORE AFTER      agent-side p99 between two saved histograms
 """
 import http.client
 import socket
@@ -55,6 +57,37 @@ def metric(mon, series):
             print(line.split()[-1])
             return
     sys.exit(f"{series} not found")
+
+
+def scrape(mon):
+    h, p = hostport(mon)
+    c = http.client.HTTPConnection(h, p, timeout=5)
+    c.request("GET", "/-/metrics")
+    return c.getresponse().read().decode()
+
+
+def hist(mon, path):
+    """The cumulative `le` buckets of the agent's own accept -> reply histogram."""
+    name = "gitlab_haproxy_agent_request_duration_seconds_bucket{le=\""
+    with open(path, "w") as f:
+        for line in scrape(mon).splitlines():
+            if line.startswith(name):
+                le, value = line[len(name):].split('"} ')
+                f.write(f"{le} {value}\n")
+
+
+def hist_p99(before, after):
+    """The smallest bucket bound holding 99 % of the replies in between: the
+    agent's own share of the latency, without the load generator's."""
+    def load(path):
+        return [(le, float(v)) for le, v in (l.split() for l in open(path))]
+    b, a = load(before), load(after)
+    total = a[-1][1] - b[-1][1]
+    for (le, va), (_, vb) in zip(a, b):
+        if total > 0 and va - vb >= 0.99 * total:
+            print(f"<= {float(le) * 1e6:g} us" if le != "+Inf" else "> 5 s")
+            return
+    print("n/a")
 
 
 def drip(addr, n, secs, ready=None):
@@ -126,5 +159,9 @@ if __name__ == "__main__":
         churn(args[0], args[1], float(args[2]), float(args[3]))
     elif cmd == "rss":
         rss(args[0])
+    elif cmd == "hist":
+        hist(args[0], args[1])
+    elif cmd == "hist-p99":
+        hist_p99(args[0], args[1])
     else:
         sys.exit(__doc__)
