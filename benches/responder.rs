@@ -60,19 +60,8 @@ fn main() {
                 pin(a.pid() as i32, &[0]);
             }
             let mut kv = Kv::connect(a.kv);
-            let keys: Vec<(String, Vec<u8>)> = (0..1000)
-                .map(|i| (format!("be_{}/srv_{}", i / 10, i % 10), b"ready".to_vec()))
-                .collect();
             let t = Instant::now();
-            kv.put_many(&keys);
-            kv.put("bench/sentinel", b"drain");
-            wait_reply(
-                a.addr,
-                b"bench/sentinel\n",
-                b"drain 100%\n",
-                Duration::from_secs(10),
-            )
-            .expect("agent answers the loaded keys");
+            kv.load_fleet(1000, a.addr, Duration::from_secs(10));
             println!(
                 "loaded 1,000 keys through PUTs in {:.0} ms",
                 t.elapsed().as_secs_f64() * 1e3
@@ -173,21 +162,12 @@ fn main() {
         std::thread::sleep(Duration::from_millis(300));
         let after = rss_kb(pid);
         let per = (with.saturating_sub(before)) as f64 * 1024.0 / n.max(1) as f64;
-        t.row(vec![
-            format!("idle{n}"),
-            "".into(),
-            "".into(),
-            "".into(),
-            "".into(),
-            "".into(),
-            "".into(),
-            "".into(),
-            "".into(),
-            "".into(),
-            "".into(),
-            format!("{before}->{with}->{after} ({per:.0} B/conn)"),
-            "".into(),
-            "".into(),
+        t.sparse_row(&[
+            ("scenario", format!("idle{n}")),
+            (
+                "rss_kB",
+                format!("{before}->{with}->{after} ({per:.0} B/conn)"),
+            ),
         ]);
     }
 
@@ -212,21 +192,12 @@ fn main() {
             std::thread::sleep(Duration::from_millis(1100));
         }
         took.sort_unstable();
-        t.row(vec![
-            "kv-write-to-answer (1,001 keys)".into(),
-            "".into(),
-            f1(quantile_us(&took, 0.5)),
-            "".into(),
-            "".into(),
-            "".into(),
-            f1(quantile_us(&took, 1.0)),
-            took.iter().filter(|&&x| x == u64::MAX).count().to_string(),
-            "".into(),
-            "".into(),
-            "".into(),
-            "".into(),
-            "".into(),
-            "".into(),
+        let failed = took.iter().filter(|&&x| x == u64::MAX).count();
+        t.sparse_row(&[
+            ("scenario", "kv-write-to-answer (1,001 keys)".into()),
+            ("p50_us", f1(quantile_us(&took, 0.5))),
+            ("max_us", f1(quantile_us(&took, 1.0))),
+            ("errors", failed.to_string()),
         ]);
     }
     t.finish();

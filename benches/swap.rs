@@ -145,18 +145,7 @@ fn in_flight_during_swap(n: usize) {
     }
     let mut kv = Kv::connect(consul.kv);
     let t = Instant::now();
-    let keys: Vec<(String, Vec<u8>)> = (0..n)
-        .map(|i| (format!("be_{}/srv_{}", i / 10, i % 10), b"ready".to_vec()))
-        .collect();
-    kv.put_many(&keys);
-    kv.put("bench/flip", b"drain");
-    wait_reply(
-        agent.addr,
-        b"bench/flip\n",
-        b"drain 100%\n",
-        Duration::from_secs(60),
-    )
-    .expect("agent has the keys");
+    kv.load_fleet(n, agent.addr, Duration::from_secs(60));
     println!(
         "loaded {n} keys through PUTs in {:.1} s",
         t.elapsed().as_secs_f64()

@@ -1,6 +1,10 @@
 # Shared by scripts/load.sh and scripts/soak.sh (sourced, not run): stop
 # every process they start, by PID, however they end; find or build the
 # bench-peers load generator; build the agent. Expects ROOT (the checkout).
+# Sets TOOL (the python helper), WORK (a fresh temp dir named for the
+# script), LOADGEN and BIN.
+TOOL="python3 scripts/loadtool.py"
+WORK=$(mktemp -d "/tmp/gha-$(basename "$0" .sh).XXXXXX")
 PIDS=()
 cleanup() {
     for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done

@@ -18,8 +18,6 @@ RATE=${RATE:-2000}
 PHASE_SECS=${PHASE_SECS:-15}
 SILENT=${SILENT:-10000}
 DRIP=${DRIP:-1000}
-TOOL="python3 scripts/loadtool.py"
-WORK=$(mktemp -d /tmp/gha-load.XXXXXX)
 # shellcheck source=scripts/lib-load.sh
 . scripts/lib-load.sh
 

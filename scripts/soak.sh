@@ -16,8 +16,6 @@ SOAK_SECS=${SOAK_SECS:-180}
 RATE=${RATE:-1000}
 CHURN_MS=${CHURN_MS:-100}
 SAMPLE_SECS=${SAMPLE_SECS:-5}
-TOOL="python3 scripts/loadtool.py"
-WORK=$(mktemp -d /tmp/gha-soak.XXXXXX)
 # shellcheck source=scripts/lib-load.sh
 . scripts/lib-load.sh
 

@@ -800,6 +800,19 @@ impl Kv {
 
     /// Writes many PUTs before reading their responses (pipelined, in
     /// batches), for loading large key sets quickly.
+    /// PUTs `n` fleet identities (`be_N/srv_M` = `ready`, as the load
+    /// generators ask for), then waits until `agent` answers a sentinel key
+    /// written after them: the agent holds them all.
+    pub fn load_fleet(&mut self, n: usize, agent: SocketAddrV4, limit: Duration) {
+        let keys: Vec<(String, Vec<u8>)> = (0..n)
+            .map(|i| (format!("be_{}/srv_{}", i / 10, i % 10), b"ready".to_vec()))
+            .collect();
+        self.put_many(&keys);
+        self.put("bench/sentinel", b"drain");
+        wait_reply(agent, b"bench/sentinel\n", b"drain 100%\n", limit)
+            .expect("agent answers the loaded keys");
+    }
+
     pub fn put_many(&mut self, keys: &[(String, Vec<u8>)]) {
         for chunk in keys.chunks(256) {
             let mut out = Vec::new();
@@ -905,6 +918,20 @@ impl Table {
     pub fn row(&mut self, r: Vec<String>) {
         println!("{}", r.join(" | "));
         self.rows.push(r);
+    }
+
+    /// A row with only some columns filled (by name); the rest are empty.
+    pub fn sparse_row(&mut self, cells: &[(&str, String)]) {
+        let mut r = vec![String::new(); self.cols.len()];
+        for (name, value) in cells {
+            let i = self
+                .cols
+                .iter()
+                .position(|c| c == name)
+                .unwrap_or_else(|| panic!("no column {name}"));
+            r[i] = value.clone();
+        }
+        self.row(r);
     }
 
     pub fn finish(&self) {

@@ -243,13 +243,7 @@ fn read_some(
                 buf.extend_from_slice(&chunk[..n]);
                 return Ok(true);
             }
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    io::ErrorKind::WouldBlock
-                        | io::ErrorKind::TimedOut
-                        | io::ErrorKind::Interrupted
-                ) => {}
+            Err(e) if read_timed_out(&e) => {}
             Err(e) => return Err(e),
         }
     }
@@ -566,14 +560,16 @@ fn hold(shared: &Shared, client: &mut TcpStream) {
         match client.read(&mut sink) {
             Ok(0) => return,
             Ok(_) => {}
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    io::ErrorKind::WouldBlock
-                        | io::ErrorKind::TimedOut
-                        | io::ErrorKind::Interrupted
-                ) => {}
+            Err(e) if read_timed_out(&e) => {}
             Err(_) => return,
         }
     }
+}
+
+/// A read that only ran into its timeout (or a signal): poll again.
+fn read_timed_out(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut | io::ErrorKind::Interrupted
+    )
 }
