@@ -12,6 +12,13 @@
 //! connections at `AGENT_BASE + slab key`, HTTP connections at
 //! `HTTP_BASE + slab key`. Slab keys are reused, so timer records carry a
 //! generation and a stale one is ignored.
+//!
+//! Fairness: no connection gets more than a fixed budget per turn (an
+//! agent check one line; an HTTP connection
+//! [`crate::monitoring::server::READ_BUDGET`] bytes and
+//! [`HTTP_REQUESTS_PER_TURN`] requests; consul its client's read budget or
+//! one decode slice; each listener one accept batch). Work left over is
+//! queued in `again` and done next turn, after the turn's new checks.
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
@@ -26,12 +33,12 @@ use slab::Slab;
 use crate::agent::conn::{AgentConn, Progress};
 use crate::agent::Outcome;
 use crate::config::{Config, ListenAddr};
-use crate::consul::client::Client;
+use crate::consul::client::{Client, SocketConnector};
 use crate::consul::watch::Update;
 use crate::devkv::{DevKv, Handled, Wait};
 use crate::logging::escape;
-use crate::monitoring::metrics::Metrics;
-use crate::monitoring::server::{is_head, HttpConn, HttpProgress};
+use crate::monitoring::metrics::{HttpDrop, Metrics};
+use crate::monitoring::server::{is_head, HttpConn, HttpProgress, Role};
 use crate::monitoring::{handle_monitoring, handle_pprof, Status, WatchStatus};
 use crate::state::{ChangeScan, Graveyard, Snapshot};
 
@@ -54,11 +61,12 @@ const ACCEPT_BATCH: usize = 256;
 const ACCEPT_EVERY: usize = 64;
 /// After EMFILE/ENFILE, retry accepting after this (no busy loop).
 const ACCEPT_PAUSE: Duration = Duration::from_millis(100);
-/// HTTP connections (monitoring, pprof, dev KV) idle longer are closed.
-const HTTP_IDLE: Duration = Duration::from_secs(60);
-const MAX_HTTP_CONNS: usize = 1024;
-/// A dev KV request body (a PUT value) may be at most this (consul: 512 KiB).
-const HTTP_MAX_BODY: usize = 1024 * 1024;
+/// Requests one HTTP connection may have answered per turn (pipelining).
+const HTTP_REQUESTS_PER_TURN: usize = 16;
+/// Connections one HTTP listener may accept per turn.
+const HTTP_ACCEPT_BATCH: usize = 64;
+/// The HTTP connections' read buffer, shared (they copy out what they keep).
+const HTTP_SCRATCH: usize = 16 * 1024;
 /// Entries of a replaced state compared (for the change log) or freed per
 /// loop turn: well under a millisecond each.
 const RETIRE_SLICE: usize = 4096;
@@ -66,13 +74,6 @@ const RETIRE_SLICE: usize = 4096;
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 /// Repeated warnings (missing newline, accept errors) at most this often.
 const HINT_EVERY: Duration = Duration::from_secs(10);
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Role {
-    Monitoring,
-    Pprof,
-    DevKv,
-}
 
 enum Tok {
     Listener(Role),
@@ -170,13 +171,34 @@ struct AgentSlot {
 }
 
 struct HttpSlot {
-    conn: HttpConn,
+    conn: HttpConn<mio::net::TcpStream>,
     role: Role,
     gen: u32,
-    /// Idle deadline (lazy: timer records older than this are ignored).
-    idle_deadline: Instant,
+    /// The deadline of this slot's one live record in `http_timers`
+    /// (records with another time are stale), so the heap holds at most a
+    /// record or two per connection however many requests it serves.
+    armed: Option<Instant>,
     registered: Option<Interest>,
     parked: Option<Wait>,
+}
+
+impl HttpSlot {
+    /// When the slot needs the loop: a parked query's end, else the
+    /// connection's own deadline.
+    fn deadline(&self) -> Option<Instant> {
+        match &self.parked {
+            Some(w) => Some(w.deadline),
+            None => self.conn.deadline(),
+        }
+    }
+}
+
+/// Work left over from a turn (a budget ran out): done next turn, without
+/// an event (edge-triggered readiness will not repeat).
+#[derive(Debug, Clone, Copy)]
+enum Again {
+    Http { key: usize, gen: u32 },
+    Accept(Role),
 }
 
 /// The loop and everything it owns.
@@ -193,11 +215,16 @@ pub struct EventLoop {
     /// connection has the same read timeout.
     agent_timers: VecDeque<(Instant, usize, u32)>,
     https: Slab<HttpSlot>,
-    http_timers: VecDeque<(Instant, usize, u32)>,
-    park_timers: BinaryHeap<Reverse<(Instant, usize, u32)>>,
+    /// Open HTTP connections per [`Role`] (each has its own pool).
+    http_open: [usize; Role::ALL.len()],
+    http_timers: BinaryHeap<Reverse<(Instant, usize, u32)>>,
+    http_scratch: Vec<u8>,
+    again: Vec<Again>,
     next_gen: u32,
 
-    client: Client,
+    client: Client<SocketConnector>,
+    /// The consul connection registered now: (connection id, interest).
+    consul_registered: Option<(u64, Interest)>,
     snapshot: Option<Snapshot>,
     /// The state before the last swap, while its changes are logged.
     retiring: Option<(Snapshot, ChangeScan)>,
@@ -265,10 +292,18 @@ impl EventLoop {
             agents: Slab::with_capacity(1024),
             agent_timers: VecDeque::with_capacity(1024),
             https: Slab::new(),
-            http_timers: VecDeque::new(),
-            park_timers: BinaryHeap::new(),
+            http_open: [0; Role::ALL.len()],
+            http_timers: BinaryHeap::new(),
+            http_scratch: vec![0; HTTP_SCRATCH],
+            again: Vec::new(),
             next_gen: 0,
-            client: Client::new(config.consul.clone(), &config.kv_prefix, CONSUL, seed),
+            client: Client::new(
+                &config.consul,
+                SocketConnector(config.consul.endpoint.clone()),
+                &config.kv_prefix,
+                seed,
+            ),
+            consul_registered: None,
             snapshot: None,
             retiring: None,
             graveyard: None,
@@ -303,7 +338,10 @@ impl EventLoop {
                 info!(open_connections = self.agents.len(); "shut down");
                 return Ok(());
             }
-            let busy = self.accept_pending || self.retiring.is_some() || self.graveyard.is_some();
+            let busy = self.accept_pending
+                || !self.again.is_empty()
+                || self.retiring.is_some()
+                || self.graveyard.is_some();
             let timeout = if busy {
                 Some(Duration::ZERO)
             } else {
@@ -316,6 +354,8 @@ impl EventLoop {
                 return Err(e);
             }
             let now = Instant::now();
+            // Last turn's leftovers run after this turn's events.
+            let again = std::mem::take(&mut self.again);
             // New checks first, and again every ACCEPT_EVERY events: their
             // line is usually already there, so they are answered at once
             // instead of waiting behind a turn full of slow peers' bytes.
@@ -329,6 +369,9 @@ impl EventLoop {
                 }
                 self.dispatch(event.token(), now);
             }
+            for work in again {
+                self.run_again(work, now);
+            }
             self.on_time(now);
             if self.accept_pending {
                 self.accept_agents(now);
@@ -341,9 +384,8 @@ impl EventLoop {
             Tok::AgentListener => {} // accepted before the other events
             Tok::Listener(role) => self.accept_http(role, now),
             Tok::Consul => {
-                self.client
-                    .on_event(self.poll.registry(), now, &mut self.updates);
-                self.apply_updates(now);
+                self.client.on_event(now, &mut self.updates);
+                self.sync_consul(now);
             }
             Tok::Signals => self.on_signals(now),
             Tok::Agent(key) => self.agent_event(key),
@@ -352,15 +394,23 @@ impl EventLoop {
         }
     }
 
+    fn run_again(&mut self, work: Again, now: Instant) {
+        match work {
+            Again::Http { key, gen } => {
+                if self.https.get(key).is_some_and(|s| s.gen == gen) {
+                    self.http_event(key, now);
+                }
+            }
+            Again::Accept(role) => self.accept_http(role, now),
+        }
+    }
+
     fn next_deadline(&self, now: Instant) -> Instant {
-        let mut d = self.client.deadline(now);
+        let mut d = self.client.poll_at(now);
         if let Some(&(t, _, _)) = self.agent_timers.front() {
             d = d.min(t);
         }
-        if let Some(&(t, _, _)) = self.http_timers.front() {
-            d = d.min(t);
-        }
-        if let Some(Reverse((t, _, _))) = self.park_timers.peek() {
+        if let Some(Reverse((t, _, _))) = self.http_timers.peek() {
             d = d.min(*t);
         }
         if let Some(t) = self.http_accept_retry_at {
@@ -384,10 +434,11 @@ impl EventLoop {
 
     fn accept_agents(&mut self, now: Instant) {
         self.accept_pending = false;
-        if self.shutdown_deadline.is_some() || self.accept_paused_until.is_some_and(|t| now < t) {
+        // Closed gate: accepting resumes in `close_agent`, below 90 %.
+        if self.shutdown_deadline.is_some() || self.accept_paused_until.is_some() || !self.gate_open
+        {
             return;
         }
-        self.accept_paused_until = None;
         for _ in 0..ACCEPT_BATCH {
             if self.agents.len() >= self.max_connections {
                 if self.gate_open {
@@ -523,7 +574,7 @@ impl EventLoop {
     // ---- HTTP connections (monitoring, pprof, dev KV) ----
 
     fn accept_http(&mut self, role: Role, now: Instant) {
-        loop {
+        for _ in 0..HTTP_ACCEPT_BATCH {
             let listener = match role {
                 Role::Monitoring => self.monitoring_listener.as_ref(),
                 Role::Pprof => self.pprof_listener.as_ref(),
@@ -531,39 +582,7 @@ impl EventLoop {
             };
             let Some(listener) = listener else { return };
             match listener.accept().map_err(classify_accept_error) {
-                Ok((stream, _)) => {
-                    if self.https.len() >= MAX_HTTP_CONNS {
-                        continue; // dropped: closed at once
-                    }
-                    let _ = stream.set_nodelay(true);
-                    let gen = self.gen();
-                    let entry = self.https.vacant_entry();
-                    let key = entry.key();
-                    let slot = entry.insert(HttpSlot {
-                        conn: HttpConn::new(stream, HTTP_MAX_BODY),
-                        role,
-                        gen,
-                        idle_deadline: now + HTTP_IDLE,
-                        registered: None,
-                        parked: None,
-                    });
-                    if self
-                        .poll
-                        .registry()
-                        .register(
-                            slot.conn.stream_mut(),
-                            Token(HTTP_BASE + key),
-                            Interest::READABLE,
-                        )
-                        .is_err()
-                    {
-                        self.https.remove(key);
-                        continue;
-                    }
-                    slot.registered = Some(Interest::READABLE);
-                    self.http_timers.push_back((now + HTTP_IDLE, key, gen));
-                    self.http_event(key, now);
-                }
+                Ok((stream, _)) => self.serve_http(role, stream, now),
                 Err(AcceptError::Drained) => return,
                 Err(AcceptError::Retry) => {}
                 Err(AcceptError::Failed(e)) => {
@@ -573,29 +592,97 @@ impl EventLoop {
                 }
             }
         }
+        self.again.push(Again::Accept(role));
+    }
+
+    fn serve_http(&mut self, role: Role, stream: mio::net::TcpStream, now: Instant) {
+        if self.http_open[role.index()] >= role.pool() && !self.evict_http(role) {
+            self.metrics.count_http_drop(role, HttpDrop::Refused);
+            return; // dropped: closed at once
+        }
+        let _ = stream.set_nodelay(true);
+        let gen = self.gen();
+        let entry = self.https.vacant_entry();
+        let key = entry.key();
+        let mut slot = HttpSlot {
+            conn: HttpConn::new(stream, role.limits(), now),
+            role,
+            gen,
+            armed: None,
+            registered: None,
+            parked: None,
+        };
+        let token = Token(HTTP_BASE + key);
+        if let Err(e) =
+            self.poll
+                .registry()
+                .register(slot.conn.stream_mut(), token, Interest::READABLE)
+        {
+            debug!(error = e.to_string(); "register failed");
+            return;
+        }
+        slot.registered = Some(Interest::READABLE);
+        entry.insert(slot);
+        self.http_open[role.index()] += 1;
+        self.http_event(key, now);
+    }
+
+    /// Makes room in a full pool: closes the connection of `role` that
+    /// never completed a request and is oldest (else the oldest one not
+    /// being answered). False if every one is being answered.
+    fn evict_http(&mut self, role: Role) -> bool {
+        let victim = self
+            .https
+            .iter()
+            .filter(|(_, s)| s.role == role && s.parked.is_none())
+            .filter_map(|(k, s)| s.conn.eviction_key().map(|e| (e, k)))
+            .min();
+        let Some((_, key)) = victim else {
+            return false;
+        };
+        self.metrics.count_http_drop(role, HttpDrop::Evicted);
+        self.close_http(key);
+        true
     }
 
     fn http_event(&mut self, key: usize, now: Instant) {
         let Some(slot) = self.https.get_mut(key) else {
             return;
         };
-        let progress = slot.conn.on_readable();
+        let progress = slot.conn.on_readable(now, &mut self.http_scratch);
         self.http_progress(key, progress, now);
     }
 
+    /// Follows a connection's progress: hands its requests out, at most
+    /// [`HTTP_REQUESTS_PER_TURN`] of them, then registers what it waits
+    /// for and arms its deadline.
     fn http_progress(&mut self, key: usize, mut progress: HttpProgress, now: Instant) {
+        let mut answered = 0;
         loop {
+            let Some(slot) = self.https.get_mut(key) else {
+                return;
+            };
             let want = match progress {
                 HttpProgress::Close => return self.close_http(key),
                 HttpProgress::NeedRead => Interest::READABLE,
                 HttpProgress::NeedWrite => Interest::READABLE | Interest::WRITABLE,
+                HttpProgress::Yield => {
+                    self.again.push(Again::Http { key, gen: slot.gen });
+                    Interest::READABLE
+                }
+                HttpProgress::Written if answered < HTTP_REQUESTS_PER_TURN => {
+                    progress = slot.conn.on_readable(now, &mut self.http_scratch);
+                    continue;
+                }
+                HttpProgress::Written => {
+                    self.again.push(Again::Http { key, gen: slot.gen });
+                    Interest::READABLE
+                }
                 HttpProgress::Request(head, body) => {
+                    answered += 1;
                     progress = self.handle_http(key, head, body, now);
                     continue;
                 }
-            };
-            let Some(slot) = self.https.get_mut(key) else {
-                return;
             };
             if slot.registered != Some(want) {
                 if self
@@ -608,7 +695,21 @@ impl EventLoop {
                 }
                 slot.registered = Some(want);
             }
+            return self.arm_http_timer(key);
+        }
+    }
+
+    /// Pushes a timer record for the slot's deadline unless one at or
+    /// before it is already armed (a later record re-arms when it fires).
+    fn arm_http_timer(&mut self, key: usize) {
+        let Some(slot) = self.https.get_mut(key) else {
             return;
+        };
+        if let Some(d) = slot.deadline() {
+            if slot.armed.is_none_or(|a| d < a) {
+                slot.armed = Some(d);
+                self.http_timers.push(Reverse((d, key, slot.gen)));
+            }
         }
     }
 
@@ -629,8 +730,7 @@ impl EventLoop {
                 } else {
                     handle_pprof(&head, &st)
                 };
-                self.arm_idle(key, now);
-                self.https[key].conn.respond(&resp, head_only, None)
+                self.https[key].conn.respond(&resp, head_only, None, now)
             }
             Role::DevKv => {
                 let Some(kv) = self.devkv.as_mut() else {
@@ -641,14 +741,12 @@ impl EventLoop {
                 let changed = kv.generation() != before;
                 let progress = match handled {
                     Handled::Respond(resp) => {
-                        self.arm_idle(key, now);
-                        self.https[key].conn.respond(&resp, head_only, Some(2048))
+                        self.https[key]
+                            .conn
+                            .respond(&resp, head_only, Some(2048), now)
                     }
                     Handled::Wait(wait) => {
-                        let slot = &mut self.https[key];
-                        self.park_timers
-                            .push(Reverse((wait.deadline, key, slot.gen)));
-                        slot.parked = Some(wait);
+                        self.https[key].parked = Some(wait);
                         HttpProgress::NeedRead
                     }
                 };
@@ -658,13 +756,6 @@ impl EventLoop {
                 progress
             }
         }
-    }
-
-    fn arm_idle(&mut self, key: usize, now: Instant) {
-        let slot = &mut self.https[key];
-        slot.idle_deadline = now + HTTP_IDLE;
-        self.http_timers
-            .push_back((slot.idle_deadline, key, slot.gen));
     }
 
     /// After a dev KV write: answer every parked query whose prefix moved.
@@ -694,18 +785,71 @@ impl EventLoop {
             return;
         };
         let resp = kv.answer(&wait);
-        self.arm_idle(key, now);
-        let progress = self.https[key].conn.respond(&resp, false, Some(2048));
+        let progress = slot.conn.respond(&resp, false, Some(2048), now);
         self.http_progress(key, progress, now);
     }
 
-    fn close_http(&mut self, key: usize) {
-        if let Some(mut slot) = self.https.try_remove(key) {
-            let _ = self.poll.registry().deregister(slot.conn.stream_mut());
+    /// An HTTP timer record fired: answer a parked query whose wait is
+    /// over, close a connection past its deadline, or re-arm.
+    fn http_timer(&mut self, key: usize, gen: u32, at: Instant, now: Instant) {
+        let Some(slot) = self.https.get_mut(key) else {
+            return;
+        };
+        if slot.gen != gen || slot.armed != Some(at) {
+            return; // stale: the slot was reused or re-armed earlier
+        }
+        slot.armed = None;
+        match slot.deadline() {
+            Some(d) if d <= now && slot.parked.is_some() => self.answer_parked(key, now),
+            Some(d) if d <= now => {
+                self.metrics.count_http_drop(slot.role, HttpDrop::Timeout);
+                self.close_http(key);
+            }
+            _ => self.arm_http_timer(key),
         }
     }
 
+    fn close_http(&mut self, key: usize) {
+        let Some(slot) = self.https.get_mut(key) else {
+            return;
+        };
+        let _ = self.poll.registry().deregister(slot.conn.stream_mut());
+        let slot = self.https.remove(key);
+        self.http_open[slot.role.index()] -= 1;
+    }
+
     // ---- consul ----
+
+    /// After every call into the client: close what it retired
+    /// (deregistered first), register what it waits on, apply its updates.
+    fn sync_consul(&mut self, now: Instant) {
+        let reg = self.poll.registry();
+        for (id, mut stream) in self.client.retired() {
+            let _ = reg.deregister(stream.source());
+            if self.consul_registered.is_some_and(|(rid, _)| rid == id) {
+                self.consul_registered = None;
+            }
+        }
+        match self.client.wants() {
+            None => self.consul_registered = None,
+            Some((stream, id, want)) => {
+                let done = match self.consul_registered {
+                    Some((rid, rwant)) if rid == id && rwant == want => Ok(()),
+                    Some((rid, _)) if rid == id => reg.reregister(stream.source(), CONSUL, want),
+                    _ => reg.register(stream.source(), CONSUL, want),
+                };
+                match done {
+                    Ok(()) => self.consul_registered = Some((id, want)),
+                    Err(e) => {
+                        self.consul_registered = None;
+                        self.client.on_register_error(now, &e, &mut self.updates);
+                        return self.sync_consul(now);
+                    }
+                }
+            }
+        }
+        self.apply_updates(now);
+    }
 
     fn apply_updates(&mut self, now: Instant) {
         let updates = std::mem::take(&mut self.updates);
@@ -745,10 +889,8 @@ impl EventLoop {
                 if let Some((_, n)) = self.outage.as_mut() {
                     *n += 1;
                 }
-                if matches!(f.reason, crate::consul::watch::ErrorReason::Http4xx)
-                    && self.last_error.as_deref() != Some(f.detail.as_str())
-                {
-                    error!(error = f.detail.as_str(); "consul refused the request: check -kv-prefix, the ACL token and namespace/partition");
+                if f.configuration && self.last_error.as_deref() != Some(f.detail.as_str()) {
+                    error!(error = f.detail.as_str(); "consul refused the request: check -consul-addr, -kv-prefix, the ACL token and namespace/partition");
                 }
                 self.last_error = Some(f.detail);
             }
@@ -843,37 +985,17 @@ impl EventLoop {
                 }
             }
         }
-        while let Some(&(t, key, gen)) = self.http_timers.front() {
+        while let Some(Reverse((t, key, gen))) = self.http_timers.peek().copied() {
             if t > now {
                 break;
             }
-            self.http_timers.pop_front();
-            if let Some(slot) = self.https.get(key) {
-                if slot.gen == gen
-                    && slot.idle_deadline <= now
-                    && slot.parked.is_none()
-                    && !slot.conn.is_handling()
-                {
-                    self.close_http(key);
-                }
-            }
+            self.http_timers.pop();
+            self.http_timer(key, gen, t, now);
         }
-        while let Some(Reverse((t, key, gen))) = self.park_timers.peek().copied() {
-            if t > now {
-                break;
-            }
-            self.park_timers.pop();
-            if self
-                .https
-                .get(key)
-                .is_some_and(|s| s.gen == gen && s.parked.is_some())
-            {
-                self.answer_parked(key, now);
-            }
+        if self.client.poll_at(now) <= now {
+            self.client.on_timer(now, &mut self.updates);
+            self.sync_consul(now);
         }
-        self.client
-            .on_timer(self.poll.registry(), now, &mut self.updates);
-        self.apply_updates(now);
         if self.http_accept_retry_at.is_some_and(|t| now >= t) {
             self.http_accept_retry_at = None;
             for role in [Role::Monitoring, Role::Pprof, Role::DevKv] {
@@ -881,6 +1003,7 @@ impl EventLoop {
             }
         }
         if self.accept_paused_until.is_some_and(|t| now >= t) {
+            self.accept_paused_until = None;
             self.accept_pending = true;
         }
     }

@@ -1,60 +1,82 @@
 //! The consul connection inside the loop: one persistent nonblocking
 //! HTTP/1.1 connection (TCP or unix socket) running the [`Watch`].
 //!
-//! In: readiness events on its token and the time. Out: [`Update`]s for the
-//! loop to apply, and its next deadline. Always holds: the loop never blocks
-//! on consul; every phase that waits on consul has a deadline; the body is
-//! bounded and decoded incrementally; bytes are parsed only by
-//! [`crate::http`].
+//! In: readiness of its connection ([`Client::on_event`]) and the time
+//! ([`Client::on_timer`], called at [`Client::poll_at`]). Out: [`Update`]s
+//! for the loop to apply; what to register ([`Client::wants`]); connections
+//! it is done with, for the loop to deregister and close
+//! ([`Client::retired`]). Always holds: the loop never blocks on consul;
+//! every phase that waits on consul has a deadline, and the deadline is
+//! checked before any more bytes are read; at most [`READ_BUDGET`] bytes
+//! are read per call; the body is bounded (decoded and on the wire) and
+//! decoded incrementally; bytes are parsed only by [`crate::http`]. Each
+//! phase owns the data it needs (the connection, the buffers, the decoder,
+//! the decode in progress), and a transition consumes the phase it leaves,
+//! so no phase can touch a connection or a buffer that is not there.
+//!
+//! The client is generic over how it connects ([`Connect`]): the loop gives
+//! it sockets ([`SocketConnector`]), tests and the fuzzer an in-memory
+//! stream ([`crate::consul::memstream`]) and a virtual clock.
 //!
 //! | phase | waits for | on event | next |
 //! |---|---|---|---|
-//! | `Idle` | `start_at` (rate limit or backoff) | time | `Connecting` (no connection) or `Sending` |
-//! | `Connecting` | writable | connected | `Sending`; error: backoff |
-//! | `Sending` | writable | request written | `ReadingHead` |
-//! | `ReadingHead` | readable, response deadline | head parsed | `ReadingBody`; error: backoff |
-//! | `ReadingBody` | readable, response deadline | body done | `Idle` (keep-alive) or closed |
+//! | `Idle` | the start time (rate limit, backoff) | time | `Sending` (kept connection) or `Connecting` |
+//! | `Idle` | its kept connection, readable | EOF or bytes | `Idle` without it (closed quietly) |
+//! | `Connecting` | writable, connect deadline | connected | `Sending`; error, time: backoff |
+//! | `Sending` | writable, response deadline | request written | `ExpectHead` |
+//! | `ExpectHead` | readable, response deadline | interim 1xx head | `ExpectHead` |
+//! | `ExpectHead` | | final head | `ExpectBody` |
+//! | `ExpectBody` | readable, response deadline | body complete | `Idle` or `Decoding` (connection kept only if keep-alive and nothing followed) |
+//! | `Decoding` | nothing: a slice per loop turn | listing decoded | `Idle` |
+//!
+//! Any error (IO, framing, size, deadline) closes the connection, reports
+//! [`Update::Failed`] and goes `Idle` (the watch backs off), except that a
+//! kept connection found closed before any byte of the answer is retried
+//! once at once on a fresh one.
 
 use std::io::{self, Read, Write};
 use std::time::{Duration, Instant};
 
-use mio::{Interest, Registry, Token};
+use mio::Interest;
 
 use crate::config::{ConsulConfig, ConsulEndpoint};
 use crate::consul::watch::{Decoding, ErrorReason, Failure, Response, Update, Watch, DECODE_SLICE};
 use crate::http::{parse_response_head, BodyDecoder, BodyError, Parse, ResponseHead};
 
 /// Connecting must succeed within this.
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Headroom on top of the longest hold consul may apply (wait × 17/16).
-const RESPONSE_SLACK: Duration = Duration::from_secs(5);
+pub const RESPONSE_SLACK: Duration = Duration::from_secs(5);
 const MAX_HEAD_BYTES: usize = 64 * 1024;
 const READ_CHUNK: usize = 64 * 1024;
-/// Read at most this much of a response per loop turn (a 13 MB listing read
+/// Read at most this much of a response per call (a 13 MB listing read
 /// in one go holds every answer for milliseconds).
-const READ_BUDGET: usize = 1024 * 1024;
+pub const READ_BUDGET: usize = 1024 * 1024;
+
+/// A byte stream to consul: nonblocking reads and writes, and the end of a
+/// nonblocking connect.
+pub trait Transport: Read + Write {
+    /// `Ok(true)` once connected, `Ok(false)` while still connecting.
+    fn connected(&mut self) -> io::Result<bool>;
+}
+
+/// Opens connections to consul.
+pub trait Connect {
+    type Stream: Transport;
+    /// Starts a nonblocking connect.
+    fn connect(&mut self) -> io::Result<Self::Stream>;
+}
 
 /// The socket to consul.
-enum Stream {
+pub enum Stream {
     Tcp(mio::net::TcpStream),
     Unix(mio::net::UnixStream),
 }
 
-impl Stream {
-    fn connect(endpoint: &ConsulEndpoint) -> io::Result<Stream> {
-        match endpoint {
-            ConsulEndpoint::Tcp(addr) => {
-                let s = mio::net::TcpStream::connect(*addr)?;
-                s.set_nodelay(true)?;
-                Ok(Stream::Tcp(s))
-            }
-            ConsulEndpoint::Unix(path) => Ok(Stream::Unix(mio::net::UnixStream::connect(path)?)),
-        }
-    }
-
+impl Transport for Stream {
     /// Finishes a nonblocking connect per mio's docs: `take_error`, then
     /// `peer_addr` (NotConnected means "not yet").
-    fn connected(&self) -> io::Result<bool> {
+    fn connected(&mut self) -> io::Result<bool> {
         let (err, peer) = match self {
             Stream::Tcp(s) => (s.take_error()?, s.peer_addr().map(|_| ())),
             Stream::Unix(s) => (s.take_error()?, s.peer_addr().map(|_| ())),
@@ -68,8 +90,11 @@ impl Stream {
             Err(e) => Err(e),
         }
     }
+}
 
-    fn source(&mut self) -> &mut dyn mio::event::Source {
+impl Stream {
+    /// The socket, for the loop to register.
+    pub fn source(&mut self) -> &mut dyn mio::event::Source {
         match self {
             Stream::Tcp(s) => s,
             Stream::Unix(s) => s,
@@ -99,78 +124,157 @@ impl Write for Stream {
     }
 }
 
-/// What the connection waits for.
-enum Phase {
-    /// No request in flight; the next starts at the watch's `next_start`.
-    Idle,
-    ExpectConnected {
-        since: Instant,
-    },
-    Sending {
-        written: usize,
-        deadline: Instant,
-    },
-    ExpectHead {
-        deadline: Instant,
-    },
-    ExpectBody {
-        head: ResponseHead,
-        decoder: BodyDecoder,
-        deadline: Instant,
-    },
-    /// A large listing being decoded a slice per loop turn (no request in
-    /// flight meanwhile).
-    Decoding(Box<Decoding>),
-}
+/// Connects sockets to the configured endpoint.
+pub struct SocketConnector(pub ConsulEndpoint);
 
-impl Phase {
-    fn name(&self) -> &'static str {
-        match self {
-            Phase::Idle => "idle",
-            Phase::ExpectConnected { .. } => "connecting",
-            Phase::Sending { .. } => "sending",
-            Phase::ExpectHead { .. } => "awaiting_head",
-            Phase::ExpectBody { .. } => "reading_body",
-            Phase::Decoding(_) => "decoding",
+impl Connect for SocketConnector {
+    type Stream = Stream;
+
+    fn connect(&mut self) -> io::Result<Stream> {
+        match &self.0 {
+            ConsulEndpoint::Tcp(addr) => {
+                let s = mio::net::TcpStream::connect(*addr)?;
+                s.set_nodelay(true)?;
+                Ok(Stream::Tcp(s))
+            }
+            ConsulEndpoint::Unix(path) => Ok(Stream::Unix(mio::net::UnixStream::connect(path)?)),
         }
     }
 }
 
-/// The consul client: config, watch logic, and at most one connection.
-pub struct Client {
-    config: ConsulConfig,
-    token: Token,
-    watch: Watch,
-    stream: Option<Stream>,
-    /// The current connection has carried a complete response before (a
-    /// failure before any byte on such a connection is retried at once on a
-    /// fresh one: consul, or a proxy, closed it while idle).
+/// One connection and what it has carried.
+struct Conn<S> {
+    stream: S,
+    /// Names the connection for the loop's registration bookkeeping.
+    id: u64,
+    /// It has carried a complete response before: a close before any byte
+    /// of the next answer is consul (or a proxy) dropping an idle
+    /// keep-alive connection, retried once at once.
     reused: bool,
-    phase: Phase,
-    request: Vec<u8>,
+}
+
+/// A request in flight, reading its response.
+struct Rx<S> {
+    conn: Conn<S>,
+    deadline: Instant,
     inbuf: Vec<u8>,
-    body: Vec<u8>,
-    /// Bytes received for the request in flight.
+    /// Wire bytes received for this request.
     received: usize,
-    /// The read budget ran out with bytes possibly still in the socket.
-    more_to_read: bool,
+    /// The read budget ran out with bytes possibly still in the socket
+    /// (edge-triggered: no new event would say so).
+    more: bool,
+}
+
+/// A final response head and its body so far.
+struct Body {
+    head: ResponseHead,
+    decoder: BodyDecoder,
+    bytes: Vec<u8>,
+}
+
+/// What the client waits for; see the table in the module docs.
+enum Phase<S> {
+    Idle {
+        conn: Option<Conn<S>>,
+    },
+    Connecting {
+        conn: Conn<S>,
+        request: Vec<u8>,
+        deadline: Instant,
+    },
+    Sending {
+        conn: Conn<S>,
+        request: Vec<u8>,
+        written: usize,
+        deadline: Instant,
+    },
+    ExpectHead {
+        rx: Rx<S>,
+    },
+    ExpectBody {
+        rx: Rx<S>,
+        body: Body,
+    },
+    /// A large listing decoded a slice per loop turn; no request is in
+    /// flight, a kept connection waits beside it.
+    Decoding {
+        conn: Option<Conn<S>>,
+        decoding: Box<Decoding>,
+    },
+}
+
+impl<S> Phase<S> {
+    fn name(&self) -> &'static str {
+        match self {
+            Phase::Idle { .. } => "idle",
+            Phase::Connecting { .. } => "connecting",
+            Phase::Sending { .. } => "sending",
+            Phase::ExpectHead { .. } => "awaiting_head",
+            Phase::ExpectBody { .. } => "reading_body",
+            Phase::Decoding { .. } => "decoding",
+        }
+    }
+}
+
+/// Where one step of the machine leaves it.
+enum Next<S> {
+    /// Moved on: step the new phase at once.
+    Go(Phase<S>),
+    /// Waits for the socket or the time.
+    Wait(Phase<S>),
+    /// A response was applied.
+    Done(Phase<S>, Update),
+    /// The request failed; the connection (if any) is to be closed.
+    Fail {
+        conn: Option<Conn<S>>,
+        failure: Failure,
+        /// An idle keep-alive connection found closed: retry at once.
+        retry_fresh: bool,
+    },
+}
+
+/// How the request looks, from the configuration.
+struct RequestSpec {
+    host_header: String,
+    path_prefix: String,
+    token: Option<String>,
+    basic_auth: Option<String>,
+    namespace: Option<String>,
+    partition: Option<String>,
+    wait: Duration,
+    max_body_bytes: usize,
+}
+
+/// The consul client: how to connect, the watch logic, and the phase.
+pub struct Client<C: Connect> {
+    connector: C,
+    spec: RequestSpec,
+    watch: Watch,
+    phase: Phase<C::Stream>,
+    /// (connection id, stream) for the loop to close.
+    retired: Vec<(u64, C::Stream)>,
+    next_conn_id: u64,
     requests: u64,
 }
 
-impl Client {
-    pub fn new(config: ConsulConfig, prefix: &str, token: Token, seed: u64) -> Client {
+impl<C: Connect> Client<C> {
+    pub fn new(config: &ConsulConfig, connector: C, prefix: &str, seed: u64) -> Client<C> {
         Client {
+            connector,
+            spec: RequestSpec {
+                host_header: config.host_header.clone(),
+                path_prefix: config.path_prefix.clone(),
+                token: config.token.clone(),
+                basic_auth: config.basic_auth.clone(),
+                namespace: config.namespace.clone(),
+                partition: config.partition.clone(),
+                wait: config.wait,
+                max_body_bytes: config.max_body_bytes,
+            },
             watch: Watch::new(prefix, seed),
-            config,
-            token,
-            stream: None,
-            reused: false,
-            phase: Phase::Idle,
-            request: Vec::new(),
-            inbuf: Vec::new(),
-            body: Vec::new(),
-            received: 0,
-            more_to_read: false,
+            phase: Phase::Idle { conn: None },
+            retired: Vec::new(),
+            next_conn_id: 0,
             requests: 0,
         }
     }
@@ -188,106 +292,161 @@ impl Client {
         self.requests
     }
 
-    /// When the loop must call [`Client::on_timer`] next.
-    pub fn deadline(&self, now: Instant) -> Instant {
-        if self.more_to_read {
-            return now;
-        }
+    /// When the loop must call [`Client::on_timer`] next (`now`: work is
+    /// waiting, a decode slice or a read budget that ran out).
+    pub fn poll_at(&self, now: Instant) -> Instant {
         match &self.phase {
-            Phase::Idle => self.watch.next_start(now),
-            Phase::Decoding(_) => now,
+            Phase::Idle { .. } => self.watch.next_start(now),
+            Phase::Decoding { .. } => now,
+            Phase::ExpectHead { rx } | Phase::ExpectBody { rx, .. } if rx.more => now,
             _ => self.request_deadline().unwrap_or(now),
         }
     }
 
     /// While idle: when the next request may start (rate limit, backoff).
     pub fn next_request_at(&self, now: Instant) -> Option<Instant> {
-        matches!(self.phase, Phase::Idle).then(|| self.watch.next_start(now))
+        matches!(self.phase, Phase::Idle { .. }).then(|| self.watch.next_start(now))
     }
 
     /// While a request is in flight: when the client gives up on it.
     pub fn request_deadline(&self) -> Option<Instant> {
         match &self.phase {
-            Phase::Idle | Phase::Decoding(_) => None,
-            Phase::ExpectConnected { since } => Some(*since + CONNECT_TIMEOUT),
-            Phase::Sending { deadline, .. }
-            | Phase::ExpectHead { deadline }
-            | Phase::ExpectBody { deadline, .. } => Some(*deadline),
+            Phase::Idle { .. } | Phase::Decoding { .. } => None,
+            Phase::Connecting { deadline, .. } | Phase::Sending { deadline, .. } => Some(*deadline),
+            Phase::ExpectHead { rx } | Phase::ExpectBody { rx, .. } => Some(rx.deadline),
         }
     }
 
-    fn response_deadline(&self, now: Instant) -> Instant {
-        let wait = self.config.wait;
-        now + wait * 17 / 16 + RESPONSE_SLACK
+    /// The connection to register with the loop's poll, its id (a new id
+    /// is a new socket: register, not reregister) and the readiness it
+    /// waits for.
+    pub fn wants(&mut self) -> Option<(&mut C::Stream, u64, Interest)> {
+        let (conn, interest) = match &mut self.phase {
+            Phase::Idle { conn } | Phase::Decoding { conn, .. } => {
+                (conn.as_mut()?, Interest::READABLE)
+            }
+            Phase::Connecting { conn, .. } => (conn, Interest::READABLE | Interest::WRITABLE),
+            Phase::Sending { conn, .. } => (conn, Interest::WRITABLE),
+            Phase::ExpectHead { rx } | Phase::ExpectBody { rx, .. } => {
+                (&mut rx.conn, Interest::READABLE)
+            }
+        };
+        Some((&mut conn.stream, conn.id, interest))
     }
 
-    /// Time passed: start a request or give up on one.
-    pub fn on_timer(&mut self, registry: &Registry, now: Instant, out: &mut Vec<Update>) {
-        if std::mem::take(&mut self.more_to_read) {
-            return self.drive(registry, now, out);
+    /// Connections the client is done with: the loop deregisters, then
+    /// drops (closes) them.
+    pub fn retired(&mut self) -> std::vec::Drain<'_, (u64, C::Stream)> {
+        self.retired.drain(..)
+    }
+
+    /// Time passed: give up on a request past its deadline, start one, or
+    /// do the work that was waiting (a decode slice, the rest of a read).
+    pub fn on_timer(&mut self, now: Instant, out: &mut Vec<Update>) {
+        if self.request_deadline().is_some_and(|d| now >= d) {
+            let failure = match self.phase {
+                Phase::Connecting { .. } => Failure::new(ErrorReason::Connect, "connect timed out"),
+                _ => Failure::new(
+                    ErrorReason::Timeout,
+                    format!("no complete response within {:?}", self.response_within()),
+                ),
+            };
+            let conn = self.take_conn();
+            return self.fail(now, conn, failure, false, out);
         }
-        if now < self.deadline(now) {
+        if now < self.poll_at(now) {
             return;
         }
-        match &mut self.phase {
-            Phase::Idle => self.start(registry, now, out),
-            Phase::Decoding(decoding) => {
-                if let Some(result) = decoding.step(DECODE_SLICE) {
-                    self.phase = Phase::Idle;
+        match std::mem::replace(&mut self.phase, Phase::Idle { conn: None }) {
+            Phase::Idle { conn } => self.start(now, conn, out),
+            Phase::Decoding { conn, mut decoding } => match decoding.step(DECODE_SLICE) {
+                Some(result) => {
+                    self.phase = Phase::Idle { conn };
                     out.push(self.watch.on_decoded(now, result));
                 }
-            }
-            Phase::ExpectConnected { .. } => self.fail(
-                registry,
-                now,
-                Failure::new(ErrorReason::Connect, "connect timed out"),
-                out,
-            ),
-            _ => {
-                let waited = self.config.wait * 17 / 16 + RESPONSE_SLACK;
-                let detail = format!("no complete response within {waited:?}");
-                self.fail(
-                    registry,
-                    now,
-                    Failure::new(ErrorReason::Timeout, detail),
-                    out,
-                )
+                None => self.phase = Phase::Decoding { conn, decoding },
+            },
+            phase => {
+                // The read budget ran out last time: read on.
+                self.phase = phase;
+                self.drive(now, out);
             }
         }
     }
 
-    fn start(&mut self, registry: &Registry, now: Instant, out: &mut Vec<Update>) {
+    /// A readiness event on the client's connection.
+    pub fn on_event(&mut self, now: Instant, out: &mut Vec<Update>) {
+        if let Phase::ExpectHead { rx } | Phase::ExpectBody { rx, .. } = &mut self.phase {
+            // Readiness while a budget is spent changes nothing: the timer
+            // reads on, after the deadline check.
+            if rx.more {
+                return;
+            }
+        }
+        self.drive(now, out);
+    }
+
+    /// The loop could not register the connection: it is lost.
+    pub fn on_register_error(&mut self, now: Instant, e: &io::Error, out: &mut Vec<Update>) {
+        let conn = self.take_conn();
+        let failure = Failure::new(ErrorReason::Connect, format!("cannot poll the socket: {e}"));
+        self.fail(now, conn, failure, false, out);
+    }
+
+    /// Takes the connection out of whatever phase holds it, leaving `Idle`
+    /// (a decode in progress is abandoned with it: only called on failure).
+    fn take_conn(&mut self) -> Option<Conn<C::Stream>> {
+        match std::mem::replace(&mut self.phase, Phase::Idle { conn: None }) {
+            Phase::Idle { conn } | Phase::Decoding { conn, .. } => conn,
+            Phase::Connecting { conn, .. } | Phase::Sending { conn, .. } => Some(conn),
+            Phase::ExpectHead { rx } | Phase::ExpectBody { rx, .. } => Some(rx.conn),
+        }
+    }
+
+    fn start(&mut self, now: Instant, conn: Option<Conn<C::Stream>>, out: &mut Vec<Update>) {
         self.watch.on_start(now);
         self.requests += 1;
-        self.build_request();
-        self.received = 0;
-        if self.stream.is_some() {
+        let request = self.build_request();
+        if let Some(conn) = conn {
+            let deadline = now + self.response_within();
             self.phase = Phase::Sending {
+                conn,
+                request,
                 written: 0,
-                deadline: self.response_deadline(now),
+                deadline,
             };
-            return self.drive(registry, now, out);
+            return self.drive(now, out);
         }
-        let connected = Stream::connect(&self.config.endpoint).and_then(|mut s| {
-            let interest = Interest::READABLE | Interest::WRITABLE;
-            registry.register(s.source(), self.token, interest)?;
-            Ok(s)
-        });
-        match connected {
-            Ok(s) => {
-                self.stream = Some(s);
-                self.reused = false;
-                self.phase = Phase::ExpectConnected { since: now };
+        match self.connector.connect() {
+            Ok(stream) => {
+                self.next_conn_id += 1;
+                let conn = Conn {
+                    stream,
+                    id: self.next_conn_id,
+                    reused: false,
+                };
+                self.phase = Phase::Connecting {
+                    conn,
+                    request,
+                    deadline: now + CONNECT_TIMEOUT,
+                };
+                self.drive(now, out);
             }
             Err(e) => {
                 let failure = Failure::new(ErrorReason::Connect, e.to_string());
-                self.fail(registry, now, failure, out);
+                self.fail(now, None, failure, false, out);
             }
         }
     }
 
-    fn build_request(&mut self) {
-        let c = &self.config;
+    /// The whole-response deadline, from the request's start (SPEC §5):
+    /// consul holds a blocking query up to wait × 17/16.
+    fn response_within(&self) -> Duration {
+        self.spec.wait * 17 / 16 + RESPONSE_SLACK
+    }
+
+    fn build_request(&self) -> Vec<u8> {
+        let c = &self.spec;
         let target = self.watch.target(
             &c.path_prefix,
             c.wait,
@@ -310,260 +469,313 @@ impl Client {
             r.push_str("\r\n");
         }
         r.push_str("\r\n");
-        self.request = r.into_bytes();
-    }
-
-    /// A readiness event on the client's token.
-    pub fn on_event(&mut self, registry: &Registry, now: Instant, out: &mut Vec<Update>) {
-        if self.stream.is_none() {
-            return;
-        }
-        self.drive(registry, now, out);
+        r.into_bytes()
     }
 
     /// Moves the machine as far as the socket allows.
-    fn drive(&mut self, registry: &Registry, now: Instant, out: &mut Vec<Update>) {
+    fn drive(&mut self, now: Instant, out: &mut Vec<Update>) {
         loop {
-            let step = match self.phase {
-                Phase::Idle | Phase::Decoding(_) => return self.check_idle(registry),
-                Phase::ExpectConnected { .. } => self.step_connect(now),
-                Phase::Sending { .. } => self.step_send(),
-                Phase::ExpectHead { .. } | Phase::ExpectBody { .. } => self.step_read(now),
+            let phase = std::mem::replace(&mut self.phase, Phase::Idle { conn: None });
+            let next = match phase {
+                Phase::Idle { conn } => Next::Wait(Phase::Idle {
+                    conn: self.check_idle(conn),
+                }),
+                Phase::Decoding { conn, decoding } => Next::Wait(Phase::Decoding {
+                    conn: self.check_idle(conn),
+                    decoding,
+                }),
+                Phase::Connecting {
+                    conn,
+                    request,
+                    deadline,
+                } => connect_step(conn, request, deadline, now + self.response_within()),
+                Phase::Sending {
+                    conn,
+                    request,
+                    written,
+                    deadline,
+                } => send_step(conn, request, written, deadline),
+                Phase::ExpectHead { rx } => self.receive(rx, None, now),
+                Phase::ExpectBody { rx, body } => self.receive(rx, Some(body), now),
             };
-            match step {
-                Step::Again => continue,
-                Step::Blocked => return,
-                Step::Done(update) => {
-                    out.push(update);
-                    return;
+            match next {
+                Next::Go(p) => self.phase = p,
+                Next::Wait(p) => return self.phase = p,
+                Next::Done(p, update) => {
+                    self.phase = p;
+                    return out.push(update);
                 }
-                Step::Fail(f) => return self.fail(registry, now, f, out),
+                Next::Fail {
+                    conn,
+                    failure,
+                    retry_fresh,
+                } => return self.fail(now, conn, failure, retry_fresh, out),
             }
         }
     }
 
-    /// Bytes or EOF on an idle keep-alive connection: consul (or something
-    /// between) closed it. Drop it quietly; the next request reconnects.
-    fn check_idle(&mut self, registry: &Registry) {
-        let Some(s) = self.stream.as_mut() else {
-            return;
-        };
+    /// Bytes or EOF on a connection with no request in flight: consul (or
+    /// something between) closed it, or sent what nobody asked for. Close
+    /// it quietly; the next request connects anew.
+    fn check_idle(&mut self, conn: Option<Conn<C::Stream>>) -> Option<Conn<C::Stream>> {
+        let mut conn = conn?;
         let mut probe = [0u8; 512];
         loop {
-            match s.read(&mut probe) {
-                Ok(_) => return self.close(registry),
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(_) => return self.close(registry),
-            }
-        }
-    }
-
-    fn step_connect(&mut self, now: Instant) -> Step {
-        let s = self.stream.as_ref().expect("connecting without a stream");
-        match s.connected() {
-            Ok(true) => {
-                self.phase = Phase::Sending {
-                    written: 0,
-                    deadline: self.response_deadline(now),
-                };
-                Step::Again
-            }
-            Ok(false) => Step::Blocked,
-            Err(e) => Step::Fail(Failure::new(ErrorReason::Connect, e.to_string())),
-        }
-    }
-
-    fn step_send(&mut self) -> Step {
-        let Phase::Sending { written, deadline } = &mut self.phase else {
-            unreachable!()
-        };
-        let s = self.stream.as_mut().expect("sending without a stream");
-        while *written < self.request.len() {
-            match s.write(&self.request[*written..]) {
-                Ok(0) => {
-                    return Step::Fail(Failure::new(
-                        ErrorReason::Reset,
-                        "connection closed while sending",
-                    ))
-                }
-                Ok(n) => *written += n,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Step::Blocked,
+            match conn.stream.read(&mut probe) {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Some(conn),
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => return Step::Fail(io_failure(&e)),
+                _ => {
+                    self.retire(conn);
+                    return None;
+                }
             }
         }
-        let deadline = *deadline;
-        self.inbuf.clear();
-        self.phase = Phase::ExpectHead { deadline };
-        Step::Again
     }
 
-    fn step_read(&mut self, now: Instant) -> Step {
-        // Parse what is buffered first (pipelined leftovers), then read.
+    /// Reads and parses the response, at most [`READ_BUDGET`] bytes.
+    fn receive(
+        &mut self,
+        mut rx: Rx<C::Stream>,
+        mut body: Option<Body>,
+        now: Instant,
+    ) -> Next<C::Stream> {
+        let max_body = self.spec.max_body_bytes;
+        // Chunk extensions and trailers could otherwise stretch the body
+        // bound to any amount of input.
+        let max_wire = max_body.saturating_mul(2).saturating_add(MAX_HEAD_BYTES);
         let mut budget = READ_BUDGET;
         loop {
-            match self.advance_parse(now) {
-                Step::Blocked => {}
-                other => return other,
-            }
-            if budget == 0 {
-                // A big body: let the loop answer checks, then come back
-                // (edge-triggered: no new event would tell us to).
-                self.more_to_read = true;
-                return Step::Blocked;
-            }
-            let s = self.stream.as_mut().expect("reading without a stream");
-            let len = self.inbuf.len();
-            self.inbuf.resize(len + READ_CHUNK, 0);
-            let r = s.read(&mut self.inbuf[len..]);
-            match r {
-                Ok(0) => {
-                    self.inbuf.truncate(len);
-                    return self.on_eof(now);
-                }
-                Ok(n) => {
-                    self.inbuf.truncate(len + n);
-                    self.received += n;
-                    budget = budget.saturating_sub(n);
-                }
-                Err(e) => {
-                    self.inbuf.truncate(len);
-                    match e.kind() {
-                        io::ErrorKind::WouldBlock => return Step::Blocked,
-                        io::ErrorKind::Interrupted => {}
-                        _ => return Step::Fail(io_failure(&e)),
+            // Parse what is buffered first, then read.
+            if body.is_none() {
+                match parse_response_head(&rx.inbuf, MAX_HEAD_BYTES) {
+                    Parse::Partial => {}
+                    Parse::Invalid(why) => {
+                        return Next::Fail {
+                            conn: Some(rx.conn),
+                            failure: Failure::new(
+                                ErrorReason::BadBody,
+                                format!("bad response head: {why}"),
+                            ),
+                            retry_fresh: false,
+                        }
+                    }
+                    Parse::Done(head, used) => {
+                        rx.inbuf.drain(..used);
+                        if head.status < 200 {
+                            // 100 Continue, 103 Early Hints: the real
+                            // response follows.
+                            continue;
+                        }
+                        body = Some(Body {
+                            decoder: BodyDecoder::new(head.framing, max_body),
+                            head,
+                            bytes: Vec::new(),
+                        });
                     }
                 }
             }
-        }
-    }
-
-    /// Parses buffered bytes; `Blocked` means "need more".
-    fn advance_parse(&mut self, now: Instant) -> Step {
-        if let Phase::ExpectHead { deadline } = self.phase {
-            match parse_response_head(&self.inbuf, MAX_HEAD_BYTES) {
-                Parse::Partial => return Step::Blocked,
-                Parse::Invalid(why) => {
-                    return Step::Fail(Failure::new(
-                        ErrorReason::BadBody,
-                        format!("bad response head: {why}"),
-                    ))
+            if let Some(b) = body.as_mut() {
+                match b.decoder.feed(&rx.inbuf, &mut b.bytes) {
+                    Ok(used) => {
+                        rx.inbuf.drain(..used);
+                    }
+                    Err(e) => return body_fail(rx.conn, e, max_body),
                 }
-                Parse::Done(head, used) => {
-                    self.inbuf.drain(..used);
-                    self.body.clear();
-                    let decoder = BodyDecoder::new(head.framing, self.config.max_body_bytes);
-                    self.phase = Phase::ExpectBody {
-                        head,
-                        decoder,
-                        deadline,
+                if b.decoder.is_done() {
+                    let b = body.take().expect("just matched");
+                    return self.complete(rx, b, now);
+                }
+            }
+            if rx.received > max_wire {
+                return body_fail(rx.conn, BodyError::TooLarge, max_body);
+            }
+            if budget == 0 {
+                rx.more = true;
+                return Next::Wait(receiving(rx, body));
+            }
+            let len = rx.inbuf.len();
+            let want = READ_CHUNK.min(budget);
+            rx.inbuf.resize(len + want, 0);
+            let r = rx.conn.stream.read(&mut rx.inbuf[len..]);
+            let got = *r.as_ref().unwrap_or(&0);
+            rx.inbuf.truncate(len + got);
+            match r {
+                Ok(0) => return self.on_eof(rx, body, now),
+                Ok(n) => {
+                    rx.received += n;
+                    budget -= n;
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    rx.more = false;
+                    return Next::Wait(receiving(rx, body));
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => {
+                    let retry_fresh = rx.conn.reused && rx.received == 0;
+                    return Next::Fail {
+                        conn: Some(rx.conn),
+                        failure: io_failure(&e),
+                        retry_fresh: retry_fresh && is_reset(&e),
                     };
                 }
             }
         }
-        let Phase::ExpectBody { decoder, .. } = &mut self.phase else {
-            unreachable!()
+    }
+
+    fn on_eof(&mut self, rx: Rx<C::Stream>, body: Option<Body>, now: Instant) -> Next<C::Stream> {
+        let Some(mut b) = body else {
+            return Next::Fail {
+                retry_fresh: rx.conn.reused && rx.received == 0,
+                conn: Some(rx.conn),
+                failure: Failure::new(
+                    ErrorReason::Reset,
+                    "consul closed the connection before a response",
+                ),
+            };
         };
-        match decoder.feed(&self.inbuf, &mut self.body) {
-            Ok(used) => {
-                self.inbuf.drain(..used);
-            }
-            Err(e) => return Step::Fail(body_failure(e, self.config.max_body_bytes)),
-        }
-        if decoder.is_done() {
-            return self.complete(now);
-        }
-        Step::Blocked
-    }
-
-    fn on_eof(&mut self, now: Instant) -> Step {
-        if let Phase::ExpectBody { decoder, .. } = &mut self.phase {
-            match decoder.eof() {
-                Ok(()) => return self.complete(now),
-                Err(e) => return Step::Fail(body_failure(e, self.config.max_body_bytes)),
-            }
-        }
-        Step::Fail(Failure::new(
-            ErrorReason::Reset,
-            "consul closed the connection before a response",
-        ))
-    }
-
-    fn complete(&mut self, now: Instant) -> Step {
-        let Phase::ExpectBody { head, .. } = std::mem::replace(&mut self.phase, Phase::Idle) else {
-            unreachable!()
-        };
-        let keep = head.keep_alive && self.inbuf.is_empty();
-        if !keep {
-            // Close-delimited, `Connection: close`, or stray bytes: start
-            // the next request on a fresh connection.
-            self.stream = None;
-        }
-        self.reused = keep;
-        let body = std::mem::take(&mut self.body);
-        let index = head.header("x-consul-index");
-        let response = self.watch.on_response(now, head.status, index, body);
-        self.shrink_buffers();
-        match response {
-            Response::Done(update) => Step::Done(update),
-            Response::Decode(decoding) => {
-                self.phase = Phase::Decoding(Box::new(decoding));
-                Step::Blocked
-            }
+        match b.decoder.eof() {
+            Ok(()) => self.complete(rx, b, now),
+            Err(e) => body_fail(rx.conn, e, self.spec.max_body_bytes),
         }
     }
 
-    fn shrink_buffers(&mut self) {
-        // A 64 MiB body must not stay allocated until the next one.
-        const KEEP: usize = 1 << 20;
-        if self.body.capacity() > KEEP {
-            self.body = Vec::new();
+    /// A whole response is in: keep the connection only if it may carry
+    /// another request and nothing followed the body; apply the response.
+    fn complete(&mut self, rx: Rx<C::Stream>, body: Body, now: Instant) -> Next<C::Stream> {
+        let Rx {
+            mut conn, inbuf, ..
+        } = rx;
+        let conn = if body.head.keep_alive && inbuf.is_empty() {
+            conn.reused = true;
+            Some(conn)
         } else {
-            self.body.clear();
-        }
-        if self.inbuf.capacity() > KEEP {
-            self.inbuf = Vec::new();
+            // Close-delimited, `Connection: close`, HTTP/1.0, or stray
+            // bytes after the body: the next request connects anew.
+            self.retire(conn);
+            None
+        };
+        let Body { head, bytes, .. } = body;
+        let index = head.header("x-consul-index");
+        match self.watch.on_response(now, head.status, index, bytes) {
+            Response::Done(update) => Next::Done(Phase::Idle { conn }, update),
+            Response::Decode(decoding) => Next::Wait(Phase::Decoding {
+                conn,
+                decoding: Box::new(decoding),
+            }),
         }
     }
 
-    fn close(&mut self, registry: &Registry) {
-        if let Some(mut s) = self.stream.take() {
-            let _ = registry.deregister(s.source());
-        }
-        self.reused = false;
+    fn retire(&mut self, conn: Conn<C::Stream>) {
+        self.retired.push((conn.id, conn.stream));
     }
 
-    fn fail(&mut self, registry: &Registry, now: Instant, failure: Failure, out: &mut Vec<Update>) {
-        let retry_fresh = self.reused
-            && self.received == 0
-            && matches!(failure.reason, ErrorReason::Reset)
-            && matches!(self.phase, Phase::Sending { .. } | Phase::ExpectHead { .. });
-        self.close(registry);
-        self.phase = Phase::Idle;
-        self.shrink_buffers();
-        self.inbuf.clear();
+    fn fail(
+        &mut self,
+        now: Instant,
+        conn: Option<Conn<C::Stream>>,
+        failure: Failure,
+        retry_fresh: bool,
+        out: &mut Vec<Update>,
+    ) {
+        if let Some(conn) = conn {
+            self.retire(conn);
+        }
+        self.phase = Phase::Idle { conn: None };
         if retry_fresh {
-            // The idle connection had been closed under us: one immediate
-            // retry on a new connection, not an error.
-            return self.start(registry, now, out);
+            // The kept connection had been closed under us: one immediate
+            // retry on a new connection (which is never `reused`), not an
+            // error.
+            return self.start(now, None, out);
         }
         out.push(self.watch.on_failure(now, failure));
     }
 }
 
-enum Step {
-    Again,
-    Blocked,
-    Done(Update),
-    Fail(Failure),
+fn receiving<S>(rx: Rx<S>, body: Option<Body>) -> Phase<S> {
+    match body {
+        None => Phase::ExpectHead { rx },
+        Some(body) => Phase::ExpectBody { rx, body },
+    }
+}
+
+/// `response_deadline`: the deadline of the response if connected now.
+fn connect_step<S: Transport>(
+    mut conn: Conn<S>,
+    request: Vec<u8>,
+    deadline: Instant,
+    response_deadline: Instant,
+) -> Next<S> {
+    match conn.stream.connected() {
+        Ok(true) => Next::Go(Phase::Sending {
+            conn,
+            request,
+            written: 0,
+            deadline: response_deadline,
+        }),
+        Ok(false) => Next::Wait(Phase::Connecting {
+            conn,
+            request,
+            deadline,
+        }),
+        Err(e) => Next::Fail {
+            conn: Some(conn),
+            failure: Failure::new(ErrorReason::Connect, e.to_string()),
+            retry_fresh: false,
+        },
+    }
+}
+
+fn send_step<S: Transport>(
+    mut conn: Conn<S>,
+    request: Vec<u8>,
+    mut written: usize,
+    deadline: Instant,
+) -> Next<S> {
+    while written < request.len() {
+        match conn.stream.write(&request[written..]) {
+            Ok(0) => {
+                return Next::Fail {
+                    retry_fresh: conn.reused,
+                    conn: Some(conn),
+                    failure: Failure::new(ErrorReason::Reset, "connection closed while sending"),
+                }
+            }
+            Ok(n) => written += n,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                return Next::Wait(Phase::Sending {
+                    conn,
+                    request,
+                    written,
+                    deadline,
+                })
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => {
+                return Next::Fail {
+                    retry_fresh: conn.reused && is_reset(&e),
+                    conn: Some(conn),
+                    failure: io_failure(&e),
+                }
+            }
+        }
+    }
+    Next::Go(Phase::ExpectHead {
+        rx: Rx {
+            conn,
+            deadline,
+            inbuf: Vec::new(),
+            received: 0,
+            more: false,
+        },
+    })
+}
+
+fn is_reset(e: &io::Error) -> bool {
+    io_failure(e).reason == ErrorReason::Reset
 }
 
 fn io_failure(e: &io::Error) -> Failure {
     let reason = match e.kind() {
-        io::ErrorKind::ConnectionReset
-        | io::ErrorKind::BrokenPipe
-        | io::ErrorKind::ConnectionAborted => ErrorReason::Reset,
         io::ErrorKind::TimedOut => ErrorReason::Timeout,
         io::ErrorKind::ConnectionRefused => ErrorReason::Connect,
         _ => ErrorReason::Reset,
@@ -571,16 +783,432 @@ fn io_failure(e: &io::Error) -> Failure {
     Failure::new(reason, e.to_string())
 }
 
-fn body_failure(e: BodyError, max: usize) -> Failure {
-    match e {
+fn body_fail<S>(conn: Conn<S>, e: BodyError, max: usize) -> Next<S> {
+    let failure = match e {
         BodyError::TooLarge => Failure::new(
             ErrorReason::TooLarge,
-            format!("response body over -consul-max-body-bytes ({max})"),
+            format!("response over -consul-max-body-bytes ({max})"),
         ),
         BodyError::BadChunk => Failure::new(ErrorReason::BadBody, "bad chunked framing"),
         BodyError::Truncated => Failure::new(
             ErrorReason::BadBody,
             "connection closed mid-body (truncated body)",
         ),
+    };
+    Next::Fail {
+        conn: Some(conn),
+        failure,
+        retry_fresh: false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::consul::memstream::{pump, Act, MemConnector, MemStream};
+    use crate::consul::watch::CONFIG_ERROR_DELAY;
+
+    const PREFIX: &str = "p";
+    /// One loop turn on the virtual clock.
+    const TURN: Duration = Duration::from_millis(1);
+
+    fn config(max_body_bytes: usize) -> ConsulConfig {
+        ConsulConfig {
+            endpoint: ConsulEndpoint::Tcp(([127, 0, 0, 1], 8500).into()),
+            host_header: "127.0.0.1:8500".into(),
+            path_prefix: String::new(),
+            token: None,
+            basic_auth: None,
+            namespace: None,
+            partition: None,
+            wait: Duration::from_secs(1),
+            max_body_bytes,
+        }
+    }
+
+    fn client(peers: Vec<MemStream>) -> Client<MemConnector> {
+        client_with(peers, 64 << 20)
+    }
+
+    fn client_with(peers: Vec<MemStream>, max_body: usize) -> Client<MemConnector> {
+        let connector = MemConnector {
+            peers: peers.into(),
+            connects: 0,
+        };
+        Client::new(&config(max_body), connector, PREFIX, 7)
+    }
+
+    /// A listing of `n` keys in consul's shape (`be/sN`: drain, maint, 50%).
+    fn listing(n: usize) -> Vec<u8> {
+        let values = ["ZHJhaW4=", "bWFpbnQ=", "NTAl"];
+        let entries: Vec<String> = (0..n)
+            .map(|i| {
+                format!(
+                    r#"{{"LockIndex":0,"Key":"{PREFIX}/be/s{i}","Flags":0,"Value":"{}","CreateIndex":{i},"ModifyIndex":{i}}}"#,
+                    values[i % 3]
+                )
+            })
+            .collect();
+        format!("[{}]", entries.join(",")).into_bytes()
+    }
+
+    /// How a response is framed on the wire.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    enum Framing {
+        Length,
+        /// Chunks of 2 KiB with extensions, and trailers.
+        Chunked,
+        /// No length: the body ends at FIN.
+        CloseDelimited,
+        Http10,
+        ConnectionClose,
+        /// `100 Continue` and `103 Early Hints` before the response.
+        InterimFirst,
+    }
+
+    const FRAMINGS: [Framing; 6] = [
+        Framing::Length,
+        Framing::Chunked,
+        Framing::CloseDelimited,
+        Framing::Http10,
+        Framing::ConnectionClose,
+        Framing::InterimFirst,
+    ];
+
+    impl Framing {
+        /// Whether the connection may carry the next request.
+        fn keeps(self) -> bool {
+            matches!(
+                self,
+                Framing::Length | Framing::Chunked | Framing::InterimFirst
+            )
+        }
+    }
+
+    fn wire(framing: Framing, index: u64, body: &[u8]) -> Vec<u8> {
+        let head = |version: &str, extra: &str| {
+            format!(
+                "{version} 200 OK\r\nContent-Type: application/json\r\nX-Consul-Index: {index}\r\n{extra}\r\n"
+            )
+            .into_bytes()
+        };
+        let length = format!("Content-Length: {}\r\n", body.len());
+        let mut w = match framing {
+            Framing::Length => head("HTTP/1.1", &length),
+            Framing::Chunked => head("HTTP/1.1", "Transfer-Encoding: chunked\r\n"),
+            Framing::CloseDelimited => head("HTTP/1.1", ""),
+            Framing::Http10 => head("HTTP/1.0", &length),
+            Framing::ConnectionClose => head("HTTP/1.1", &format!("Connection: close\r\n{length}")),
+            Framing::InterimFirst => {
+                let mut w = b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\nLink: </s>; rel=preload\r\n\r\n".to_vec();
+                w.extend(head("HTTP/1.1", &length));
+                w
+            }
+        };
+        if framing == Framing::Chunked {
+            for (i, chunk) in body.chunks(2048).enumerate() {
+                w.extend(format!("{:x};ext{i}=\"a b\"\r\n", chunk.len()).into_bytes());
+                w.extend_from_slice(chunk);
+                w.extend_from_slice(b"\r\n");
+            }
+            w.extend_from_slice(b"0\r\nX-Trailer: done\r\n\r\n");
+        } else {
+            w.extend_from_slice(body);
+        }
+        w
+    }
+
+    /// What follows the response on the connection.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    enum Ending {
+        Nothing,
+        Fin,
+        Reset,
+        StrayByte,
+    }
+
+    const ENDINGS: [Ending; 4] = [
+        Ending::Nothing,
+        Ending::Fin,
+        Ending::Reset,
+        Ending::StrayByte,
+    ];
+
+    /// An update reduced to what the loop acts on.
+    #[derive(Debug, Clone, PartialEq, Eq)]
+    enum Seen {
+        Swap { index: u64, keys: usize },
+        Unchanged,
+        Reset { from: u64, to: u64 },
+        Failed(ErrorReason),
+        Nothing,
+    }
+
+    fn seen(u: Option<Update>) -> Seen {
+        match u {
+            Some(Update::Swap(s)) => Seen::Swap {
+                index: s.index(),
+                keys: s.len(),
+            },
+            Some(Update::Unchanged) => Seen::Unchanged,
+            Some(Update::Reset { from, to }) => Seen::Reset { from, to },
+            Some(Update::Failed(f)) => Seen::Failed(f.reason),
+            None => Seen::Nothing,
+        }
+    }
+
+    /// What the first response must come to, whatever the split.
+    fn expected(framing: Framing, ending: Ending, keys: usize) -> Seen {
+        let swap = Seen::Swap { index: 9, keys };
+        match (framing, ending) {
+            (Framing::CloseDelimited, Ending::Fin) => swap,
+            (Framing::CloseDelimited, Ending::Reset) => Seen::Failed(ErrorReason::Reset),
+            // No end of body ever comes: the whole-response deadline.
+            (Framing::CloseDelimited, _) => Seen::Failed(ErrorReason::Timeout),
+            _ => swap,
+        }
+    }
+
+    /// The response to the first request, split at `at` (a pause between
+    /// the two parts), then `ending`; the peer answers the second request
+    /// with a small listing at index 10. Checks the first outcome, whether
+    /// the connection was kept, and that the second request goes out and
+    /// is applied (on the same connection when kept, else on a new one).
+    fn run(framing: Framing, ending: Ending, body: &[u8], keys: usize, at: usize) {
+        let first = wire(framing, 9, body);
+        let mut script = vec![
+            Act::Data(first[..at].to_vec()),
+            Act::Pause,
+            Act::Data(first[at..].to_vec()),
+        ];
+        script.push(match ending {
+            Ending::Nothing => Act::Pause,
+            Ending::Fin => Act::Fin,
+            Ending::Reset => Act::Reset,
+            Ending::StrayByte => Act::Data(b"x".to_vec()),
+        });
+        let second = vec![Act::Data(wire(Framing::Length, 10, &listing(2)))];
+        let a = MemStream::answering([script, second.clone()]);
+        let b = MemStream::answering([second]);
+        let mut c = client(vec![a.clone(), b.clone()]);
+        let mut now = Instant::now();
+        let what = format!("{framing:?} {ending:?} {keys} keys split at {at}");
+        let got = seen(pump(&mut c, &mut now, Duration::from_secs(30), TURN));
+        assert_eq!(got, expected(framing, ending, keys), "{what}");
+        // The ending is seen by the next reads (readiness events).
+        for _ in 0..4 {
+            c.on_event(now, &mut Vec::new());
+        }
+        let kept = framing.keeps() && matches!(ending, Ending::Nothing) && got != Seen::Nothing;
+        assert_eq!(c.wants().is_some(), kept, "{what}: connection kept");
+        let next = seen(pump(&mut c, &mut now, Duration::from_secs(30), TURN));
+        assert_eq!(
+            next,
+            Seen::Swap { index: 10, keys: 2 },
+            "{what}: next request"
+        );
+        assert_eq!(a.requests() + b.requests(), 2, "{what}");
+        assert_eq!(
+            b.requests(),
+            usize::from(!kept),
+            "{what}: second connection"
+        );
+    }
+
+    #[test]
+    fn small_listing_every_framing_split_at_every_byte_then_every_ending() {
+        let body = listing(10);
+        for framing in FRAMINGS {
+            let len = wire(framing, 9, &body).len();
+            for ending in ENDINGS {
+                for at in 0..=len {
+                    run(framing, ending, &body, 10, at);
+                }
+            }
+        }
+    }
+
+    /// Regression (the issue "No peer but haproxy can stop the answers",
+    /// 1): past 4,096 keys the listing is decoded in slices, and the client
+    /// read the socket again meanwhile: with `Connection: close`, HTTP/1.0
+    /// or a stray byte the process aborted ("reading without a stream"),
+    /// a FIN after a keep-alive response threw the listing away forever,
+    /// and a late byte reached `unreachable!`.
+    #[test]
+    fn large_listing_every_framing_then_every_ending_is_applied_or_counted() {
+        let body = listing(12_000);
+        assert!(body.len() > READ_BUDGET + 1);
+        for framing in FRAMINGS {
+            let w = wire(framing, 9, &body);
+            let head = w.windows(4).rposition(|x| x == b"\r\n\r\n").unwrap_or(0) + 4;
+            let splits = [
+                0,
+                head - 1,
+                head,
+                READ_BUDGET - 1,
+                READ_BUDGET + 1,
+                w.len() - 1,
+                w.len(),
+            ];
+            for ending in ENDINGS {
+                for at in splits {
+                    run(framing, ending, &body, 12_000, at);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_large_listing_is_read_a_budget_per_turn() {
+        let body = listing(12_000);
+        assert!(body.len() > READ_BUDGET);
+        let peer = MemStream::answering([vec![Act::Data(wire(Framing::Length, 9, &body))]]);
+        let mut c = client(vec![peer]);
+        let now = Instant::now();
+        let mut out = Vec::new();
+        c.on_timer(now, &mut out);
+        assert!(out.is_empty());
+        assert_eq!(c.phase_name(), "reading_body");
+        assert_eq!(c.poll_at(now), now, "more to read: come back at once");
+        // A readiness event does not read past the budget either.
+        c.on_event(now, &mut out);
+        assert_eq!(c.phase_name(), "reading_body");
+    }
+
+    /// Regression (issue 11, 6): the deadline was skipped while the read
+    /// budget kept running out, so a peer sending forever (chunk
+    /// extensions: little body, much wire) was read for gigabytes.
+    #[test]
+    fn a_peer_that_never_stops_sending_is_cut_by_the_deadline() {
+        let head = b"HTTP/1.1 200 OK\r\nX-Consul-Index: 9\r\nTransfer-Encoding: chunked\r\n\r\n";
+        let ext = format!("1;{}\r\n \r\n", "e".repeat(1000)).into_bytes();
+        let peer = MemStream::answering([vec![Act::Data(head.to_vec()), Act::Endless(ext)]]);
+        let mut c = client(vec![peer]);
+        let t0 = Instant::now();
+        let mut now = t0;
+        // A turn of a second: the deadline (1 s × 17/16 + 5 s) comes after
+        // a handful of budgets, long before the wire bound.
+        let got = pump(
+            &mut c,
+            &mut now,
+            Duration::from_secs(60),
+            Duration::from_secs(1),
+        );
+        assert_eq!(seen(got), Seen::Failed(ErrorReason::Timeout));
+        // Started on the first turn, given up on the first turn past the
+        // deadline.
+        assert!(
+            now - t0 <= Duration::from_millis(1000 + 1062 + 5000 + 1000),
+            "{:?}",
+            now - t0
+        );
+    }
+
+    #[test]
+    fn wire_bytes_are_bounded_as_well_as_the_body() {
+        let head = b"HTTP/1.1 200 OK\r\nX-Consul-Index: 9\r\nTransfer-Encoding: chunked\r\n\r\n";
+        let ext = format!("1;{}\r\n \r\n", "e".repeat(1000)).into_bytes();
+        let peer = MemStream::answering([vec![Act::Data(head.to_vec()), Act::Endless(ext)]]);
+        let mut c = client_with(vec![peer], 100_000);
+        let mut now = Instant::now();
+        let got = pump(&mut c, &mut now, Duration::from_secs(5), TURN);
+        assert_eq!(seen(got), Seen::Failed(ErrorReason::TooLarge));
+    }
+
+    #[test]
+    fn status_classes() {
+        let cases: [(&str, ErrorReason, bool); 6] = [
+            ("204 No Content", ErrorReason::BadBody, false),
+            (
+                "301 Moved Permanently\r\nLocation: https://x/",
+                ErrorReason::Http4xx,
+                true,
+            ),
+            ("403 Forbidden", ErrorReason::Http4xx, true),
+            ("429 Too Many Requests", ErrorReason::Http4xx, false),
+            ("503 Service Unavailable", ErrorReason::Http5xx, false),
+            ("200 OK", ErrorReason::BadIndex, false),
+        ];
+        for (status, reason, configuration) in cases {
+            let resp = format!("HTTP/1.1 {status}\r\nContent-Length: 0\r\n\r\n");
+            let peer = MemStream::answering([vec![Act::Data(resp.into_bytes())]]);
+            let mut c = client(vec![peer]);
+            let t0 = Instant::now();
+            let mut now = t0;
+            match pump(&mut c, &mut now, Duration::from_secs(5), TURN) {
+                Some(Update::Failed(f)) => {
+                    assert_eq!(
+                        (f.reason, f.configuration),
+                        (reason, configuration),
+                        "{status}"
+                    )
+                }
+                other => panic!("{status}: {other:?}"),
+            }
+            let retry = c.next_request_at(now).expect("idle") - now;
+            assert_eq!(
+                retry >= CONFIG_ERROR_DELAY,
+                configuration,
+                "{status}: {retry:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_kept_connection_closed_while_idle_is_dropped_quietly_and_not_an_error() {
+        let first = wire(Framing::Length, 9, &listing(3));
+        let a = MemStream::answering([vec![Act::Data(first)]]);
+        let b = MemStream::answering([vec![Act::Data(wire(Framing::Length, 10, &listing(2)))]]);
+        let mut c = client(vec![a.clone(), b.clone()]);
+        let mut now = Instant::now();
+        assert_eq!(
+            seen(pump(&mut c, &mut now, Duration::from_secs(5), TURN)),
+            Seen::Swap { index: 9, keys: 3 }
+        );
+        assert!(c.wants().is_some());
+        a.0.borrow_mut().script.push_back(Act::Fin);
+        c.on_event(now, &mut Vec::new());
+        assert!(c.wants().is_none(), "closed while idle");
+        assert_eq!(c.retired().count(), 1, "handed to the loop to close");
+        assert_eq!(
+            seen(pump(&mut c, &mut now, Duration::from_secs(5), TURN)),
+            Seen::Swap { index: 10, keys: 2 }
+        );
+        assert_eq!(c.watch().failures(), 0);
+    }
+
+    #[test]
+    fn a_kept_connection_found_closed_at_the_next_request_is_retried_at_once() {
+        // The close races the request: the request is written, then EOF.
+        let first = wire(Framing::Length, 9, &listing(3));
+        let a = MemStream::answering([vec![Act::Data(first)], vec![Act::Fin]]);
+        let b = MemStream::answering([vec![Act::Data(wire(Framing::Length, 10, &listing(2)))]]);
+        let mut c = client(vec![a, b.clone()]);
+        let mut now = Instant::now();
+        seen(pump(&mut c, &mut now, Duration::from_secs(5), TURN));
+        let before = now;
+        assert_eq!(
+            seen(pump(&mut c, &mut now, Duration::from_secs(5), TURN)),
+            Seen::Swap { index: 10, keys: 2 },
+            "no error reported"
+        );
+        assert_eq!(b.requests(), 1);
+        assert!(
+            now - before < Duration::from_millis(200),
+            "{:?}",
+            now - before
+        );
+    }
+
+    #[test]
+    fn connect_refused_backs_off_and_the_retry_is_nonblocking() {
+        let mut c = client(vec![]);
+        let mut now = Instant::now();
+        assert_eq!(
+            seen(pump(&mut c, &mut now, Duration::from_secs(5), TURN)),
+            Seen::Failed(ErrorReason::Connect)
+        );
+        assert!(c.next_request_at(now).expect("idle") > now);
+        assert_eq!(c.watch().request_index(), 0);
     }
 }

@@ -4,4 +4,5 @@
 
 pub mod client;
 pub mod kv;
+pub mod memstream;
 pub mod watch;

@@ -25,9 +25,9 @@ const BUCKET_BURST: f64 = 5.0;
 const BUCKET_REFILL_PER_S: f64 = 1.0;
 const BACKOFF_FIRST: Duration = Duration::from_millis(250);
 const BACKOFF_CAP: Duration = Duration::from_secs(30);
-/// 400 and 403 are configuration errors (bad token, bad namespace): retried,
-/// but no faster than this.
-const CONFIG_ERROR_DELAY: Duration = Duration::from_secs(10);
+/// Configuration errors (a redirect, 400, 403: bad token, bad namespace):
+/// retried, but no faster than this.
+pub const CONFIG_ERROR_DELAY: Duration = Duration::from_secs(10);
 
 /// Why a consul request failed (metric label `reason`, fixed by SPEC §7).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -77,6 +77,10 @@ impl ErrorReason {
 pub struct Failure {
     pub reason: ErrorReason,
     pub detail: String,
+    /// Consul refused the request as asked (a redirect, a bad prefix,
+    /// token, namespace or partition): the operator must act. Logged at
+    /// error level and retried no faster than [`CONFIG_ERROR_DELAY`].
+    pub configuration: bool,
 }
 
 impl Failure {
@@ -84,7 +88,29 @@ impl Failure {
         Failure {
             reason,
             detail: detail.into(),
+            configuration: false,
         }
+    }
+
+    /// The failure of a complete response that is not a listing (`None`
+    /// for 200 and 404, which are).
+    fn of_status(status: u16, body: &[u8]) -> Option<Failure> {
+        let detail = http_detail(status, body);
+        let (reason, configuration) = match status {
+            200 | 404 => return None,
+            // Interim responses are skipped by the client; any other 2xx
+            // carries no listing.
+            100..=299 => (ErrorReason::BadBody, false),
+            // Throttled or timed out: consul is busy, not misconfigured.
+            408 | 429 => (ErrorReason::Http4xx, false),
+            300..=499 => (ErrorReason::Http4xx, true),
+            _ => (ErrorReason::Http5xx, false),
+        };
+        Some(Failure {
+            reason,
+            detail,
+            configuration,
+        })
     }
 }
 
@@ -275,19 +301,8 @@ impl Watch {
         index_header: Option<&[u8]>,
         body: Vec<u8>,
     ) -> Response {
-        let failure = match status {
-            200 | 404 => None,
-            400..=499 => Some(Failure::new(
-                ErrorReason::Http4xx,
-                http_detail(status, &body),
-            )),
-            _ => Some(Failure::new(
-                ErrorReason::Http5xx,
-                http_detail(status, &body),
-            )),
-        };
-        if let Some(f) = failure {
-            return Response::Done(self.fail(now, f, status));
+        if let Some(f) = Failure::of_status(status, &body) {
+            return Response::Done(self.fail(now, f));
         }
         let Some(new_index) = index_header.and_then(parse_index) else {
             let shown = index_header.map(|v| crate::logging::escape(v, 32));
@@ -295,11 +310,7 @@ impl Watch {
                 Some(v) => format!("non-numeric X-Consul-Index {v:?}"),
                 None => "response without X-Consul-Index".to_owned(),
             };
-            return Response::Done(self.fail(
-                now,
-                Failure::new(ErrorReason::BadIndex, detail),
-                status,
-            ));
+            return Response::Done(self.fail(now, Failure::new(ErrorReason::BadIndex, detail)));
         };
         // Index 0 is treated as 1 (consul's documented client rule).
         let new_index = new_index.max(1);
@@ -357,14 +368,14 @@ impl Watch {
                 self.succeeded();
                 Update::Swap(snapshot)
             }
-            Err(e) => self.fail(now, Failure::new(ErrorReason::BadBody, e.0), 200),
+            Err(e) => self.fail(now, Failure::new(ErrorReason::BadBody, e.0)),
         }
     }
 
     /// The request failed before a complete response (connect, timeout,
     /// reset, framing, size).
     pub fn on_failure(&mut self, now: Instant, failure: Failure) -> Update {
-        self.fail(now, failure, 0)
+        self.fail(now, failure)
     }
 
     fn succeeded(&mut self) {
@@ -372,11 +383,11 @@ impl Watch {
         self.not_before = None;
     }
 
-    fn fail(&mut self, now: Instant, failure: Failure, status: u16) -> Update {
+    fn fail(&mut self, now: Instant, failure: Failure) -> Update {
         self.failures = self.failures.saturating_add(1);
         self.nonblocking_next = true;
         let mut delay = self.backoff_delay();
-        if matches!(status, 400 | 403) {
+        if failure.configuration {
             delay = delay.max(CONFIG_ERROR_DELAY);
         }
         self.not_before = Some(now + delay);

@@ -122,11 +122,13 @@ pub fn parse_request_head(buf: &[u8], max_head_bytes: usize) -> Parse<RequestHea
     )
 }
 
-/// Parses a response head of at most `max_head_bytes`. 1xx responses are
-/// `Invalid` (consul never sends them for GET). Responses to HEAD or with
-/// status 204/304 are not expected from consul and need no special case.
-/// Refused like requests for the framing rules; without `Content-Length`
-/// or `Transfer-Encoding` the body is `Framing::Close`.
+/// Parses a response head of at most `max_head_bytes`. An interim (1xx)
+/// response is `Done` with no body: the caller skips it and parses the real
+/// response after it (RFC 9110 §15.2); `101 Switching Protocols` is
+/// `Invalid` (nothing here upgrades). 1xx, 204 and 304 have no body
+/// whatever their headers say (RFC 9112 §6.3). Refused like requests for the
+/// framing rules; without `Content-Length` or `Transfer-Encoding` the body
+/// is `Framing::Close`.
 pub fn parse_response_head(buf: &[u8], max_head_bytes: usize) -> Parse<ResponseHead> {
     let mut raw = [httparse::EMPTY_HEADER; MAX_HEADERS];
     let mut resp = httparse::Response::new(&mut raw);
@@ -141,11 +143,14 @@ pub fn parse_response_head(buf: &[u8], max_head_bytes: usize) -> Parse<ResponseH
     };
     let status = match resp.code {
         Some(c) if c < 100 => return Parse::Invalid("bad status code"),
-        Some(c) if c < 200 => return Parse::Invalid("1xx response"),
+        Some(101) => return Parse::Invalid("101 switching protocols"),
         Some(c) => c,
         None => return Parse::Invalid("incomplete status line"),
     };
     let (framing, keep_alive) = match body_framing(resp.headers, version) {
+        _ if status < 200 || status == 204 || status == 304 => {
+            (Framing::Length(0), keep_alive(resp.headers, version))
+        }
         Ok(Some(f)) => (f, keep_alive(resp.headers, version)),
         // Close-delimited: the end of the body is the end of the connection.
         Ok(None) => (Framing::Close, false),
@@ -495,8 +500,18 @@ Transfer-Encoding: chunked\r\n\r\na3f\r\n";
     }
 
     #[test]
-    fn informational_responses_refused() {
-        assert!(resp_invalid(b"HTTP/1.1 100 Continue\r\n\r\n"));
+    fn interim_responses_have_no_body_and_101_is_refused() {
+        // 1xx (to be skipped by the caller), 204 and 304: no body whatever
+        // the headers say.
+        for raw in [
+            &b"HTTP/1.1 100 Continue\r\n\r\n"[..],
+            b"HTTP/1.1 103 Early Hints\r\nLink: </x>; rel=preload\r\n\r\n",
+            b"HTTP/1.1 204 No Content\r\nContent-Length: 10\r\n\r\n",
+            b"HTTP/1.1 304 Not Modified\r\nTransfer-Encoding: chunked\r\n\r\n",
+        ] {
+            let (h, used) = resp(raw);
+            assert_eq!((h.framing, used), (Framing::Length(0), raw.len()));
+        }
         assert!(resp_invalid(
             b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: h2c\r\n\r\n"
         ));

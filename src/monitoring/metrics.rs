@@ -8,6 +8,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use crate::agent::Outcome;
 use crate::consul::watch::ErrorReason;
+use crate::monitoring::server::Role;
 use crate::state::{InvalidReason, Snapshot};
 
 /// Upper bounds (seconds) of the request duration histogram: answers take
@@ -58,6 +59,32 @@ pub struct Metrics {
     pub invalid_values: [u64; InvalidReason::ALL.len()],
     pub last_success: Option<Instant>,
     pub last_change: Option<SystemTime>,
+    /// HTTP connections closed by the agent, by listener and [`HttpDrop`].
+    pub http_dropped: [[u64; HttpDrop::ALL.len()]; Role::ALL.len()],
+}
+
+/// Why the agent closed an HTTP connection itself (metric label `reason`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HttpDrop {
+    /// The listener's pool was full: the oldest connection without a
+    /// complete request made room for a new one.
+    Evicted,
+    /// The pool was full of requests being answered: the new one closed.
+    Refused,
+    /// Idle, head, body or write deadline passed.
+    Timeout,
+}
+
+impl HttpDrop {
+    pub const ALL: [HttpDrop; 3] = [HttpDrop::Evicted, HttpDrop::Refused, HttpDrop::Timeout];
+
+    pub fn label(self) -> &'static str {
+        match self {
+            HttpDrop::Evicted => "evicted",
+            HttpDrop::Refused => "refused",
+            HttpDrop::Timeout => "timeout",
+        }
+    }
 }
 
 impl Metrics {
@@ -70,6 +97,10 @@ impl Metrics {
 
     pub fn count_consul_error(&mut self, reason: ErrorReason) {
         self.consul_errors[reason.index()] += 1;
+    }
+
+    pub fn count_http_drop(&mut self, role: Role, why: HttpDrop) {
+        self.http_dropped[role.index()][why as usize] += 1;
     }
 }
 
@@ -125,6 +156,21 @@ pub fn render(v: &View<'_>) -> String {
         "Accept failures (e.g. out of file descriptors); accepting pauses briefly after each.",
         m.accept_errors,
     );
+
+    o.family(
+        "http_connections_dropped_total",
+        "counter",
+        "Monitoring, pprof and dev KV connections the agent closed itself, by listener and reason (evicted from a full pool, refused by a pool full of requests in progress, or timed out).",
+    );
+    for role in Role::ALL {
+        for why in HttpDrop::ALL {
+            o.int(
+                "http_connections_dropped_total",
+                &[("listener", role.label()), ("reason", why.label())],
+                m.http_dropped[role.index()][why as usize],
+            );
+        }
+    }
 
     o.gauge(
         "synced",

@@ -2,30 +2,108 @@
 //! KV listeners: read a request (head + body, bounded), hand it to the loop,
 //! write the response, keep alive or close.
 //!
-//! In: readiness of the socket, and responses from whoever handles the
-//! request. Out: complete requests, or what to wait for. Always holds: a head
-//! is at most [`MAX_HEAD_BYTES`], a body at most the limit given at
-//! creation; a request that breaks the framing rules gets a 400 and the
-//! connection is closed; one request is handled at a time (pipelined bytes
-//! wait in the buffer).
+//! In: readiness of the socket, the time, and responses from whoever
+//! handles the request. Out: complete requests, what to wait for, and the
+//! connection's deadline. Always holds: a head is at most
+//! [`Limits::max_head`]; a body at most [`Limits::max_put_body`] on `PUT`,
+//! [`SMALL_BODY`] on other methods (read, so that the route can answer
+//! "405 method not allowed"), else 413; a request
+//! that breaks the framing rules gets a 400; both close the connection. One
+//! request is handled at a time (pipelined bytes wait in the buffer, at most
+//! a head's worth plus one read). One call reads at most [`READ_BUDGET`]
+//! bytes and hands out at most one request. Every phase but `Handling` has
+//! a deadline: a connection never holds its slot forever.
 //!
 //! | phase | waits for | on event | next |
 //! |---|---|---|---|
-//! | `ExpectHead` | readable | head parsed | `ExpectBody` |
-//! | `ExpectBody` | readable | body complete | `Handling` (request out) |
+//! | `ExpectHead` | readable; [`IDLE_TIMEOUT`] before a byte, [`HEAD_TIMEOUT`] after | head parsed | `ExpectBody` (or refused: `Writing`, close) |
+//! | `ExpectBody` | readable, [`BODY_TIMEOUT`] | body complete | `Handling` (request out) |
 //! | `Handling` | the loop's response (dev KV: maybe parked) | response | `Writing` |
-//! | `Writing` | writable | written | `ExpectHead` (keep-alive) or closed |
+//! | `Writing` | writable, [`WRITE_TIMEOUT`] | written | `ExpectHead` (keep-alive) or closed |
 
 use std::io::{self, Read, Write};
-
-use mio::net::TcpStream;
+use std::time::{Duration, Instant};
 
 use crate::http::{
-    parse_request_head, render_response, BodyDecoder, Method, Parse, RequestHead, Response,
+    parse_request_head, render_response, BodyDecoder, BodyError, Method, Parse, RequestHead,
+    Response,
 };
 
-pub const MAX_HEAD_BYTES: usize = 16 * 1024;
-const READ_CHUNK: usize = 16 * 1024;
+/// A kept-alive connection may wait this long for the first byte of its
+/// next request (and a new one for its first).
+pub const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+/// From the first byte of a request head to its end (slowloris).
+pub const HEAD_TIMEOUT: Duration = Duration::from_secs(5);
+/// From the end of the head to the end of the body (a dev KV PUT).
+pub const BODY_TIMEOUT: Duration = Duration::from_secs(30);
+/// A response must be taken by the peer within this.
+pub const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Bytes read per call, at most: one peer cannot hold the loop.
+pub const READ_BUDGET: usize = 64 * 1024;
+
+/// The HTTP listeners; each has its own pool of connection slots, so a
+/// flood on one never refuses another.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    Monitoring,
+    Pprof,
+    DevKv,
+}
+
+impl Role {
+    pub const ALL: [Role; 3] = [Role::Monitoring, Role::Pprof, Role::DevKv];
+
+    /// Metric label `listener`.
+    pub fn label(self) -> &'static str {
+        match self {
+            Role::Monitoring => "monitoring",
+            Role::Pprof => "pprof",
+            Role::DevKv => "dev_kv",
+        }
+    }
+
+    pub fn index(self) -> usize {
+        self as usize
+    }
+
+    /// Connections open at once; a full pool evicts (see
+    /// [`HttpConn::eviction_key`]). Memory at most `pool × (max_head +
+    /// one read)` for a GET-only listener.
+    pub fn pool(self) -> usize {
+        match self {
+            Role::Monitoring => 256,
+            Role::Pprof => 32,
+            Role::DevKv => 512,
+        }
+    }
+
+    pub fn limits(self) -> Limits {
+        match self {
+            // GET only: a small head, no body worth the name.
+            Role::Monitoring | Role::Pprof => Limits {
+                max_head: 8 * 1024,
+                max_put_body: SMALL_BODY,
+            },
+            // A PUT value may be 512 KiB in consul; a little slack.
+            Role::DevKv => Limits {
+                max_head: 16 * 1024,
+                max_put_body: 1024 * 1024,
+            },
+        }
+    }
+}
+
+/// What one listener accepts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    pub max_head: usize,
+    /// A `PUT` body may be this long; other methods' at most [`SMALL_BODY`].
+    pub max_put_body: usize,
+}
+
+/// The body any request may carry: no route but a dev KV PUT takes one,
+/// but a small one is read so that the answer says why (405, not 413).
+pub const SMALL_BODY: usize = 1024;
 
 /// What the loop should do after an event.
 #[derive(Debug)]
@@ -34,16 +112,28 @@ pub enum HttpProgress {
     Request(RequestHead, Vec<u8>),
     NeedRead,
     NeedWrite,
+    /// A response went out whole and the connection is kept: call
+    /// [`HttpConn::on_readable`] for the next request (now or next turn).
+    Written,
+    /// The read budget is spent with bytes possibly left in the socket:
+    /// call [`HttpConn::on_readable`] again next turn (no event will come).
+    Yield,
     /// Done (peer closed, error, or `Connection: close` answered).
     Close,
 }
 
 enum Phase {
-    ExpectHead,
+    ExpectHead {
+        /// When the wait began (accept, or the last response written).
+        since: Instant,
+        /// When the first byte of the head came.
+        started: Option<Instant>,
+    },
     ExpectBody {
         head: RequestHead,
         decoder: BodyDecoder,
         body: Vec<u8>,
+        since: Instant,
     },
     Handling {
         keep_alive: bool,
@@ -51,29 +141,38 @@ enum Phase {
     Writing {
         written: usize,
         keep_alive: bool,
+        since: Instant,
     },
 }
 
-pub struct HttpConn {
-    stream: TcpStream,
+pub struct HttpConn<S> {
+    stream: S,
     inbuf: Vec<u8>,
     out: Vec<u8>,
     phase: Phase,
-    max_body: usize,
+    limits: Limits,
+    accepted: Instant,
+    /// Responses written whole.
+    served: u64,
 }
 
-impl HttpConn {
-    pub fn new(stream: TcpStream, max_body: usize) -> HttpConn {
+impl<S: Read + Write> HttpConn<S> {
+    pub fn new(stream: S, limits: Limits, now: Instant) -> HttpConn<S> {
         HttpConn {
             stream,
             inbuf: Vec::new(),
             out: Vec::new(),
-            phase: Phase::ExpectHead,
-            max_body,
+            phase: Phase::ExpectHead {
+                since: now,
+                started: None,
+            },
+            limits,
+            accepted: now,
+            served: 0,
         }
     }
 
-    pub fn stream_mut(&mut self) -> &mut TcpStream {
+    pub fn stream_mut(&mut self) -> &mut S {
         &mut self.stream
     }
 
@@ -82,51 +181,56 @@ impl HttpConn {
         matches!(self.phase, Phase::Handling { .. })
     }
 
-    pub fn on_readable(&mut self) -> HttpProgress {
-        match self.phase {
-            Phase::ExpectHead | Phase::ExpectBody { .. } => {}
-            Phase::Handling { .. } => return self.peek_closed(),
-            Phase::Writing { .. } => return self.on_writable(),
-        }
-        loop {
-            match self.parse_buffered() {
-                Ok(Some(p)) => return p,
-                Ok(None) => {}
-                Err(why) => return self.refuse(why),
-            }
-            let len = self.inbuf.len();
-            self.inbuf.resize(len + READ_CHUNK, 0);
-            let r = self.stream.read(&mut self.inbuf[len..]);
-            match r {
-                Ok(0) => {
-                    self.inbuf.truncate(len);
-                    return HttpProgress::Close;
-                }
-                Ok(n) => self.inbuf.truncate(len + n),
-                Err(e) => {
-                    self.inbuf.truncate(len);
-                    match e.kind() {
-                        io::ErrorKind::WouldBlock => return HttpProgress::NeedRead,
-                        io::ErrorKind::Interrupted => {}
-                        _ => return HttpProgress::Close,
-                    }
-                }
-            }
+    /// When the connection has waited too long (`None` while handling).
+    pub fn deadline(&self) -> Option<Instant> {
+        match &self.phase {
+            Phase::ExpectHead {
+                since,
+                started: None,
+            } => Some(*since + IDLE_TIMEOUT),
+            Phase::ExpectHead {
+                started: Some(t), ..
+            } => Some(*t + HEAD_TIMEOUT),
+            Phase::ExpectBody { since, .. } => Some(*since + BODY_TIMEOUT),
+            Phase::Handling { .. } => None,
+            Phase::Writing { since, .. } => Some(*since + WRITE_TIMEOUT),
         }
     }
 
-    /// While a request is parked, a readable socket means the client went
-    /// away (or pipelined more): EOF closes, bytes wait in the buffer.
-    fn peek_closed(&mut self) -> HttpProgress {
-        let mut tmp = [0u8; 1024];
+    /// Which connection a full pool closes first: the lowest key, among
+    /// those `None` (a request out with the loop is never evicted). Those
+    /// that never completed a request go first, oldest first.
+    pub fn eviction_key(&self) -> Option<(bool, Instant)> {
+        (!self.is_handling()).then_some((self.served > 0, self.accepted))
+    }
+
+    /// The socket is (or may be) readable. `scratch` is the loop's read
+    /// buffer (any size > 0).
+    pub fn on_readable(&mut self, now: Instant, scratch: &mut [u8]) -> HttpProgress {
+        match self.phase {
+            Phase::ExpectHead { .. } | Phase::ExpectBody { .. } => {}
+            Phase::Handling { .. } => return self.peek_closed(scratch),
+            Phase::Writing { .. } => return self.on_writable(now),
+        }
+        let mut budget = READ_BUDGET;
         loop {
-            match self.stream.read(&mut tmp) {
+            match self.parse_buffered(now) {
+                Ok(Some(p)) => return p,
+                Ok(None) => {}
+                Err(refusal) => return self.refuse(refusal, now),
+            }
+            if budget == 0 {
+                return HttpProgress::Yield;
+            }
+            let room = scratch.len().min(budget);
+            match self.stream.read(&mut scratch[..room]) {
                 Ok(0) => return HttpProgress::Close,
                 Ok(n) => {
-                    if self.inbuf.len() + n > MAX_HEAD_BYTES + self.max_body {
-                        return HttpProgress::Close;
+                    budget -= n;
+                    self.inbuf.extend_from_slice(&scratch[..n]);
+                    if let Phase::ExpectHead { started, .. } = &mut self.phase {
+                        started.get_or_insert(now);
                     }
-                    self.inbuf.extend_from_slice(&tmp[..n]);
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return HttpProgress::NeedRead,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
@@ -135,19 +239,48 @@ impl HttpConn {
         }
     }
 
-    /// `Ok(Some)`: a request is complete; `Ok(None)`: need more bytes.
-    fn parse_buffered(&mut self) -> Result<Option<HttpProgress>, &'static str> {
-        if let Phase::ExpectHead = self.phase {
-            match parse_request_head(&self.inbuf, MAX_HEAD_BYTES) {
+    /// While a request is parked, a readable socket means the client went
+    /// away (or pipelined more): EOF closes, bytes wait in the buffer (at
+    /// most a head's worth).
+    fn peek_closed(&mut self, scratch: &mut [u8]) -> HttpProgress {
+        loop {
+            match self.stream.read(scratch) {
+                Ok(0) => return HttpProgress::Close,
+                Ok(n) => {
+                    if self.inbuf.len() + n > self.limits.max_head {
+                        return HttpProgress::Close;
+                    }
+                    self.inbuf.extend_from_slice(&scratch[..n]);
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return HttpProgress::NeedRead,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(_) => return HttpProgress::Close,
+            }
+        }
+    }
+
+    /// `Ok(Some)`: a request is complete; `Ok(None)`: need more bytes;
+    /// `Err`: refuse it with this status and reason.
+    fn parse_buffered(
+        &mut self,
+        now: Instant,
+    ) -> Result<Option<HttpProgress>, (u16, &'static str)> {
+        if let Phase::ExpectHead { .. } = self.phase {
+            match parse_request_head(&self.inbuf, self.limits.max_head) {
                 Parse::Partial => return Ok(None),
-                Parse::Invalid(why) => return Err(why),
+                Parse::Invalid(why) => return Err((400, why)),
                 Parse::Done(head, used) => {
                     self.inbuf.drain(..used);
-                    let decoder = BodyDecoder::new(head.framing, self.max_body);
+                    let max_body = if head.method == Method::Put {
+                        self.limits.max_put_body
+                    } else {
+                        SMALL_BODY
+                    };
                     self.phase = Phase::ExpectBody {
+                        decoder: BodyDecoder::new(head.framing, max_body),
                         head,
-                        decoder,
                         body: Vec::new(),
+                        since: now,
                     };
                 }
             }
@@ -155,17 +288,18 @@ impl HttpConn {
         let Phase::ExpectBody { decoder, body, .. } = &mut self.phase else {
             return Ok(None);
         };
-        let used = decoder
-            .feed(&self.inbuf, body)
-            .map_err(|_| "bad or oversized request body")?;
+        let used = decoder.feed(&self.inbuf, body).map_err(|e| match e {
+            BodyError::TooLarge => (413, "request body not accepted here, or too large"),
+            _ => (400, "bad request body framing"),
+        })?;
         self.inbuf.drain(..used);
         if !decoder.is_done() {
             return Ok(None);
         }
         let Phase::ExpectBody { head, body, .. } =
-            std::mem::replace(&mut self.phase, Phase::ExpectHead)
+            std::mem::replace(&mut self.phase, Phase::Handling { keep_alive: false })
         else {
-            unreachable!()
+            unreachable!("matched just above")
         };
         self.phase = Phase::Handling {
             keep_alive: head.keep_alive,
@@ -173,14 +307,14 @@ impl HttpConn {
         Ok(Some(HttpProgress::Request(head, body)))
     }
 
-    fn refuse(&mut self, why: &'static str) -> HttpProgress {
+    fn refuse(&mut self, (status, why): (u16, &'static str), now: Instant) -> HttpProgress {
         self.phase = Phase::Handling { keep_alive: false };
         let resp = Response {
-            status: 400,
+            status,
             headers: vec![("Content-Type", "text/plain".into())],
             body: format!("{why}\n").into_bytes(),
         };
-        self.respond(&resp, false, None)
+        self.respond(&resp, false, None, now)
     }
 
     /// Sends the response to the request handed out last.
@@ -189,6 +323,7 @@ impl HttpConn {
         resp: &Response,
         head_only: bool,
         chunk_over: Option<usize>,
+        now: Instant,
     ) -> HttpProgress {
         let keep_alive = match self.phase {
             Phase::Handling { keep_alive } => keep_alive,
@@ -199,14 +334,16 @@ impl HttpConn {
         self.phase = Phase::Writing {
             written: 0,
             keep_alive,
+            since: now,
         };
-        self.on_writable()
+        self.on_writable(now)
     }
 
-    pub fn on_writable(&mut self) -> HttpProgress {
+    pub fn on_writable(&mut self, now: Instant) -> HttpProgress {
         let Phase::Writing {
             written,
             keep_alive,
+            ..
         } = &mut self.phase
         else {
             return HttpProgress::NeedRead;
@@ -220,19 +357,205 @@ impl HttpConn {
                 Err(_) => return HttpProgress::Close,
             }
         }
+        self.served += 1;
         if !*keep_alive {
             return HttpProgress::Close;
         }
-        self.phase = Phase::ExpectHead;
-        if self.out.capacity() > 1 << 20 {
+        // A pipelined request may already be buffered: its head started now.
+        self.phase = Phase::ExpectHead {
+            since: now,
+            started: (!self.inbuf.is_empty()).then_some(now),
+        };
+        // An idle connection keeps no large buffers.
+        if self.out.capacity() > 64 * 1024 {
             self.out = Vec::new();
         }
-        // A pipelined request may already be buffered.
-        self.on_readable()
+        if self.inbuf.is_empty() && self.inbuf.capacity() > 4096 {
+            self.inbuf = Vec::new();
+        }
+        HttpProgress::Written
     }
 }
 
 /// `HEAD` is answered like `GET` without a body.
 pub fn is_head(head: &RequestHead) -> bool {
     head.method == Method::Head
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::consul::memstream::{Act, MemStream};
+
+    const LIMITS: Limits = Limits {
+        max_head: 1024,
+        max_put_body: 4096,
+    };
+
+    /// A connection whose peer sends these acts, opened at `t0`.
+    fn conn(acts: Vec<Act>, t0: Instant) -> (HttpConn<MemStream>, MemStream) {
+        let peer = MemStream::default();
+        peer.0.borrow_mut().script.extend(acts);
+        (HttpConn::new(peer.clone(), LIMITS, t0), peer)
+    }
+
+    fn data(b: &[u8]) -> Act {
+        Act::Data(b.to_vec())
+    }
+
+    fn ok() -> Response {
+        Response {
+            status: 200,
+            headers: vec![],
+            body: b"ok".to_vec(),
+        }
+    }
+
+    fn written(peer: &MemStream) -> String {
+        String::from_utf8_lossy(&peer.0.borrow().written).into_owned()
+    }
+
+    #[test]
+    fn a_pipelined_flood_is_handed_out_one_request_per_call() {
+        let t0 = Instant::now();
+        let flood = b"GET /-/liveness HTTP/1.1\r\nHost: x\r\n\r\n".repeat(1000);
+        let (mut c, peer) = conn(vec![data(&flood)], t0);
+        let mut scratch = vec![0; 16 * 1024];
+        let mut served = 0;
+        let mut progress = c.on_readable(t0, &mut scratch);
+        loop {
+            match progress {
+                HttpProgress::Request(head, _) => {
+                    assert_eq!(head.path, "/-/liveness");
+                    match c.respond(&ok(), false, None, t0) {
+                        HttpProgress::Written => served += 1,
+                        other => panic!("{other:?}"),
+                    }
+                    // The loop decides when to come back for the next one.
+                    progress = c.on_readable(t0, &mut scratch);
+                }
+                HttpProgress::Yield => progress = c.on_readable(t0, &mut scratch),
+                HttpProgress::NeedRead => break,
+                other => panic!("{other:?}"),
+            }
+        }
+        assert_eq!(served, 1000);
+        assert_eq!(written(&peer).matches("HTTP/1.1 200").count(), 1000);
+        // Nothing large stays allocated on the idle connection.
+        assert!(c.inbuf.capacity() <= 4096, "{}", c.inbuf.capacity());
+    }
+
+    #[test]
+    fn one_call_reads_at_most_the_budget() {
+        let t0 = Instant::now();
+        let len = READ_BUDGET * 3;
+        let mut put =
+            format!("PUT /v1/kv/k HTTP/1.1\r\nContent-Length: {len}\r\n\r\n").into_bytes();
+        put.extend(vec![b'x'; len]);
+        let peer = MemStream::default();
+        peer.0.borrow_mut().script.push_back(data(&put));
+        let limits = Limits {
+            max_head: 1024,
+            max_put_body: len,
+        };
+        let mut c = HttpConn::new(peer.clone(), limits, t0);
+        let mut scratch = vec![0; 16 * 1024];
+        let left = |peer: &MemStream| match peer.0.borrow().script.front() {
+            Some(Act::Data(d)) => d.len(),
+            _ => 0,
+        };
+        let mut calls = 0;
+        let body = loop {
+            let before = left(&peer);
+            match c.on_readable(t0, &mut scratch) {
+                HttpProgress::Yield => assert!(before - left(&peer) <= READ_BUDGET),
+                HttpProgress::Request(_, body) => break body,
+                other => panic!("{other:?}"),
+            }
+            calls += 1;
+        };
+        assert_eq!(body.len(), len);
+        assert!(calls >= 3, "{calls} calls");
+        // A head that never ends is refused at its bound, not read on.
+        let (mut c, peer) = conn(vec![data(&vec![b'G'; READ_BUDGET * 3])], t0);
+        assert!(matches!(
+            c.on_readable(t0, &mut scratch),
+            HttpProgress::Close
+        ));
+        assert!(written(&peer).starts_with("HTTP/1.1 400"));
+        assert!(left(&peer) >= READ_BUDGET * 3 - LIMITS.max_head - scratch.len());
+    }
+
+    #[test]
+    fn a_body_on_a_get_is_refused_at_the_head_with_413() {
+        let t0 = Instant::now();
+        let req = b"POST /-/liveness HTTP/1.1\r\nContent-Length: 1048576\r\n\r\nxxxx";
+        let (mut c, peer) = conn(vec![data(req)], t0);
+        let mut scratch = vec![0; 1024];
+        assert!(matches!(
+            c.on_readable(t0, &mut scratch),
+            HttpProgress::Close
+        ));
+        assert!(
+            written(&peer).starts_with("HTTP/1.1 413"),
+            "{}",
+            written(&peer)
+        );
+        // A PUT body within the bound is fine; past it, 413 too.
+        for (len, want) in [(4096, None), (4097, Some("HTTP/1.1 413"))] {
+            let mut req =
+                format!("PUT /v1/kv/k HTTP/1.1\r\nContent-Length: {len}\r\n\r\n").into_bytes();
+            req.extend(vec![b'v'; len]);
+            let (mut c, peer) = conn(vec![data(&req)], t0);
+            match (c.on_readable(t0, &mut scratch), want) {
+                (HttpProgress::Request(_, body), None) => assert_eq!(body.len(), len),
+                (HttpProgress::Close, Some(status)) => {
+                    assert!(written(&peer).starts_with(status))
+                }
+                (other, _) => panic!("{len}: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn deadlines_follow_the_phase() {
+        let t0 = Instant::now();
+        let (mut c, peer) = conn(vec![], t0);
+        let mut scratch = vec![0; 1024];
+        assert_eq!(c.deadline(), Some(t0 + IDLE_TIMEOUT));
+        // One byte of a head: the head deadline, counted from that byte.
+        let t1 = t0 + Duration::from_secs(7);
+        peer.0.borrow_mut().script.push_back(data(b"G"));
+        assert!(matches!(
+            c.on_readable(t1, &mut scratch),
+            HttpProgress::NeedRead
+        ));
+        assert_eq!(c.deadline(), Some(t1 + HEAD_TIMEOUT));
+        // More bytes do not move it.
+        let t2 = t1 + Duration::from_secs(2);
+        peer.0
+            .borrow_mut()
+            .script
+            .push_back(data(b"ET / HTTP/1.1\r\n"));
+        assert!(matches!(
+            c.on_readable(t2, &mut scratch),
+            HttpProgress::NeedRead
+        ));
+        assert_eq!(c.deadline(), Some(t1 + HEAD_TIMEOUT));
+        assert_eq!(c.eviction_key(), Some((false, t0)));
+        peer.0.borrow_mut().script.push_back(data(b"\r\n"));
+        assert!(matches!(
+            c.on_readable(t2, &mut scratch),
+            HttpProgress::Request(..)
+        ));
+        assert_eq!(c.deadline(), None, "handling: the loop owns the time");
+        assert_eq!(c.eviction_key(), None);
+        let t3 = t2 + Duration::from_secs(1);
+        assert!(matches!(
+            c.respond(&ok(), false, None, t3),
+            HttpProgress::Written
+        ));
+        assert_eq!(c.deadline(), Some(t3 + IDLE_TIMEOUT));
+        assert_eq!(c.eviction_key(), Some((true, t0)));
+    }
 }

@@ -1,0 +1,191 @@
+//! An in-memory consul peer for the client's unit tests and the fuzzer: a
+//! [`Transport`] whose reads follow a script, and a virtual-clock pump that
+//! runs a [`Client`] over it with no socket and no sleep.
+//!
+//! In: the acts of the peer (bytes, "nothing yet", FIN, RST), one script
+//! per request it answers. Out: what the client wrote, how often it
+//! connected, and the updates it reported. Always holds: a read never
+//! blocks (an empty script is `WouldBlock`); FIN and RST stay in effect
+//! once reached, as on a socket.
+
+use std::cell::RefCell;
+use std::collections::VecDeque;
+use std::io::{self, Read, Write};
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use crate::consul::client::{Client, Connect, Transport};
+use crate::consul::watch::Update;
+
+/// One thing the peer does, as seen by the client's reads.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Act {
+    /// These bytes arrive (a read may take them in parts).
+    Data(Vec<u8>),
+    /// These bytes, over and over, forever (a peer that never stops).
+    Endless(Vec<u8>),
+    /// Nothing more for now: one read says `WouldBlock`.
+    Pause,
+    /// The peer closed (FIN): every read from here is EOF.
+    Fin,
+    /// The peer reset (RST): every read from here fails.
+    Reset,
+}
+
+/// The peer's side of one connection.
+#[derive(Debug, Default)]
+pub struct Peer {
+    /// What the client's reads meet next.
+    pub script: VecDeque<Act>,
+    /// One script per request, appended to `script` when the request's
+    /// head is complete (so nothing arrives before it is asked for).
+    pub answers: VecDeque<Vec<Act>>,
+    /// Everything the client wrote.
+    pub written: Vec<u8>,
+    /// Request heads received.
+    pub requests: usize,
+}
+
+/// A connection to the scripted peer; clones share it.
+#[derive(Debug, Clone, Default)]
+pub struct MemStream(pub Rc<RefCell<Peer>>);
+
+impl MemStream {
+    /// A peer that answers its requests with these scripts, in order.
+    pub fn answering(answers: impl IntoIterator<Item = Vec<Act>>) -> MemStream {
+        let peer = Peer {
+            answers: answers.into_iter().collect(),
+            ..Peer::default()
+        };
+        MemStream(Rc::new(RefCell::new(peer)))
+    }
+
+    pub fn requests(&self) -> usize {
+        self.0.borrow().requests
+    }
+}
+
+impl Read for MemStream {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let mut peer = self.0.borrow_mut();
+        while matches!(peer.script.front(), Some(Act::Data(d)) if d.is_empty()) {
+            peer.script.pop_front();
+        }
+        match peer.script.front_mut() {
+            None => Err(io::ErrorKind::WouldBlock.into()),
+            Some(Act::Pause) => {
+                peer.script.pop_front();
+                Err(io::ErrorKind::WouldBlock.into())
+            }
+            Some(Act::Fin) => Ok(0),
+            Some(Act::Reset) => Err(io::ErrorKind::ConnectionReset.into()),
+            Some(Act::Endless(pattern)) => {
+                let n = buf.len();
+                for (dst, src) in buf.iter_mut().zip(pattern.iter().cycle()) {
+                    *dst = *src;
+                }
+                // Keep the pattern aligned for the next read.
+                let shift = n % pattern.len().max(1);
+                pattern.rotate_left(shift);
+                Ok(n)
+            }
+            Some(Act::Data(bytes)) => {
+                let n = bytes.len().min(buf.len());
+                buf[..n].copy_from_slice(&bytes[..n]);
+                bytes.drain(..n);
+                if bytes.is_empty() {
+                    peer.script.pop_front();
+                }
+                Ok(n)
+            }
+        }
+    }
+}
+
+impl Write for MemStream {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let mut peer = self.0.borrow_mut();
+        if matches!(peer.script.front(), Some(Act::Reset)) {
+            return Err(io::ErrorKind::BrokenPipe.into());
+        }
+        let before = peer.written.len();
+        peer.written.extend_from_slice(buf);
+        // Heads ending in this write (the `\r\n\r\n` may straddle writes).
+        let from = before.saturating_sub(3);
+        let ends = peer.written[from..]
+            .windows(4)
+            .filter(|w| w == b"\r\n\r\n")
+            .count();
+        for _ in 0..ends {
+            peer.requests += 1;
+            let answer = peer.answers.pop_front().unwrap_or_default();
+            peer.script.extend(answer);
+        }
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Transport for MemStream {
+    fn connected(&mut self) -> io::Result<bool> {
+        Ok(true)
+    }
+}
+
+/// Hands out the prepared peers in order; refuses once they are used up.
+#[derive(Debug, Default)]
+pub struct MemConnector {
+    pub peers: VecDeque<MemStream>,
+    pub connects: usize,
+}
+
+impl Connect for MemConnector {
+    type Stream = MemStream;
+
+    fn connect(&mut self) -> io::Result<MemStream> {
+        self.connects += 1;
+        self.peers
+            .pop_front()
+            .ok_or_else(|| io::ErrorKind::ConnectionRefused.into())
+    }
+}
+
+/// Runs the client as the loop would, on a virtual clock: a readiness
+/// event (spurious ones are allowed; bytes the script holds after a pause
+/// are read at the next turn), then its timer whenever due; each turn
+/// takes `tick`, and when the connection has nothing more to say the clock
+/// jumps to the client's next time. Stops after the first update, or when
+/// the clock passes `limit` (returns `None`).
+pub fn pump(
+    client: &mut Client<MemConnector>,
+    now: &mut Instant,
+    limit: Duration,
+    tick: Duration,
+) -> Option<Update> {
+    let end = *now + limit;
+    let mut out = Vec::new();
+    while *now <= end {
+        *now += tick;
+        client.on_event(*now, &mut out);
+        if out.is_empty() && client.poll_at(*now) <= *now {
+            client.on_timer(*now, &mut out);
+        }
+        if !out.is_empty() {
+            return Some(out.remove(0));
+        }
+
+        // Drop what the loop would close.
+        client.retired().for_each(drop);
+        // Nothing for the socket to say: sleep until the client's time.
+        let readable = client
+            .wants()
+            .is_some_and(|(s, _, _)| !s.0.borrow().script.is_empty());
+        if !readable {
+            *now = (*now).max(client.poll_at(*now) - tick);
+        }
+    }
+    None
+}
