@@ -11,7 +11,7 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use support::proxy::{Mode, Proxy};
+use support::proxy::{After, Mode, Proxy, Wire};
 use support::{unique_prefix, wait_for, Agent, Kv};
 
 const SYNC: Duration = Duration::from_secs(10);
@@ -513,4 +513,123 @@ fn one_invalid_value_drops_only_that_key() {
         rig.metric("gitlab_haproxy_agent_state_invalid_keys{reason=\"health_word\"}"),
         0.0
     );
+}
+
+// ---- a large state over every framing, closed or reset after ----
+
+/// Past 4,096 entries a listing is decoded in slices over several loop
+/// turns (and past 1 MiB read over several): the rows of the issue "No
+/// peer but haproxy can stop the answers" (1). On the old client
+/// `Connection: close`, HTTP/1.0 and a stray byte aborted the process, and
+/// a close after a keep-alive response threw the listing away forever.
+const LARGE: usize = 12_000;
+
+/// An agent synced on [`LARGE`] keys (`be/sN` = ready) through the proxy.
+fn large_rig(test: &str) -> Rig {
+    let kv = Kv::any();
+    let prefix = unique_prefix(test);
+    let written = support::put_many(
+        kv.addr,
+        (0..LARGE).map(|i| (format!("{prefix}/be/s{i}"), "ready")),
+    );
+    assert_eq!(written, LARGE);
+    let rig = Rig::unsynced(kv, prefix, Mode::Pass, &[]);
+    let line = rig
+        .agent
+        .proc
+        .wait_log("first consul read complete", Duration::from_secs(30));
+    assert!(line.contains(&format!("\"keys\":{LARGE}")), "{line}");
+    rig
+}
+
+fn all_errors(rig: &Rig) -> f64 {
+    [
+        "connect",
+        "timeout",
+        "reset",
+        "http_4xx",
+        "http_5xx",
+        "bad_index",
+        "bad_body",
+        "too_large",
+    ]
+    .iter()
+    .map(|r| rig.metric(&errors(r)))
+    .sum()
+}
+
+/// Every ending after a `wire` response of the whole large state: each
+/// change is applied, nothing is counted as an error, the agent stays up
+/// and ready. A close-delimited body ends only at the close: a reset there
+/// is a `reset` error (last state kept), and the next read converges.
+fn large_state_over(wire: Wire) {
+    let rig = large_rig(&format!("large_{wire:?}"));
+    let afters: &[After] = if wire == Wire::CloseDelimited {
+        &[After::Fin, After::Reset]
+    } else {
+        &[After::Keep, After::Fin, After::Reset, After::StrayByte]
+    };
+    let values = [
+        ("drain", "drain 100%"),
+        ("maint", "maint 100%"),
+        ("50%", "ready 50%"),
+    ];
+    for (step, &after) in afters.iter().enumerate() {
+        let errors_before = all_errors(&rig);
+        rig.proxy.set_mode(Mode::Reframe(wire, after));
+        let (value, reply) = values[step % values.len()];
+        let identity = format!("be/s{}", step * 1000 + 7);
+        rig.put(&identity, value);
+        if (wire, after) == (Wire::CloseDelimited, After::Reset) {
+            rig.wait_metric(&errors("reset"), 1.0, Duration::from_secs(10));
+            assert_eq!(rig.readiness(), 200);
+            rig.proxy.set_mode(Mode::Pass);
+            rig.agent.wait_reply(&identity, reply, RECOVER);
+            continue;
+        }
+        rig.agent
+            .wait_reply(&identity, reply, Duration::from_secs(15));
+        assert_eq!(
+            all_errors(&rig),
+            errors_before,
+            "{wire:?} then {after:?}: counted as an error"
+        );
+        assert_eq!(rig.readiness(), 200, "{wire:?} then {after:?}");
+        assert_eq!(rig.metric("gitlab_haproxy_agent_state_keys"), LARGE as f64);
+    }
+    // And the watch goes on over a plain connection.
+    rig.proxy.set_mode(Mode::Pass);
+    rig.put("be/s1", "maint");
+    rig.agent
+        .wait_reply("be/s1", "maint 100%", Duration::from_secs(15));
+}
+
+#[test]
+fn large_state_content_length_then_keep_fin_rst_or_stray_byte() {
+    large_state_over(Wire::ContentLength);
+}
+
+#[test]
+fn large_state_chunked_with_extensions_and_trailers_then_keep_fin_rst_or_stray_byte() {
+    large_state_over(Wire::Chunked);
+}
+
+#[test]
+fn large_state_close_delimited_then_fin_or_rst() {
+    large_state_over(Wire::CloseDelimited);
+}
+
+#[test]
+fn large_state_http10_then_keep_fin_rst_or_stray_byte() {
+    large_state_over(Wire::Http10);
+}
+
+#[test]
+fn large_state_connection_close_then_keep_fin_rst_or_stray_byte() {
+    large_state_over(Wire::ConnectionClose);
+}
+
+#[test]
+fn large_state_after_100_continue_and_103_early_hints_then_keep_fin_rst_or_stray_byte() {
+    large_state_over(Wire::InterimFirst);
 }

@@ -18,7 +18,6 @@ use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use gitlab_haproxy_agent::http::{parse_response_head, BodyDecoder, Parse};
 use support::{check, http, wait_for, Agent, Kv};
 
 const PREFIX: &str = "gitlab-haproxy-agent/state";
@@ -519,48 +518,6 @@ fn values_of_512_kib_are_accepted_and_one_byte_more_is_413() {
     alive(&mut agent);
 }
 
-/// Pipelined keep-alive PUTs: `n` keys per connection, in batches.
-fn put_many(addr: SocketAddr, keys: impl Iterator<Item = (String, &'static str)>) -> usize {
-    let mut s = TcpStream::connect(addr).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-    let keys: Vec<_> = keys.collect();
-    let mut buf = Vec::new();
-    let mut chunk = [0u8; 65536];
-    let mut done = 0;
-    for batch in keys.chunks(200) {
-        let mut req = Vec::new();
-        for (k, v) in batch {
-            req.extend_from_slice(
-                format!(
-                    "PUT /v1/kv/{k} HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n{v}",
-                    v.len()
-                )
-                .as_bytes(),
-            );
-        }
-        s.write_all(&req).unwrap();
-        let mut answered = 0;
-        while answered < batch.len() {
-            if let Parse::Done(head, used) = parse_response_head(&buf, 1 << 16) {
-                let mut dec = BodyDecoder::new(head.framing, 1 << 16);
-                let mut body = Vec::new();
-                let n = dec.feed(&buf[used..], &mut body).unwrap();
-                if dec.is_done() {
-                    assert_eq!((head.status, body.as_slice()), (200, &b"true"[..]));
-                    buf.drain(..used + n);
-                    answered += 1;
-                    continue;
-                }
-            }
-            let n = s.read(&mut chunk).unwrap();
-            assert!(n > 0, "dev KV closed a keep-alive connection");
-            buf.extend_from_slice(&chunk[..n]);
-        }
-        done += answered;
-    }
-    done
-}
-
 #[test]
 fn one_hundred_thousand_keys() {
     const N: usize = 100_000;
@@ -573,7 +530,7 @@ fn one_hundred_thousand_keys() {
             let (addr, prefix) = (kv.addr, prefix.clone());
             std::thread::spawn(move || {
                 let values = ["drain", "maint", "50%", "ready"];
-                put_many(
+                support::put_many(
                     addr,
                     (w..N).step_by(THREADS).map(|i| {
                         (

@@ -12,6 +12,8 @@ mod support;
 
 use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use support::{check, free_port, http, wait_for, Agent, Kv};
@@ -418,4 +420,332 @@ fn memory_per_idle_connection_is_under_1_kib() {
     );
     let (st, _) = http(agent.monitoring.unwrap(), "GET", "/-/liveness", b"").unwrap();
     assert_eq!(st, 200);
+}
+
+/// Regression (issue "No peer but haproxy can stop the answers", 8): with
+/// the gate closed, a new connection arriving at 9 of 10 open was accepted
+/// (only `open >= max` was checked; the hysteresis lived in the log).
+#[test]
+fn a_closed_gate_stays_closed_for_new_connections_until_below_90_percent() {
+    let agent = dev_agent(&["-max-connections", "10", "-read-timeout", "30s"]);
+    let addr = agent.listen();
+    let mut idle = open_idle(addr, 10, b"");
+    wait_metric(&agent, OPEN, |v| v == 10.0, Duration::from_secs(5));
+    wait_metric(&agent, GATE_CLOSED, |v| v == 1.0, Duration::from_secs(2));
+    // 9 open: still 90 %.
+    assert_eq!(
+        finish(&mut idle[0], b"be_web/srv1\n").as_deref(),
+        Some("ready 100%")
+    );
+    idle.remove(0);
+    wait_metric(&agent, OPEN, |v| v == 9.0, Duration::from_secs(2));
+    // A new connection (a new event on the listener) must wait.
+    let mut late = connect(addr);
+    late.write_all(b"be_web/srv1\n").unwrap();
+    assert!(
+        silent(&mut late, Duration::from_millis(300)),
+        "new connection accepted at 9 of 10 with the gate closed"
+    );
+    // 8 open: below 90 %, the waiting one is answered.
+    assert_eq!(
+        finish(&mut idle[0], b"be_web/srv1\n").as_deref(),
+        Some("ready 100%")
+    );
+    late.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+    let mut reply = String::new();
+    let _ = late.read_to_string(&mut reply);
+    assert_eq!(reply, "ready 100%\n");
+}
+
+/// Regression (issue "No peer but haproxy can stop the answers", 7): a
+/// SIGTERM during an accept pause (EMFILE) left the pause's past instant as
+/// the poll deadline, and the loop spun for the whole shutdown grace.
+#[test]
+fn sigterm_during_an_accept_pause_costs_no_cpu() {
+    let mut agent = dev_agent(&["-read-timeout", "30s"]);
+    let pid = agent.proc.pid();
+    let base = fd_count(pid);
+    let limit = (base + 8) as libc::rlim_t;
+    let lim = libc::rlimit {
+        rlim_cur: limit,
+        rlim_max: limit,
+    };
+    // SAFETY: prlimit(2) on our own child, with a valid struct.
+    let rc = unsafe {
+        libc::prlimit(
+            pid as libc::pid_t,
+            libc::RLIMIT_NOFILE,
+            &lim,
+            std::ptr::null_mut(),
+        )
+    };
+    assert_eq!(rc, 0, "prlimit: {}", std::io::Error::last_os_error());
+    let _conns = open_idle(agent.listen(), 20, b"be_web/sr");
+    wait_for(
+        Duration::from_secs(5),
+        "agent to run out of descriptors",
+        || (fd_count(pid) as u64 >= limit).then_some(()),
+    );
+    // Connections still in the backlog: accept fails, accepting pauses.
+    std::thread::sleep(Duration::from_millis(300));
+    let before = cpu_ticks(pid);
+    agent.proc.signal(libc::SIGTERM);
+    agent.proc.wait_log("shutting down", Duration::from_secs(2));
+    // The idle connections hold the exit until the grace (5 s) ends.
+    std::thread::sleep(Duration::from_secs(3));
+    let used = cpu_ticks(pid) - before;
+    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as u64;
+    eprintln!("{used} of {} ticks of CPU in 3 s of shutdown", ticks * 3);
+    assert!(
+        used * 5 < ticks * 3,
+        "{used} ticks of CPU in 3 s of shutdown: a busy loop"
+    );
+    let status = agent
+        .proc
+        .wait_exit(Duration::from_secs(5))
+        .expect("exits after the grace");
+    assert_eq!(status.code(), Some(0));
+}
+
+// ---- hostile HTTP peers (issue "No peer but haproxy can stop the answers") ----
+
+const DROPPED: &str = "gitlab_haproxy_agent_http_connections_dropped_total";
+
+fn dropped(listener: &str, reason: &str) -> String {
+    format!("{DROPPED}{{listener=\"{listener}\",reason=\"{reason}\"}}")
+}
+
+/// Lets this test process open thousands of sockets.
+fn raise_nofile() {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: get/setrlimit on our own process with a valid struct.
+    unsafe {
+        libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim);
+        lim.rlim_cur = lim.rlim_max;
+        libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
+    }
+}
+
+/// Agent checks, one after another on fresh connections, on a thread of
+/// their own until stopped: the latency of each (a check without a reply
+/// counts as `Duration::MAX`).
+struct Checker {
+    stop: Arc<AtomicBool>,
+    thread: std::thread::JoinHandle<Vec<Duration>>,
+}
+
+impl Checker {
+    fn start(addr: SocketAddr) -> Checker {
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = Arc::clone(&stop);
+        let thread = std::thread::spawn(move || {
+            let mut took = Vec::new();
+            while !flag.load(Ordering::Relaxed) {
+                let t = Instant::now();
+                let ok = check(addr, b"be_web/srv1\n").as_deref() == Some("ready 100%");
+                took.push(if ok { t.elapsed() } else { Duration::MAX });
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            took
+        });
+        Checker { stop, thread }
+    }
+
+    /// Stops; (p99, max) of the checks, each of which must have been
+    /// answered.
+    fn finish(self, what: &str) -> (Duration, Duration) {
+        self.stop.store(true, Ordering::Relaxed);
+        let took = self.thread.join().unwrap();
+        assert!(took.len() >= 20, "{what}: only {} checks", took.len());
+        let max = took.iter().copied().max().unwrap();
+        assert!(max != Duration::MAX, "{what}: a check got no reply");
+        (p99(took), max)
+    }
+}
+
+/// GET on a fresh connection, answered within a second.
+fn get_within_1s(addr: SocketAddr, path: &str) -> Option<u16> {
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(1)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(1))).ok()?;
+    let req = format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+    s.write_all(req.as_bytes()).ok()?;
+    let mut head = [0u8; 12];
+    s.read_exact(&mut head).ok()?;
+    std::str::from_utf8(&head[9..12]).ok()?.parse().ok()
+}
+
+/// Regression (issue 11, 2 and 3): one connection pipelining requests was
+/// served request after request with no per-turn budget (agent checks
+/// waited seconds), and every response pushed a timer record kept 60 s.
+#[test]
+fn a_pipelining_flood_on_monitoring_neither_delays_checks_nor_grows_memory() {
+    let agent = dev_agent(&[]);
+    let pid = agent.proc.pid();
+    let mon = agent.monitoring.unwrap();
+    let idle = rss_kib(pid);
+    let checks = Checker::start(agent.listen());
+    let stop = Arc::new(AtomicBool::new(false));
+    let flooders: Vec<_> = (0..4)
+        .map(|_| {
+            let stop = Arc::clone(&stop);
+            std::thread::spawn(move || {
+                let mut w = connect(mon);
+                let mut r = w.try_clone().unwrap();
+                r.set_read_timeout(Some(Duration::from_millis(200)))
+                    .unwrap();
+                let reader = std::thread::spawn(move || {
+                    let mut buf = vec![0u8; 1 << 16];
+                    let mut bytes = 0u64;
+                    loop {
+                        match r.read(&mut buf) {
+                            Ok(0) => return bytes,
+                            Ok(n) => bytes += n as u64,
+                            Err(e) if e.kind() == ErrorKind::WouldBlock => {}
+                            Err(e) if e.kind() == ErrorKind::TimedOut => {}
+                            Err(_) => return bytes,
+                        }
+                    }
+                });
+                w.set_write_timeout(Some(Duration::from_millis(200)))
+                    .unwrap();
+                let batch = b"GET /-/liveness HTTP/1.1\r\nHost: x\r\n\r\n".repeat(500);
+                while !stop.load(Ordering::Relaxed) {
+                    match w.write_all(&batch) {
+                        Ok(()) => {}
+                        Err(e) if e.kind() == ErrorKind::WouldBlock => {}
+                        Err(e) if e.kind() == ErrorKind::TimedOut => {}
+                        Err(_) => break,
+                    }
+                }
+                let _ = w.shutdown(std::net::Shutdown::Both);
+                reader.join().unwrap()
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(1500));
+    let live = get_within_1s(mon, "/-/liveness");
+    std::thread::sleep(Duration::from_millis(1500));
+    stop.store(true, Ordering::Relaxed);
+    let bytes: u64 = flooders.into_iter().map(|f| f.join().unwrap()).sum();
+    let (p99, max) = checks.finish("pipelining flood");
+    let grown = rss_kib(pid).saturating_sub(idle);
+    // A liveness response is about 120 bytes.
+    let served = bytes / 120;
+    eprintln!("pipelining flood: ~{served} responses in 3 s; checks p99 {p99:?} max {max:?}; RSS +{grown} KiB");
+    assert!(served > 20_000, "the flood was not one ({served})");
+    assert_eq!(
+        live,
+        Some(200),
+        "liveness on a new connection during the flood"
+    );
+    assert!(p99 < Duration::from_millis(100), "checks p99 {p99:?}");
+    assert!(max < Duration::from_secs(1), "a check waited {max:?}");
+    assert!(grown < 4096, "RSS grew {grown} KiB");
+}
+
+/// Regression (issue 11, 5): the HTTP listeners shared 1,024 slots with
+/// no head deadline: 1,024 connections each sending `G` refused liveness
+/// for 60 s. Now each listener has its own pool; a full pool evicts the
+/// oldest connection without a complete request; a head must be complete
+/// within 5 s of its first byte.
+#[test]
+fn slowloris_on_every_http_listener_leaves_each_one_answering() {
+    raise_nofile();
+    let agent = dev_agent(&[]);
+    let pid = agent.proc.pid();
+    let idle = rss_kib(pid);
+    let (mon, pprof, kv) = (
+        agent.monitoring.unwrap(),
+        agent.pprof.unwrap(),
+        agent.dev_kv.unwrap(),
+    );
+    let checks = Checker::start(agent.listen());
+    let mut held = Vec::new();
+    for addr in [mon, pprof, kv] {
+        for _ in 0..1100 {
+            if let Ok(mut s) = TcpStream::connect_timeout(&addr, Duration::from_secs(1)) {
+                let _ = s.write_all(b"G");
+                held.push(s);
+            }
+        }
+    }
+    // Every listener answers a new client at once, several times over.
+    for _ in 0..5 {
+        assert_eq!(get_within_1s(mon, "/-/liveness"), Some(200), "liveness");
+        assert_eq!(get_within_1s(pprof, "/debug/state"), Some(200), "pprof");
+        assert!(matches!(get_within_1s(kv, "/v1/kv/x"), Some(404)), "dev KV");
+    }
+    let (p99, max) = checks.finish("slowloris");
+    let grown = rss_kib(pid).saturating_sub(idle);
+    let evicted = agent.metric(&dropped("monitoring", "evicted"));
+    eprintln!("slowloris: {} held; checks p99 {p99:?} max {max:?}; RSS +{grown} KiB; {evicted} evicted on monitoring", held.len());
+    assert!(evicted >= 800.0, "monitoring evictions: {evicted}");
+    assert!(p99 < Duration::from_millis(100), "checks p99 {p99:?}");
+    assert!(grown < 8192, "RSS grew {grown} KiB");
+    // The head deadline closes what is left of them.
+    wait_metric(
+        &agent,
+        &dropped("monitoring", "timeout"),
+        |v| v >= 100.0,
+        Duration::from_secs(10),
+    );
+    wait_metric(
+        &agent,
+        &dropped("dev_kv", "timeout"),
+        |v| v >= 100.0,
+        Duration::from_secs(2),
+    );
+}
+
+/// Regression (issue 11, 4): GET-only listeners read request bodies up to
+/// the dev KV's 1 MiB: 1,000 connections each one byte short of a 1 MiB
+/// body on `/-/liveness` took RSS to 1 GB. Now a body past 1 KiB on a
+/// route that takes none is refused at the head (413) and the connection
+/// closed.
+#[test]
+fn oversized_bodies_on_get_routes_are_refused_at_the_head() {
+    raise_nofile();
+    let agent = dev_agent(&[]);
+    let pid = agent.proc.pid();
+    let idle = rss_kib(pid);
+    let checks = Checker::start(agent.listen());
+    let body = vec![b'x'; 64 * 1024];
+    let mut held = Vec::new();
+    let mut refused = 0;
+    for (addr, req) in [
+        (agent.monitoring.unwrap(), "POST /-/liveness"),
+        (agent.dev_kv.unwrap(), "GET /v1/kv/x"),
+    ] {
+        for _ in 0..500 {
+            let mut s = connect(addr);
+            s.set_write_timeout(Some(Duration::from_millis(50)))
+                .unwrap();
+            let head = format!("{req} HTTP/1.1\r\nHost: x\r\nContent-Length: 1048576\r\n\r\n");
+            let _ = s.write_all(head.as_bytes());
+            for _ in 0..16 {
+                if s.write_all(&body).is_err() {
+                    break;
+                }
+            }
+            s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+            let mut status = [0u8; 12];
+            if s.read_exact(&mut status).is_ok() && &status[9..12] == b"413" {
+                refused += 1;
+            }
+            held.push(s);
+        }
+    }
+    let (p99, max) = checks.finish("oversized bodies");
+    let grown = rss_kib(pid).saturating_sub(idle);
+    eprintln!("oversized bodies: {refused} of 1000 refused with 413; checks p99 {p99:?} max {max:?}; RSS +{grown} KiB");
+    assert_eq!(refused, 1000);
+    assert!(p99 < Duration::from_millis(100), "checks p99 {p99:?}");
+    assert!(grown < 8192, "RSS grew {grown} KiB");
+    assert_eq!(
+        get_within_1s(agent.monitoring.unwrap(), "/-/liveness"),
+        Some(200)
+    );
 }

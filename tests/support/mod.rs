@@ -355,6 +355,48 @@ impl Kv {
     }
 }
 
+/// Pipelined keep-alive PUTs: `n` keys per connection, in batches.
+pub fn put_many(addr: SocketAddr, keys: impl Iterator<Item = (String, &'static str)>) -> usize {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let keys: Vec<_> = keys.collect();
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 65536];
+    let mut done = 0;
+    for batch in keys.chunks(200) {
+        let mut req = Vec::new();
+        for (k, v) in batch {
+            req.extend_from_slice(
+                format!(
+                    "PUT /v1/kv/{k} HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n{v}",
+                    v.len()
+                )
+                .as_bytes(),
+            );
+        }
+        s.write_all(&req).unwrap();
+        let mut answered = 0;
+        while answered < batch.len() {
+            if let Parse::Done(head, used) = parse_response_head(&buf, 1 << 16) {
+                let mut dec = BodyDecoder::new(head.framing, 1 << 16);
+                let mut body = Vec::new();
+                let n = dec.feed(&buf[used..], &mut body).unwrap();
+                if dec.is_done() {
+                    assert_eq!((head.status, body.as_slice()), (200, &b"true"[..]));
+                    buf.drain(..used + n);
+                    answered += 1;
+                    continue;
+                }
+            }
+            let n = s.read(&mut chunk).unwrap();
+            assert!(n > 0, "dev KV closed a keep-alive connection");
+            buf.extend_from_slice(&chunk[..n]);
+        }
+        done += answered;
+    }
+    done
+}
+
 /// A KV prefix no other test uses.
 pub fn unique_prefix(test: &str) -> String {
     static N: AtomicUsize = AtomicUsize::new(0);

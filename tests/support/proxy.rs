@@ -75,6 +75,56 @@ pub enum Mode {
     /// A 200 with an index above the real one and a chunked body of this many
     /// bytes.
     OversizeBody(usize),
+    /// Forward the response framed this way, then do that.
+    Reframe(Wire, After),
+}
+
+/// How [`Mode::Reframe`] frames a forwarded response.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Wire {
+    ContentLength,
+    /// 2 KiB chunks, each with an extension, and trailers.
+    Chunked,
+    /// No length: the body ends when the proxy closes.
+    CloseDelimited,
+    /// HTTP/1.0 with a `Content-Length` (not persistent).
+    Http10,
+    /// HTTP/1.1 with `Connection: close` and a `Content-Length`.
+    ConnectionClose,
+    /// `100 Continue` and `103 Early Hints` first, then a length response.
+    InterimFirst,
+}
+
+impl Wire {
+    pub const ALL: [Wire; 6] = [
+        Wire::ContentLength,
+        Wire::Chunked,
+        Wire::CloseDelimited,
+        Wire::Http10,
+        Wire::ConnectionClose,
+        Wire::InterimFirst,
+    ];
+
+    /// Whether the connection may carry another request after it.
+    pub fn persists(self) -> bool {
+        matches!(
+            self,
+            Wire::ContentLength | Wire::Chunked | Wire::InterimFirst
+        )
+    }
+}
+
+/// What the proxy does after a [`Mode::Reframe`] response.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum After {
+    /// Keep the connection (if the framing lets it persist).
+    Keep,
+    /// Close it (FIN).
+    Fin,
+    /// Reset it (RST).
+    Reset,
+    /// A few ms later, one byte nobody asked for; then as `Keep`.
+    StrayByte,
 }
 
 struct Shared {
@@ -488,6 +538,26 @@ fn respond(shared: &Shared, client: &mut TcpStream, up: &Upstream) -> bool {
             }
             keep
         }
+        Mode::Reframe(wire, after) => {
+            if client.write_all(&reframe(up, wire)).is_err() {
+                return false;
+            }
+            match after {
+                After::Keep => wire.persists(),
+                After::Fin => false,
+                After::Reset => {
+                    // A reset drops what the peer has not acknowledged:
+                    // let the whole response arrive first.
+                    wait_acknowledged(client);
+                    reset(client.try_clone().unwrap());
+                    false
+                }
+                After::StrayByte => {
+                    std::thread::sleep(Duration::from_millis(5));
+                    client.write_all(b"x").is_ok() && wire.persists()
+                }
+            }
+        }
         Mode::OversizeBody(n) => {
             let index = (up.index() + 1000).to_string();
             let mut body = vec![b' '; n];
@@ -524,6 +594,41 @@ fn forwarded_headers(up: &Upstream, index: Option<String>) -> Vec<(&'static str,
     out
 }
 
+/// The upstream response (status, consul headers, decoded body) framed as
+/// `wire` says.
+fn reframe(up: &Upstream, wire: Wire) -> Vec<u8> {
+    let version = if wire == Wire::Http10 { "1.0" } else { "1.1" };
+    let mut out = match wire {
+        Wire::InterimFirst => {
+            b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\nLink: </x>\r\n\r\n".to_vec()
+        }
+        _ => Vec::new(),
+    };
+    out.extend(format!("HTTP/{version} {} X\r\n", up.head.status).into_bytes());
+    for (name, value) in forwarded_headers(up, Some(up.index().to_string())) {
+        out.extend(format!("{name}: {value}\r\n").into_bytes());
+    }
+    let length = format!("Content-Length: {}\r\n", up.body.len());
+    match wire {
+        Wire::Chunked => out.extend_from_slice(b"Transfer-Encoding: chunked\r\n"),
+        Wire::CloseDelimited => {}
+        Wire::ConnectionClose => out.extend(format!("Connection: close\r\n{length}").into_bytes()),
+        Wire::ContentLength | Wire::Http10 | Wire::InterimFirst => out.extend(length.into_bytes()),
+    }
+    out.extend_from_slice(b"\r\n");
+    if wire == Wire::Chunked {
+        for (i, chunk) in up.body.chunks(2048).enumerate() {
+            out.extend(format!("{:x};n={i}\r\n", chunk.len()).into_bytes());
+            out.extend_from_slice(chunk);
+            out.extend_from_slice(b"\r\n");
+        }
+        out.extend_from_slice(b"0\r\nX-Trailer: 1\r\n\r\n");
+    } else {
+        out.extend_from_slice(&up.body);
+    }
+    out
+}
+
 /// Renders a response the way consul frames it (chunked past 2 KiB).
 fn send(
     client: &mut TcpStream,
@@ -544,6 +649,21 @@ fn send(
         false,
     );
     client.write_all(&out).is_ok()
+}
+
+/// Waits (at most 5 s) until the peer has acknowledged every byte sent.
+fn wait_acknowledged(client: &TcpStream) {
+    use std::os::fd::AsRawFd;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while Instant::now() < deadline {
+        let mut unacked: libc::c_int = 0;
+        // SIOCOUTQ (= TIOCOUTQ): bytes in the send queue not yet acknowledged.
+        let rc = unsafe { libc::ioctl(client.as_raw_fd(), libc::TIOCOUTQ, &mut unacked) };
+        if rc != 0 || unacked == 0 {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
 }
 
 /// Closes with RST instead of FIN.
