@@ -11,6 +11,7 @@ mod support;
 
 use std::time::{Duration, Instant};
 
+use gitlab_haproxy_agent::consul::watch::ErrorReason;
 use support::proxy::{After, Mode, Proxy, Wire};
 use support::{unique_prefix, wait_for, Agent, Kv};
 
@@ -543,19 +544,10 @@ fn large_rig(test: &str) -> Rig {
 }
 
 fn all_errors(rig: &Rig) -> f64 {
-    [
-        "connect",
-        "timeout",
-        "reset",
-        "http_4xx",
-        "http_5xx",
-        "bad_index",
-        "bad_body",
-        "too_large",
-    ]
-    .iter()
-    .map(|r| rig.metric(&errors(r)))
-    .sum()
+    ErrorReason::ALL
+        .iter()
+        .map(|r| rig.metric(&errors(r.label())))
+        .sum()
 }
 
 /// Every ending after a `wire` response of the whole large state: each

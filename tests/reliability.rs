@@ -92,6 +92,26 @@ fn cpu_ticks(pid: u32) -> u64 {
     f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap()
 }
 
+/// Sets the agent's descriptor limit (soft and hard) to `n`; returns it.
+fn limit_fds(pid: u32, n: usize) -> u64 {
+    let limit = n as libc::rlim_t;
+    let lim = libc::rlimit {
+        rlim_cur: limit,
+        rlim_max: limit,
+    };
+    // SAFETY: prlimit(2) on our own child, with a valid struct.
+    let rc = unsafe {
+        libc::prlimit(
+            pid as libc::pid_t,
+            libc::RLIMIT_NOFILE,
+            &lim,
+            std::ptr::null_mut(),
+        )
+    };
+    assert_eq!(rc, 0, "prlimit: {}", std::io::Error::last_os_error());
+    limit
+}
+
 fn fd_count(pid: u32) -> usize {
     std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |d| d.count())
 }
@@ -166,21 +186,7 @@ fn descriptor_exhaustion_pauses_accepting_without_spinning_and_recovers() {
     let pid = agent.proc.pid();
     let addr = agent.listen();
     let base = fd_count(pid);
-    let limit = (base + 16) as libc::rlim_t;
-    let lim = libc::rlimit {
-        rlim_cur: limit,
-        rlim_max: limit,
-    };
-    // SAFETY: prlimit(2) on our own child, with a valid struct.
-    let rc = unsafe {
-        libc::prlimit(
-            pid as libc::pid_t,
-            libc::RLIMIT_NOFILE,
-            &lim,
-            std::ptr::null_mut(),
-        )
-    };
-    assert_eq!(rc, 0, "prlimit: {}", std::io::Error::last_os_error());
+    let limit = limit_fds(pid, base + 16);
 
     // More connections than descriptors: the agent takes what it can, the
     // rest wait in the backlog.
@@ -464,22 +470,7 @@ fn a_closed_gate_stays_closed_for_new_connections_until_below_90_percent() {
 fn sigterm_during_an_accept_pause_costs_no_cpu() {
     let mut agent = dev_agent(&["-read-timeout", "30s"]);
     let pid = agent.proc.pid();
-    let base = fd_count(pid);
-    let limit = (base + 8) as libc::rlim_t;
-    let lim = libc::rlimit {
-        rlim_cur: limit,
-        rlim_max: limit,
-    };
-    // SAFETY: prlimit(2) on our own child, with a valid struct.
-    let rc = unsafe {
-        libc::prlimit(
-            pid as libc::pid_t,
-            libc::RLIMIT_NOFILE,
-            &lim,
-            std::ptr::null_mut(),
-        )
-    };
-    assert_eq!(rc, 0, "prlimit: {}", std::io::Error::last_os_error());
+    let limit = limit_fds(pid, fd_count(pid) + 8);
     let _conns = open_idle(agent.listen(), 20, b"be_web/sr");
     wait_for(
         Duration::from_secs(5),

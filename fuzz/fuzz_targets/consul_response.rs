@@ -16,9 +16,8 @@
 
 use std::time::{Duration, Instant};
 
-use gitlab_haproxy_agent::config::{ConsulConfig, ConsulEndpoint};
 use gitlab_haproxy_agent::consul::client::Client;
-use gitlab_haproxy_agent::consul::memstream::{pump, Act, MemConnector, MemStream};
+use gitlab_haproxy_agent::consul::memstream::{config, pump, Act, MemConnector, MemStream};
 use gitlab_haproxy_agent::consul::watch::{ErrorReason, Update};
 use libfuzzer_sys::fuzz_target;
 
@@ -32,20 +31,6 @@ enum Outcome {
     Unchanged,
     Reset { from: u64, to: u64 },
     Failed(ErrorReason),
-}
-
-fn config(max_body_bytes: usize) -> ConsulConfig {
-    ConsulConfig {
-        endpoint: ConsulEndpoint::Tcp(([127, 0, 0, 1], 8500).into()),
-        host_header: "127.0.0.1:8500".into(),
-        path_prefix: String::new(),
-        token: None,
-        basic_auth: None,
-        namespace: None,
-        partition: None,
-        wait: Duration::from_secs(1),
-        max_body_bytes,
-    }
 }
 
 /// One run: the wire in `pieces` (a pause between each), then `ending`.

@@ -386,15 +386,22 @@ impl<C: Connect> Client<C> {
         self.drive(now, out);
     }
 
-    /// The loop could not register the connection: it is lost.
+    /// The loop could not register the connection: it is lost (a kept
+    /// one quietly; one carrying a request as a failure).
     pub fn on_register_error(&mut self, now: Instant, e: &io::Error, out: &mut Vec<Update>) {
+        if let Phase::Idle { conn } | Phase::Decoding { conn, .. } = &mut self.phase {
+            if let Some(c) = conn.take() {
+                self.retired.push((c.id, c.stream));
+            }
+            return;
+        }
         let conn = self.take_conn();
         let failure = Failure::new(ErrorReason::Connect, format!("cannot poll the socket: {e}"));
         self.fail(now, conn, failure, false, out);
     }
 
     /// Takes the connection out of whatever phase holds it, leaving `Idle`
-    /// (a decode in progress is abandoned with it: only called on failure).
+    /// (only on failure: a decode in progress would be abandoned).
     fn take_conn(&mut self) -> Option<Conn<C::Stream>> {
         match std::mem::replace(&mut self.phase, Phase::Idle { conn: None }) {
             Phase::Idle { conn } | Phase::Decoding { conn, .. } => conn,
@@ -805,26 +812,12 @@ fn body_fail<S>(conn: Conn<S>, e: BodyError, max: usize) -> Next<S> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::consul::memstream::{pump, Act, MemConnector, MemStream};
+    use crate::consul::memstream::{config, pump, Act, MemConnector, MemStream};
     use crate::consul::watch::CONFIG_ERROR_DELAY;
 
     const PREFIX: &str = "p";
     /// One loop turn on the virtual clock.
     const TURN: Duration = Duration::from_millis(1);
-
-    fn config(max_body_bytes: usize) -> ConsulConfig {
-        ConsulConfig {
-            endpoint: ConsulEndpoint::Tcp(([127, 0, 0, 1], 8500).into()),
-            host_header: "127.0.0.1:8500".into(),
-            path_prefix: String::new(),
-            token: None,
-            basic_auth: None,
-            namespace: None,
-            partition: None,
-            wait: Duration::from_secs(1),
-            max_body_bytes,
-        }
-    }
 
     fn client(peers: Vec<MemStream>) -> Client<MemConnector> {
         client_with(peers, 64 << 20)

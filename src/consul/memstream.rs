@@ -14,6 +14,7 @@ use std::io::{self, Read, Write};
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
+use crate::config::{ConsulConfig, ConsulEndpoint};
 use crate::consul::client::{Client, Connect, Transport};
 use crate::consul::watch::Update;
 
@@ -150,6 +151,22 @@ impl Connect for MemConnector {
         self.peers
             .pop_front()
             .ok_or_else(|| io::ErrorKind::ConnectionRefused.into())
+    }
+}
+
+/// A client configuration for a scripted peer: `-consul-wait 1s` (a
+/// response deadline of 6.0625 s), no token, the given body bound.
+pub fn config(max_body_bytes: usize) -> ConsulConfig {
+    ConsulConfig {
+        endpoint: ConsulEndpoint::Tcp(([127, 0, 0, 1], 8500).into()),
+        host_header: "127.0.0.1:8500".into(),
+        path_prefix: String::new(),
+        token: None,
+        basic_auth: None,
+        namespace: None,
+        partition: None,
+        wait: Duration::from_secs(1),
+        max_body_bytes,
     }
 }
 
