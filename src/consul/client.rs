@@ -1008,17 +1008,45 @@ mod tests {
         );
     }
 
-    #[test]
-    fn small_listing_every_framing_split_at_every_byte_then_every_ending() {
+    /// A 10-key listing framed so, split at every byte, then every ending.
+    fn small_listing_split_at_every_byte(framing: Framing) {
         let body = listing(10);
-        for framing in FRAMINGS {
-            let len = wire(framing, 9, &body).len();
-            for ending in ENDINGS {
-                for at in 0..=len {
-                    run(framing, ending, &body, 10, at);
-                }
+        let len = wire(framing, 9, &body).len();
+        for ending in ENDINGS {
+            for at in 0..=len {
+                run(framing, ending, &body, 10, at);
             }
         }
+    }
+
+    #[test]
+    fn small_listing_content_length_split_at_every_byte_then_every_ending() {
+        small_listing_split_at_every_byte(Framing::Length);
+    }
+
+    #[test]
+    fn small_listing_chunked_split_at_every_byte_then_every_ending() {
+        small_listing_split_at_every_byte(Framing::Chunked);
+    }
+
+    #[test]
+    fn small_listing_close_delimited_split_at_every_byte_then_every_ending() {
+        small_listing_split_at_every_byte(Framing::CloseDelimited);
+    }
+
+    #[test]
+    fn small_listing_http10_split_at_every_byte_then_every_ending() {
+        small_listing_split_at_every_byte(Framing::Http10);
+    }
+
+    #[test]
+    fn small_listing_connection_close_split_at_every_byte_then_every_ending() {
+        small_listing_split_at_every_byte(Framing::ConnectionClose);
+    }
+
+    #[test]
+    fn small_listing_after_1xx_split_at_every_byte_then_every_ending() {
+        small_listing_split_at_every_byte(Framing::InterimFirst);
     }
 
     /// Regression (the issue "No peer but haproxy can stop the answers",
