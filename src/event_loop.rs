@@ -252,6 +252,7 @@ pub struct EventLoop {
     last_hint: Option<Instant>,
     hints_suppressed: u64,
     last_accept_warning: Option<Instant>,
+    last_pool_warning: [Option<Instant>; Role::ALL.len()],
     shutdown_deadline: Option<Instant>,
 }
 
@@ -325,6 +326,7 @@ impl EventLoop {
             last_hint: None,
             hints_suppressed: 0,
             last_accept_warning: None,
+            last_pool_warning: [None; Role::ALL.len()],
             shutdown_deadline: None,
         })
     }
@@ -596,9 +598,12 @@ impl EventLoop {
     }
 
     fn serve_http(&mut self, role: Role, stream: mio::net::TcpStream, now: Instant) {
-        if self.http_open[role.index()] >= role.pool() && !self.evict_http(role) {
-            self.metrics.count_http_drop(role, HttpDrop::Refused);
-            return; // dropped: closed at once
+        if self.http_open[role.index()] >= role.pool() {
+            self.warn_pool_full(role, now);
+            if !self.evict_http(role) {
+                self.metrics.count_http_drop(role, HttpDrop::Refused);
+                return; // dropped: closed at once
+            }
         }
         let _ = stream.set_nodelay(true);
         let gen = self.gen();
@@ -625,6 +630,17 @@ impl EventLoop {
         entry.insert(slot);
         self.http_open[role.index()] += 1;
         self.http_event(key, now);
+    }
+
+    fn warn_pool_full(&mut self, role: Role, now: Instant) {
+        let last = &mut self.last_pool_warning[role.index()];
+        if last.is_some_and(|t| now < t + HINT_EVERY) {
+            return;
+        }
+        *last = Some(now);
+        let dropped = &self.metrics.http_dropped[role.index()];
+        warn!(listener = role.label(), pool = role.pool(), evicted_total = dropped[HttpDrop::Evicted as usize], refused_total = dropped[HttpDrop::Refused as usize];
+            "HTTP connection pool full (a flood or slow clients?): evicting the oldest connection without a complete request");
     }
 
     /// Makes room in a full pool: closes the connection of `role` that
@@ -710,6 +726,19 @@ impl EventLoop {
                 slot.armed = Some(d);
                 self.http_timers.push(Reverse((d, key, slot.gen)));
             }
+        }
+        // Records of closed connections wait in the heap until their time
+        // (up to a minute): under connection churn, drop them once they
+        // outnumber the live ones, so the heap stays within about twice
+        // the open connections (amortized O(1) per push).
+        if self.http_timers.len() > 2 * self.https.len() + 1024 {
+            let https = &self.https;
+            self.http_timers.retain(|Reverse((t, k, g))| {
+                https
+                    .get(*k)
+                    .is_some_and(|s| s.gen == *g && s.armed == Some(*t))
+            });
+            self.http_timers.shrink_to(2 * self.https.len() + 1024);
         }
     }
 

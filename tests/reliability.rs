@@ -674,6 +674,15 @@ fn slowloris_on_every_http_listener_leaves_each_one_answering() {
     let evicted = agent.metric(&dropped("monitoring", "evicted"));
     eprintln!("slowloris: {} held; checks p99 {p99:?} max {max:?}; RSS +{grown} KiB; {evicted} evicted on monitoring", held.len());
     assert!(evicted >= 800.0, "monitoring evictions: {evicted}");
+    let warned = agent.proc.log();
+    let warned: Vec<_> = warned
+        .iter()
+        .filter(|l| l.contains("HTTP connection pool full"))
+        .collect();
+    assert!(
+        !warned.is_empty() && warned.len() <= 3,
+        "pool-full warnings (rate-limited): {warned:?}"
+    );
     assert!(p99 < Duration::from_millis(100), "checks p99 {p99:?}");
     assert!(grown < 8192, "RSS grew {grown} KiB");
     // The head deadline closes what is left of them.
