@@ -773,3 +773,106 @@ fn deep_or_huge_json_after_a_good_read_keeps_the_last_state() {
     agent.wait_reply("be/srv1", "maint 100%", Duration::from_secs(10));
     logs_clean(&agent.proc.log());
 }
+
+/// A response of this status (head only, `Content-Length: 0`).
+fn status_response(status: &'static str) -> Responder {
+    Arc::new(move |c: &mut TcpStream| {
+        let head =
+            format!("HTTP/1.1 {status}\r\nLocation: https://consul/\r\nContent-Length: 0\r\n\r\n");
+        let _ = c.write_all(head.as_bytes());
+    })
+}
+
+/// Regression (issue "No peer but haproxy can stop the answers", 6): the
+/// whole-response deadline was skipped while the read budget kept running
+/// out, so a consul (or a proxy) that never stops sending (here chunk
+/// extensions: no body, endless framing) was read for gigabytes and never
+/// timed out. Now it is cut by the deadline or, reading faster than that,
+/// by the wire bound (2 × the body bound + 64 KiB), whichever comes first.
+#[test]
+fn a_consul_that_never_stops_sending_is_cut_by_the_deadline_or_the_wire_bound() {
+    let good = br#"[{"Key":"fake/be/srv1","Value":"ZHJhaW4=","ModifyIndex":5}]"#.to_vec();
+    let endless: Responder = Arc::new(|c: &mut TcpStream| {
+        let head = "HTTP/1.1 200 OK\r\nX-Consul-Index: 6\r\nTransfer-Encoding: chunked\r\n\r\n";
+        let _ = c.write_all(head.as_bytes());
+        let ext = format!("1;{}\r\n \r\n", "e".repeat(1000)).repeat(64);
+        let t = Instant::now();
+        // Bounded here too: the test must stop by itself.
+        while t.elapsed() < Duration::from_secs(30) {
+            if c.write_all(ext.as_bytes()).is_err() {
+                return;
+            }
+        }
+    });
+    let consul = fake_consul(vec![body_response(5, good), endless]);
+    let agent = Agent::with_consul(consul, "fake", &["-consul-wait", "1s"]);
+    agent.wait_reply("be/srv1", "drain 100%", Duration::from_secs(5));
+    let t = Instant::now();
+    let cut = || {
+        ["timeout", "too_large"]
+            .iter()
+            .map(|r| {
+                agent.metric(&format!(
+                    "gitlab_haproxy_agent_consul_errors_total{{reason=\"{r}\"}}"
+                ))
+            })
+            .sum::<f64>()
+    };
+    wait_for(Duration::from_secs(12), "the response cut", || {
+        (cut() >= 1.0).then_some(())
+    });
+    // 1 s × 17/16 + 5 s from the request's start.
+    assert!(t.elapsed() < Duration::from_secs(9), "{:?}", t.elapsed());
+    assert_eq!(agent.check("be/srv1\n").as_deref(), Some("drain 100%"));
+    assert_eq!(agent.monitoring_get("/-/readiness").0, 200);
+}
+
+/// Regression (issue 11, 9): `100 Continue` before the response was
+/// `bad_body`, 3xx was `http_5xx`, and a 429 was logged at error level as
+/// an ACL problem. Now 1xx is skipped, a redirect is a configuration error
+/// (`http_4xx`, logged at error level), and 429 is throttling (`http_4xx`,
+/// a warning).
+#[test]
+fn status_classes_from_consul() {
+    let good = br#"[{"Key":"fake/be/srv1","Value":"ZHJhaW4=","ModifyIndex":5}]"#.to_vec();
+    let interim_then_good: Responder = {
+        let inner = body_response(
+            6,
+            br#"[{"Key":"fake/be/srv1","Value":"bWFpbnQ=","ModifyIndex":6}]"#.to_vec(),
+        );
+        Arc::new(move |c: &mut TcpStream| {
+            let _ = c.write_all(b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\n\r\n");
+            inner(c);
+        })
+    };
+    let consul = fake_consul(vec![
+        body_response(5, good),
+        status_response("429 Too Many Requests"),
+        interim_then_good,
+        status_response("301 Moved Permanently"),
+    ]);
+    let agent = Agent::with_consul(consul, "fake", &["-consul-wait", "1s"]);
+    agent.wait_reply("be/srv1", "maint 100%", Duration::from_secs(10));
+    let errors = |r: &str| {
+        agent.metric(&format!(
+            "gitlab_haproxy_agent_consul_errors_total{{reason=\"{r}\"}}"
+        ))
+    };
+    wait_for(Duration::from_secs(10), "the redirect counted", || {
+        (errors("http_4xx") >= 2.0).then_some(())
+    });
+    assert_eq!(errors("bad_body"), 0.0, "1xx counted as a bad body");
+    assert_eq!(errors("http_5xx"), 0.0, "3xx counted as http_5xx");
+    let log = agent.proc.log();
+    let refused: Vec<_> = log
+        .iter()
+        .filter(|l| l.contains("consul refused the request"))
+        .collect();
+    assert_eq!(
+        refused.len(),
+        1,
+        "only the redirect is a configuration error: {refused:?}"
+    );
+    assert!(refused[0].contains("HTTP 301"), "{}", refused[0]);
+    assert!(refused[0].contains("\"level\":\"error\""), "{}", refused[0]);
+}
