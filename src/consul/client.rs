@@ -581,7 +581,7 @@ impl<C: Connect> Client<C> {
                     }
                 }
             }
-            if let Some(b) = body.as_mut() {
+            if let Some(mut b) = body.take() {
                 match b.decoder.feed(&rx.inbuf, &mut b.bytes) {
                     Ok(used) => {
                         rx.inbuf.drain(..used);
@@ -589,9 +589,9 @@ impl<C: Connect> Client<C> {
                     Err(e) => return body_fail(rx.conn, e, max_body),
                 }
                 if b.decoder.is_done() {
-                    let b = body.take().expect("just matched");
                     return self.complete(rx, b, now);
                 }
+                body = Some(b);
             }
             if rx.received > max_wire {
                 return body_fail(rx.conn, BodyError::TooLarge, max_body);

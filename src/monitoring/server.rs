@@ -285,22 +285,31 @@ impl<S: Read + Write> HttpConn<S> {
                 }
             }
         }
-        let Phase::ExpectBody { decoder, body, .. } = &mut self.phase else {
+        let phase = std::mem::replace(&mut self.phase, Phase::Handling { keep_alive: false });
+        let Phase::ExpectBody {
+            head,
+            mut decoder,
+            mut body,
+            since,
+        } = phase
+        else {
+            self.phase = phase;
             return Ok(None);
         };
-        let used = decoder.feed(&self.inbuf, body).map_err(|e| match e {
+        let used = decoder.feed(&self.inbuf, &mut body).map_err(|e| match e {
             BodyError::TooLarge => (413, "request body not accepted here, or too large"),
             _ => (400, "bad request body framing"),
         })?;
         self.inbuf.drain(..used);
         if !decoder.is_done() {
+            self.phase = Phase::ExpectBody {
+                head,
+                decoder,
+                body,
+                since,
+            };
             return Ok(None);
         }
-        let Phase::ExpectBody { head, body, .. } =
-            std::mem::replace(&mut self.phase, Phase::Handling { keep_alive: false })
-        else {
-            unreachable!("matched just above")
-        };
         self.phase = Phase::Handling {
             keep_alive: head.keep_alive,
         };
