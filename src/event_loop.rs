@@ -16,7 +16,8 @@
 //! Fairness: no connection gets more than a fixed budget per turn (an
 //! agent check one line; an HTTP connection
 //! [`crate::monitoring::server::READ_BUDGET`] bytes and
-//! [`HTTP_REQUESTS_PER_TURN`] requests; consul its client's read budget or
+//! [`HTTP_REQUESTS_PER_TURN`] requests, all of them together
+//! [`HTTP_REQUESTS_PER_TURN_ALL`]; consul its client's read budget or
 //! one decode slice; each listener one accept batch). Work left over is
 //! queued in `again` and done next turn, after the turn's new checks.
 
@@ -63,6 +64,10 @@ const ACCEPT_EVERY: usize = 64;
 const ACCEPT_PAUSE: Duration = Duration::from_millis(100);
 /// Requests one HTTP connection may have answered per turn (pipelining).
 const HTTP_REQUESTS_PER_TURN: usize = 16;
+/// Requests all HTTP connections together may have answered per turn: a
+/// `/-/metrics` render costs about 0.1 ms, so a turn spends at most a few
+/// ms on HTTP however many connections pipeline.
+const HTTP_REQUESTS_PER_TURN_ALL: usize = 64;
 /// Connections one HTTP listener may accept per turn.
 const HTTP_ACCEPT_BATCH: usize = 64;
 /// The HTTP connections' read buffer, shared (they copy out what they keep).
@@ -114,6 +119,17 @@ fn classify_accept_error(e: io::Error) -> AcceptError {
         io::ErrorKind::WouldBlock => AcceptError::Drained,
         io::ErrorKind::Interrupted | io::ErrorKind::ConnectionAborted => AcceptError::Retry,
         _ => AcceptError::Failed(e),
+    }
+}
+
+/// Queues an HTTP connection for next turn, once (a spent budget and a new
+/// event in the same turn must not give it two).
+fn again_http(again: &mut Vec<Again>, key: usize, gen: u32) {
+    if !again
+        .iter()
+        .any(|a| matches!(a, Again::Http { key: k, gen: g } if *k == key && *g == gen))
+    {
+        again.push(Again::Http { key, gen });
     }
 }
 
@@ -220,6 +236,8 @@ pub struct EventLoop {
     http_timers: BinaryHeap<Reverse<(Instant, usize, u32)>>,
     http_scratch: Vec<u8>,
     again: Vec<Again>,
+    /// HTTP requests handed out this turn, all connections together.
+    http_turn_requests: usize,
     next_gen: u32,
 
     client: Client<SocketConnector>,
@@ -297,6 +315,7 @@ impl EventLoop {
             http_timers: BinaryHeap::new(),
             http_scratch: vec![0; HTTP_SCRATCH],
             again: Vec::new(),
+            http_turn_requests: 0,
             next_gen: 0,
             client: Client::new(
                 &config.consul,
@@ -358,6 +377,7 @@ impl EventLoop {
             let now = Instant::now();
             // Last turn's leftovers run after this turn's events.
             let again = std::mem::take(&mut self.again);
+            self.http_turn_requests = 0;
             // New checks first, and again every ACCEPT_EVERY events: their
             // line is usually already there, so they are answered at once
             // instead of waiting behind a turn full of slow peers' bytes.
@@ -370,6 +390,9 @@ impl EventLoop {
                     self.accept_agents(now);
                 }
                 self.dispatch(event.token(), now);
+            }
+            if !again.is_empty() && self.agent_listener.is_some() {
+                self.accept_agents(now);
             }
             for work in again {
                 self.run_again(work, now);
@@ -665,6 +688,11 @@ impl EventLoop {
         let Some(slot) = self.https.get_mut(key) else {
             return;
         };
+        if self.http_turn_requests >= HTTP_REQUESTS_PER_TURN_ALL {
+            // The turn's HTTP budget is spent: next turn (edge-triggered,
+            // so it must be queued; once, whatever the events).
+            return again_http(&mut self.again, key, slot.gen);
+        }
         let progress = slot.conn.on_readable(now, &mut self.http_scratch);
         self.http_progress(key, progress, now);
     }
@@ -683,19 +711,23 @@ impl EventLoop {
                 HttpProgress::NeedRead => Interest::READABLE,
                 HttpProgress::NeedWrite => Interest::READABLE | Interest::WRITABLE,
                 HttpProgress::Yield => {
-                    self.again.push(Again::Http { key, gen: slot.gen });
+                    again_http(&mut self.again, key, slot.gen);
                     Interest::READABLE
                 }
-                HttpProgress::Written if answered < HTTP_REQUESTS_PER_TURN => {
+                HttpProgress::Written
+                    if answered < HTTP_REQUESTS_PER_TURN
+                        && self.http_turn_requests < HTTP_REQUESTS_PER_TURN_ALL =>
+                {
                     progress = slot.conn.on_readable(now, &mut self.http_scratch);
                     continue;
                 }
                 HttpProgress::Written => {
-                    self.again.push(Again::Http { key, gen: slot.gen });
+                    again_http(&mut self.again, key, slot.gen);
                     Interest::READABLE
                 }
                 HttpProgress::Request(head, body) => {
                     answered += 1;
+                    self.http_turn_requests += 1;
                     progress = self.handle_http(key, head, body, now);
                     continue;
                 }
@@ -799,17 +831,23 @@ impl EventLoop {
             .map(|(k, _)| k)
             .collect();
         for key in ready {
-            self.answer_parked(key, now);
+            self.answer_parked(key, now, true);
         }
     }
 
-    fn answer_parked(&mut self, key: usize, now: Instant) {
+    /// Answers the query parked on `key`: at its wait's end, or (`woken`)
+    /// because its prefix moved, re-checked here: answering one connection
+    /// can park a new query on another before its turn comes.
+    fn answer_parked(&mut self, key: usize, now: Instant, woken: bool) {
         let Some(kv) = self.devkv.as_ref() else {
             return;
         };
         let Some(slot) = self.https.get_mut(key) else {
             return;
         };
+        if woken && !slot.parked.as_ref().is_some_and(|w| kv.is_ready(w)) {
+            return;
+        }
         let Some(wait) = slot.parked.take() else {
             return;
         };
@@ -829,7 +867,7 @@ impl EventLoop {
         }
         slot.armed = None;
         match slot.deadline() {
-            Some(d) if d <= now && slot.parked.is_some() => self.answer_parked(key, now),
+            Some(d) if d <= now && slot.parked.is_some() => self.answer_parked(key, now, false),
             Some(d) if d <= now => {
                 self.metrics.count_http_drop(slot.role, HttpDrop::Timeout);
                 self.close_http(key);

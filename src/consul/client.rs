@@ -547,14 +547,28 @@ impl<C: Connect> Client<C> {
         now: Instant,
     ) -> Next<C::Stream> {
         let max_body = self.spec.max_body_bytes;
-        // Chunk extensions and trailers could otherwise stretch the body
-        // bound to any amount of input.
+        // Chunk extensions, trailers or interim heads could otherwise
+        // stretch the body bound to any amount of input.
         let max_wire = max_body.saturating_mul(2).saturating_add(MAX_HEAD_BYTES);
         let mut budget = READ_BUDGET;
         loop {
             // Parse what is buffered first, then read.
             if body.is_none() {
-                match parse_response_head(&rx.inbuf, MAX_HEAD_BYTES) {
+                // Interim heads are skipped by offset and drained once, so
+                // a storm of them costs linear time.
+                let mut skipped = 0;
+                let mut parsed = parse_response_head(&rx.inbuf, MAX_HEAD_BYTES);
+                while let Parse::Done(head, used) = &parsed {
+                    if head.status >= 200 {
+                        break;
+                    }
+                    // 100 Continue, 103 Early Hints: the real response
+                    // follows.
+                    skipped += used;
+                    parsed = parse_response_head(&rx.inbuf[skipped..], MAX_HEAD_BYTES);
+                }
+                rx.inbuf.drain(..skipped);
+                match parsed {
                     Parse::Partial => {}
                     Parse::Invalid(why) => {
                         return Next::Fail {
@@ -568,11 +582,6 @@ impl<C: Connect> Client<C> {
                     }
                     Parse::Done(head, used) => {
                         rx.inbuf.drain(..used);
-                        if head.status < 200 {
-                            // 100 Continue, 103 Early Hints: the real
-                            // response follows.
-                            continue;
-                        }
                         body = Some(Body {
                             decoder: BodyDecoder::new(head.framing, max_body),
                             head,
@@ -594,7 +603,14 @@ impl<C: Connect> Client<C> {
                 body = Some(b);
             }
             if rx.received > max_wire {
-                return body_fail(rx.conn, BodyError::TooLarge, max_body);
+                return Next::Fail {
+                    conn: Some(rx.conn),
+                    failure: Failure::new(
+                        ErrorReason::TooLarge,
+                        format!("response over {max_wire} bytes on the wire (2 × -consul-max-body-bytes + 64 KiB)"),
+                    ),
+                    retry_fresh: false,
+                };
             }
             if budget == 0 {
                 rx.more = true;
@@ -1134,6 +1150,19 @@ mod tests {
         let mut now = Instant::now();
         let got = pump(&mut c, &mut now, Duration::from_secs(5), TURN);
         assert_eq!(seen(got), Seen::Failed(ErrorReason::TooLarge));
+    }
+
+    /// Reviewer's finding: each interim head was drained on its own, so a
+    /// storm of them cost quadratic time.
+    #[test]
+    fn a_storm_of_interim_heads_is_skipped_in_one_pass() {
+        let mut w = b"HTTP/1.1 100 Continue\r\n\r\n".repeat(20_000);
+        w.extend(wire(Framing::Length, 9, &listing(3)));
+        let peer = MemStream::answering([vec![Act::Data(w)]]);
+        let mut c = client(vec![peer]);
+        let mut now = Instant::now();
+        let got = seen(pump(&mut c, &mut now, Duration::from_secs(5), TURN));
+        assert_eq!(got, Seen::Swap { index: 9, keys: 3 });
     }
 
     #[test]
