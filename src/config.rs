@@ -32,6 +32,16 @@ pub enum ListenAddr {
     Addr(SocketAddr),
 }
 
+/// As the flag takes it: `:9777`, `127.0.0.1:9777`, `[::1]:9777`.
+impl std::fmt::Display for ListenAddr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ListenAddr::AnyDualStack(port) => write!(f, ":{port}"),
+            ListenAddr::Addr(a) => write!(f, "{a}"),
+        }
+    }
+}
+
 /// How to reach consul.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ConsulEndpoint {

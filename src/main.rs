@@ -44,7 +44,7 @@ fn run(mut config: Config) -> Result<(), String> {
     let bind_one =
         |what: &str, addr: &Option<ListenAddr>| -> Result<Option<std::net::TcpListener>, String> {
             addr.as_ref()
-                .map(|a| bind(a).map_err(|e| format!("cannot listen on {what} {a:?}: {e}")))
+                .map(|a| bind(a).map_err(|e| format!("cannot listen on {what} {a}: {e}")))
                 .transpose()
         };
     let listeners = Listeners {

@@ -297,7 +297,32 @@ fn bind_failure_exits_1() {
         &[],
     );
     assert_eq!(code, Some(1), "{err}");
-    assert!(err.contains("cannot listen on -listen-addr"), "{err}");
+    // The address as the flag takes it, not a Rust debug name.
+    let want = format!(
+        "\"error\":\"cannot listen on -listen-addr {addr}: Address already in use (os error 98)\""
+    );
+    assert!(err.contains(&want), "{err}");
+    let taken6 = std::net::TcpListener::bind("[::]:0")
+        .or_else(|_| std::net::TcpListener::bind("0.0.0.0:0"))
+        .unwrap();
+    let port = taken6.local_addr().unwrap().port();
+    let any = format!(":{port}");
+    let (code, _, err) = run(
+        &[
+            "-listen-addr",
+            "127.0.0.1:0",
+            "-monitoring-addr",
+            &any,
+            "-pprof-addr",
+            "",
+            "-consul-addr",
+            "127.0.0.1:1",
+        ],
+        &[],
+    );
+    assert_eq!(code, Some(1), "{err}");
+    let want = format!("\"error\":\"cannot listen on -monitoring-addr :{port}: Address already in use (os error 98)\"");
+    assert!(err.contains(&want), "{err}");
 }
 
 #[test]
