@@ -987,7 +987,13 @@ impl EventLoop {
         let invalid = new.new_invalid_since(self.snapshot.as_ref().unwrap_or(&empty));
         for k in &invalid {
             self.metrics.invalid_values[k.reason.index()] += 1;
-            warn!(key = escape(k.key.as_bytes(), 256), value = escape(k.value.as_bytes(), 128), reason = k.reason.label(), index = k.modify_index;
+            // The identity, as the change lines name it; the full key too.
+            let identity = k
+                .key
+                .strip_prefix(self.kv_prefix.as_str())
+                .and_then(|r| r.strip_prefix('/'))
+                .unwrap_or(&k.key);
+            warn!(identity = escape(identity.as_bytes(), 256), key = escape(k.key.as_bytes(), 256), value = escape(k.value.as_bytes(), 128), reason = k.reason.label(), index = k.modify_index;
                 "invalid KV entry dropped: answered as if absent (ready 100%)");
         }
         if !invalid.is_empty() {
@@ -1015,8 +1021,9 @@ impl EventLoop {
                 let show = |e: Option<crate::state::Entry>| {
                     e.map_or_else(|| "absent".to_owned(), |e| e.desired.to_string())
                 };
-                let index = c.new.or(c.old).map_or(0, |e| e.modify_index);
-                info!(key = escape(c.identity.as_bytes(), 256), old = show(c.old), new = show(c.new), index = index; "state change");
+                // A delete has no ModifyIndex of its own: the state's.
+                let index = c.new.map_or(new.index(), |e| e.modify_index);
+                info!(identity = escape(c.identity.as_bytes(), 256), old = show(c.old), new = show(c.new), index = index; "state change");
             }
             if !changes.is_empty() {
                 self.metrics.last_change = Some(SystemTime::now());

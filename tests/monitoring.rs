@@ -434,7 +434,7 @@ fn debug_state_after_a_kv_change_shows_values_replies_and_invalid_keys_never_the
         .all(|l| serde_json::from_str::<serde_json::Value>(l).is_ok()));
     // Real changes are logged per key, old -> new.
     let change = agent.proc.wait_log(
-        "\"msg\":\"state change\",\"key\":\"be/a\"",
+        "\"msg\":\"state change\",\"identity\":\"be/a\"",
         Duration::from_secs(2),
     );
     let change: serde_json::Value = serde_json::from_str(&change).unwrap();

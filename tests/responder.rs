@@ -416,7 +416,7 @@ fn changes_are_logged_per_key_and_invalid_values_once_per_change() {
     let (agent, kv) = dev_agent(&[]);
     put_and_sync(&agent, &kv, "be/s1", "drain");
     let change = |key: &str| {
-        let needle = format!("\"key\":\"{key}\"");
+        let needle = format!("\"identity\":\"{key}\"");
         agent
             .proc
             .log()
