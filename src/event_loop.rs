@@ -32,6 +32,7 @@ use mio::{Events, Interest, Poll, Token};
 use slab::Slab;
 
 use crate::agent::conn::{AgentConn, Progress};
+use crate::agent::hint::Hints;
 use crate::agent::Outcome;
 use crate::config::{Config, ListenAddr};
 use crate::consul::client::{Client, SocketConnector};
@@ -77,7 +78,7 @@ const HTTP_SCRATCH: usize = 16 * 1024;
 const RETIRE_SLICE: usize = 4096;
 /// Shutdown waits at most this long for in-flight answers.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
-/// Repeated warnings (missing newline, accept errors) at most this often.
+/// Repeated warnings (accept errors, full HTTP pools) at most this often.
 const HINT_EVERY: Duration = Duration::from_secs(10);
 
 enum Tok {
@@ -267,8 +268,7 @@ pub struct EventLoop {
     /// (edge-triggered, a waiting connection would not wake us again).
     http_accept_retry_at: Option<Instant>,
     accept_pending: bool,
-    last_hint: Option<Instant>,
-    hints_suppressed: u64,
+    hints: Hints,
     last_accept_warning: Option<Instant>,
     last_pool_warning: [Option<Instant>; Role::ALL.len()],
     shutdown_deadline: Option<Instant>,
@@ -342,8 +342,7 @@ impl EventLoop {
             accept_paused_until: None,
             http_accept_retry_at: None,
             accept_pending: false,
-            last_hint: None,
-            hints_suppressed: 0,
+            hints: Hints::default(),
             last_accept_warning: None,
             last_pool_warning: [None; Role::ALL.len()],
             shutdown_deadline: None,
@@ -585,15 +584,9 @@ impl EventLoop {
     }
 
     fn hint_no_newline(&mut self, received: &[u8]) {
-        let now = Instant::now();
-        if self.last_hint.is_some_and(|t| now < t + HINT_EVERY) {
-            self.hints_suppressed += 1;
-            return;
+        if let Some(hint) = self.hints.note(received, Instant::now()) {
+            warn!(received = escape(received, 64), similar_suppressed = hint.suppressed; "{}", hint.cause.message());
         }
-        self.last_hint = Some(now);
-        let suppressed = std::mem::take(&mut self.hints_suppressed);
-        warn!(received = escape(received, 64), similar_suppressed = suppressed;
-            "agent connection sent bytes but no newline: does the haproxy agent-send end in \\n? (e.g. agent-send \"be_web/srv1\\n\")");
     }
 
     // ---- HTTP connections (monitoring, pprof, dev KV) ----

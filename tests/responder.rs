@@ -507,3 +507,33 @@ fn changes_are_logged_per_key_and_invalid_values_once_per_change() {
         .count();
     assert!(per_request <= 2, "{per_request}");
 }
+
+/// The hint named one sample per window, always the first connection: with
+/// two misconfigured servers only one was ever named. And a single-quoted
+/// `agent-send '...\n'` (haproxy sends a literal backslash-n) now says so.
+#[test]
+fn the_newline_hint_names_each_distinct_string_and_spots_single_quotes() {
+    let (agent, _kv) = dev_agent(&[]);
+    for bytes in [&b"be_a/s1"[..], b"be_b/s2", b"be_a/s1", b"be_bad/sq\\n"] {
+        let (out, _) = session(&agent, |s| {
+            s.write_all(bytes).unwrap();
+            s.shutdown(Shutdown::Write).unwrap();
+        });
+        assert!(out.is_empty());
+    }
+    let plain = "\"msg\":\"agent connection sent bytes but no newline: does the haproxy agent-send end in \\\\n? (e.g. agent-send \\\"be_web/srv1\\\\n\\\")\"";
+    for name in ["be_a/s1", "be_b/s2"] {
+        let want = format!("{plain},\"received\":\"{name}\",\"similar_suppressed\":0}}");
+        agent.proc.wait_log(&want, Duration::from_secs(2));
+    }
+    let quoted = "\"msg\":\"agent connection sent a literal backslash-n but no newline: the haproxy agent-send is in single quotes, which haproxy does not unescape; use double quotes (agent-send \\\"be_web/srv1\\\\n\\\")\"";
+    let line = agent.proc.wait_log(quoted, Duration::from_secs(2));
+    assert!(line.contains(r#""received":"be_bad/sq\\\\n""#), "{line}");
+    let named_a = agent
+        .proc
+        .log()
+        .iter()
+        .filter(|l| l.contains("\"received\":\"be_a/s1\""))
+        .count();
+    assert_eq!(named_a, 1, "the repeat within the window is held back");
+}

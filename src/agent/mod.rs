@@ -5,6 +5,7 @@
 //! admin state, or a named reason for closing without one.
 
 pub mod conn;
+pub mod hint;
 pub mod request;
 
 /// How one agent-check connection ended (metric label `outcome`, fixed by

@@ -1,0 +1,133 @@
+//! The missing-newline hint (SPEC §3): a connection that sent bytes but no
+//! `\n` is almost always an `agent-send` without its `\n`. Which strings to
+//! name, and how often, is decided here, pure.
+//!
+//! In: the bytes such a connection sent, and the time. Out: whether to log
+//! a hint for them now (with how many were held back since), and its text.
+//! Always holds: each distinct byte string is named at most once per
+//! [`HINT_EVERY`], so two misconfigured servers are both named; at most
+//! [`TRACKED`] strings are remembered (the oldest forgotten), so memory is
+//! bounded whatever peers send.
+
+use std::collections::{HashMap, VecDeque};
+use std::time::{Duration, Instant};
+
+/// Each distinct string is named at most this often.
+pub const HINT_EVERY: Duration = Duration::from_secs(10);
+/// Distinct strings remembered at once.
+pub const TRACKED: usize = 64;
+
+/// What the bytes suggest is wrong.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cause {
+    /// No newline at all.
+    NoNewline,
+    /// A literal backslash-n: the `agent-send` string is in single quotes,
+    /// which haproxy does not unescape.
+    SingleQuoted,
+}
+
+impl Cause {
+    pub fn of(received: &[u8]) -> Cause {
+        if received.windows(2).any(|w| w == b"\\n") {
+            Cause::SingleQuoted
+        } else {
+            Cause::NoNewline
+        }
+    }
+
+    pub fn message(self) -> &'static str {
+        match self {
+            Cause::NoNewline => "agent connection sent bytes but no newline: does the haproxy agent-send end in \\n? (e.g. agent-send \"be_web/srv1\\n\")",
+            Cause::SingleQuoted => "agent connection sent a literal backslash-n but no newline: the haproxy agent-send is in single quotes, which haproxy does not unescape; use double quotes (agent-send \"be_web/srv1\\n\")",
+        }
+    }
+}
+
+/// A hint to log now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Hint {
+    pub cause: Cause,
+    /// The same string seen and not named since it was last named.
+    pub suppressed: u64,
+}
+
+/// When each distinct string was last named.
+#[derive(Debug, Default)]
+pub struct Hints {
+    last: HashMap<Vec<u8>, (Instant, u64)>,
+    /// Insertion order, to forget the oldest.
+    order: VecDeque<Vec<u8>>,
+}
+
+impl Hints {
+    /// A connection ended having sent `received` and no newline.
+    pub fn note(&mut self, received: &[u8], now: Instant) -> Option<Hint> {
+        if let Some((at, suppressed)) = self.last.get_mut(received) {
+            if now < *at + HINT_EVERY {
+                *suppressed += 1;
+                return None;
+            }
+            let hint = Hint {
+                cause: Cause::of(received),
+                suppressed: std::mem::take(suppressed),
+            };
+            *at = now;
+            return Some(hint);
+        }
+        if self.order.len() == TRACKED {
+            if let Some(oldest) = self.order.pop_front() {
+                self.last.remove(&oldest);
+            }
+        }
+        self.order.push_back(received.to_vec());
+        self.last.insert(received.to_vec(), (now, 0));
+        Some(Hint {
+            cause: Cause::of(received),
+            suppressed: 0,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_distinct_string_is_named_once_per_window() {
+        let t0 = Instant::now();
+        let mut h = Hints::default();
+        let first = h.note(b"be_a/s1", t0).expect("named");
+        assert_eq!(first.cause, Cause::NoNewline);
+        // A second misconfigured server is named too, at once.
+        assert!(h.note(b"be_b/s2", t0).is_some());
+        // Repeats within the window are held back and counted.
+        for _ in 0..5 {
+            assert_eq!(h.note(b"be_a/s1", t0 + Duration::from_secs(3)), None);
+        }
+        let again = h.note(b"be_a/s1", t0 + HINT_EVERY).expect("named again");
+        assert_eq!(again.suppressed, 5);
+    }
+
+    #[test]
+    fn a_literal_backslash_n_says_single_quotes() {
+        let hint = Hints::default()
+            .note(b"be_bad/sq\\n", Instant::now())
+            .unwrap();
+        assert_eq!(hint.cause, Cause::SingleQuoted);
+        assert!(hint.cause.message().contains("single quotes"));
+        assert_eq!(Cause::of(b"be/s1\x01"), Cause::NoNewline);
+    }
+
+    #[test]
+    fn memory_is_bounded_by_the_strings_tracked() {
+        let t0 = Instant::now();
+        let mut h = Hints::default();
+        for i in 0..10 * TRACKED {
+            assert!(h.note(format!("be/s{i}").as_bytes(), t0).is_some());
+        }
+        assert_eq!((h.last.len(), h.order.len()), (TRACKED, TRACKED));
+        // The oldest were forgotten: named again at once.
+        assert!(h.note(b"be/s0", t0).is_some());
+    }
+}
