@@ -601,8 +601,11 @@ pub fn parse(
 }
 
 fn duration(raw: &Raw) -> Result<Duration, UsageError> {
-    parse_duration(&raw.value)
-        .ok_or_else(|| raw.invalid("not a duration (use Go syntax like 5s, 100ms, 1m30s)"))
+    match parse_signed_duration(&raw.value) {
+        None => Err(raw.invalid("not a duration (use Go syntax like 5s, 100ms, 1m30s)")),
+        Some((true, d)) if !d.is_zero() => Err(raw.invalid("must not be negative")),
+        Some((_, d)) => Ok(d),
+    }
 }
 
 fn number(raw: &Raw, min: usize, max: usize) -> Result<usize, UsageError> {
@@ -996,22 +999,14 @@ fn enterprise_name(env: Env<'_>, var: &str) -> Result<Option<String>, UsageError
 // ---------------------------------------------------------------------------
 // Durations.
 
-/// Parses a Go duration (`300ms`, `1.5s`, `1m30s`, `2h`; units ns us µs ms s m h).
+/// Parses a Go duration (`300ms`, `1.5s`, `1m30s`, `2h`; units ns us µs ms s m h)
+/// with the sign kept apart: `(negative, magnitude)`.
 ///
 /// As Go's `time.ParseDuration`: a sequence of decimal numbers, each with an
 /// optional fraction and a required unit; `0` alone needs no unit; a leading
-/// `+` is allowed. A negative duration, or one past Go's limit (about 292
-/// years), gives `None`.
-pub fn parse_duration(s: &str) -> Option<Duration> {
-    match parse_signed_duration(s)? {
-        (true, d) if !d.is_zero() => None,
-        (_, d) => Some(d),
-    }
-}
-
-/// Go's `time.ParseDuration` with the sign kept apart: `(negative,
-/// magnitude)`; `None` when it is not a duration. Consul, for one, reads a
-/// negative `wait` as "the default".
+/// `+` or `-` is allowed. Not a duration, or one past Go's limit (about 292
+/// years), gives `None`. Consul, for one, reads a negative `wait` as "the
+/// default"; flags refuse negative durations.
 pub fn parse_signed_duration(s: &str) -> Option<(bool, Duration)> {
     const MAX_NANOS: u128 = i64::MAX as u128;
     let (negative, mut rest) = match s.as_bytes().first() {
@@ -1402,6 +1397,8 @@ mod tests {
         let cases: &[(&[&str], &str)] = &[
             (&["-read-timeout", "abc"], "invalid value \"abc\" for flag -read-timeout: not a duration (use Go syntax like 5s, 100ms, 1m30s)"),
             (&["-read-timeout", "0s"], "invalid value \"0s\" for flag -read-timeout: must be more than 0"),
+            (&["-read-timeout", "-1s"], "invalid value \"-1s\" for flag -read-timeout: must not be negative"),
+            (&["-consul-wait", "-5m"], "invalid value \"-5m\" for flag -consul-wait: must not be negative"),
             (&["-read-timeout", "2h"], "invalid value \"2h\" for flag -read-timeout: must be at most 1h"),
             (&["-max-line-bytes", "0"], "invalid value \"0\" for flag -max-line-bytes: must be between 1 and 65536"),
             (&["-max-line-bytes", "65537"], "invalid value \"65537\" for flag -max-line-bytes: must be between 1 and 65536"),
@@ -1982,6 +1979,11 @@ mod tests {
     #[test]
     fn durations() {
         let ms = Duration::from_millis;
+        // Non-negative durations, as the flags take them.
+        let parse_duration = |s: &str| match parse_signed_duration(s)? {
+            (true, d) if !d.is_zero() => None,
+            (_, d) => Some(d),
+        };
         let cases: &[(&str, Option<Duration>)] = &[
             ("100ms", Some(ms(100))),
             ("1m30s", Some(ms(90_000))),
