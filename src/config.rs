@@ -49,6 +49,16 @@ pub enum ConsulEndpoint {
     Unix(PathBuf),
 }
 
+/// As logged: `127.0.0.1:8500`, `unix:///run/consul.sock`.
+impl std::fmt::Display for ConsulEndpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ConsulEndpoint::Tcp(a) => write!(f, "{a}"),
+            ConsulEndpoint::Unix(p) => write!(f, "unix://{}", p.display()),
+        }
+    }
+}
+
 /// Everything the consul client needs, validated.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConsulConfig {

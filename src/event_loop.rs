@@ -257,6 +257,8 @@ pub struct EventLoop {
     metrics: Metrics,
     started: SystemTime,
     kv_prefix: String,
+    /// The consul address, as logged.
+    consul_addr: String,
     read_timeout: Duration,
     max_line_bytes: usize,
     max_connections: usize,
@@ -334,6 +336,7 @@ impl EventLoop {
             metrics: Metrics::default(),
             started: SystemTime::now(),
             kv_prefix: config.kv_prefix.clone(),
+            consul_addr: config.consul.endpoint.to_string(),
             read_timeout: config.read_timeout,
             max_line_bytes: config.max_line_bytes,
             max_connections: config.max_connections,
@@ -941,7 +944,7 @@ impl EventLoop {
                     } else {
                         "not answering until a first complete read"
                     };
-                    warn!(reason = f.reason.label(), error = f.detail.as_str(); "consul read failed: {what}; retrying with backoff");
+                    warn!(consul = self.consul_addr.as_str(), reason = f.reason.label(), error = f.detail.as_str(); "consul read failed: {what}; retrying with backoff");
                     self.outage = Some((now, 0));
                 } else {
                     debug!(reason = f.reason.label(), error = f.detail.as_str(); "consul read failed again");

@@ -199,13 +199,17 @@ fn refused_after_sync_answers_last_state_and_recovers() {
     rig.recovers();
     // One line when the outage starts, one when it ends; none per retry.
     let log = rig.agent.proc.log();
-    assert_eq!(
-        log.iter()
-            .filter(|l| l.contains("\"msg\":\"consul read failed:"))
-            .count(),
-        1,
-        "{log:#?}"
+    let failed: Vec<_> = log
+        .iter()
+        .filter(|l| l.contains("\"msg\":\"consul read failed:"))
+        .collect();
+    assert_eq!(failed.len(), 1, "{log:#?}");
+    // It names the address it could not reach.
+    let want = format!(
+        "\"msg\":\"consul read failed: answering from the last known state; retrying with backoff\",\"consul\":\"{}\",\"reason\":\"connect\"",
+        rig.proxy.addr
     );
+    assert!(failed[0].contains(&want), "{}", failed[0]);
     rig.agent.proc.wait_log(
         "\"msg\":\"consul reads succeed again\"",
         Duration::from_secs(1),
