@@ -202,8 +202,12 @@ fn civil_from_days(days: i64) -> (i64, u32, u32) {
 
 fn text_config() -> simplelog::Config {
     simplelog::ConfigBuilder::new()
-        // UTC is simplelog's default offset.
-        .set_time_format_rfc3339()
+        // UTC is simplelog's default offset; milliseconds, as the JSON
+        // lines (RFC 3339 leaves the fraction to us: simplelog's own gives
+        // 8 or 9 digits, trailing zeros cut).
+        .set_time_format_custom(simplelog::format_description!(
+            "[year]-[month]-[day]T[hour]:[minute]:[second].[subsecond digits:3]Z"
+        ))
         .set_thread_level(log::LevelFilter::Off)
         .set_target_level(log::LevelFilter::Off)
         .set_location_level(log::LevelFilter::Off)

@@ -392,6 +392,13 @@ fn text_log_format() {
             !l.trim_start().starts_with('{'),
             "a JSON line in text format: {l}"
         );
+        // `2026-12-03T09:06:58.928Z`: always three fraction digits.
+        let stamp = l.split_whitespace().next().unwrap_or("");
+        let shape: String = stamp
+            .chars()
+            .map(|c| if c.is_ascii_digit() { '9' } else { c })
+            .collect();
+        assert_eq!(shape, "9999-99-99T99:99:99.999Z", "{l}");
         assert!(
             serde_json::from_str::<serde_json::Value>(&l).is_err(),
             "{l}"
