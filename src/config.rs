@@ -106,6 +106,8 @@ pub struct Config {
     pub dev_kv_addr: Option<ListenAddr>,
     pub log_format: LogFormat,
     pub log_level: log::LevelFilter,
+    /// Settings accepted but worth a warning at start (logged by `main`).
+    pub warnings: Vec<String>,
 }
 
 /// What the command line asks for.
@@ -592,7 +594,14 @@ pub fn parse(
         None
     };
 
-    let consul = consul_config(&low, env, dev_kv_addr.as_ref(), wait, max_body_bytes)?;
+    let mut warnings = Vec::new();
+    let consul = consul_config(
+        &low,
+        env,
+        dev_kv_addr.as_ref(),
+        (wait, max_body_bytes),
+        &mut warnings,
+    )?;
     let (log_format, log_level) = log_settings(env)?;
 
     Ok(Command::Run(Box::new(Config {
@@ -607,6 +616,7 @@ pub fn parse(
         dev_kv_addr,
         log_format,
         log_level,
+        warnings,
     })))
 }
 
@@ -861,12 +871,13 @@ fn consul_addr(raw: &Raw) -> Result<(ConsulEndpoint, String, String), UsageError
     })
 }
 
+/// `(wait, max_body_bytes)` are validated by the caller.
 fn consul_config(
     low: &LowArgs,
     env: Env<'_>,
     dev_kv: Option<&ListenAddr>,
-    wait: Duration,
-    max_body_bytes: usize,
+    (wait, max_body_bytes): (Duration, usize),
+    warnings: &mut Vec<String>,
 ) -> Result<ConsulConfig, UsageError> {
     let explicit = low.explicit("consul-addr", env);
     if let Some(raw) = &explicit {
@@ -914,7 +925,7 @@ fn consul_config(
     consul.path_prefix = path_prefix;
 
     refuse_tls(env)?;
-    consul.token = token(env)?;
+    consul.token = token(env, warnings)?;
     consul.basic_auth = env_nonempty(env, "CONSUL_HTTP_AUTH").map(|auth| {
         // Go's client: split at the first ':'; no ':' means a user without password.
         let pair = if auth.contains(':') {
@@ -964,9 +975,10 @@ fn check_token(token: &str, var: &str) -> Result<(), UsageError> {
     }
 }
 
-/// `CONSUL_HTTP_TOKEN_FILE` (read once, trimmed; an empty file is ignored)
-/// before `CONSUL_HTTP_TOKEN` (trimmed).
-fn token(env: Env<'_>) -> Result<Option<String>, UsageError> {
+/// `CONSUL_HTTP_TOKEN_FILE` (read once, trimmed) before `CONSUL_HTTP_TOKEN`
+/// (trimmed). An empty file is passed over, as consul's own client does,
+/// with a warning (a secret that was not mounted looks like this).
+fn token(env: Env<'_>, warnings: &mut Vec<String>) -> Result<Option<String>, UsageError> {
     const FILE_VAR: &str = "CONSUL_HTTP_TOKEN_FILE";
     if let Some(path) = env_nonempty(env, FILE_VAR) {
         let data = std::fs::read(&path)
@@ -978,6 +990,11 @@ fn token(env: Env<'_>) -> Result<Option<String>, UsageError> {
             check_token(token, FILE_VAR)?;
             return Ok(Some(token.to_string()));
         }
+        let instead = match env_nonempty(env, "CONSUL_HTTP_TOKEN") {
+            Some(_) => "using CONSUL_HTTP_TOKEN",
+            None => "sending no ACL token",
+        };
+        warnings.push(format!("{FILE_VAR} {path:?} is empty: {instead}"));
     }
     const VAR: &str = "CONSUL_HTTP_TOKEN";
     match env(VAR).as_deref().map(str::trim) {
@@ -1866,7 +1883,20 @@ mod tests {
                 .as_deref(),
             Some("env-token")
         );
-        assert_eq!(ok(&[], &[file]).consul.token, None);
+        let c = ok(&[], &[file]);
+        assert_eq!(c.consul.token, None);
+        assert_eq!(
+            c.warnings,
+            [format!(
+                "CONSUL_HTTP_TOKEN_FILE {path:?} is empty: sending no ACL token"
+            )]
+        );
+        assert_eq!(
+            ok(&[], &[file, ("CONSUL_HTTP_TOKEN", "t")]).warnings,
+            [format!(
+                "CONSUL_HTTP_TOKEN_FILE {path:?} is empty: using CONSUL_HTTP_TOKEN"
+            )]
+        );
         let _ = std::fs::remove_file(path);
     }
 

@@ -4,7 +4,7 @@
 
 use std::process::ExitCode;
 
-use gitlab_haproxy_agent::config::{self, Command, Config, ConsulEndpoint, ListenAddr};
+use gitlab_haproxy_agent::config::{self, Command, Config, ListenAddr};
 use gitlab_haproxy_agent::event_loop::{bind, EventLoop, Listeners};
 use gitlab_haproxy_agent::logging;
 use log::{error, info, warn};
@@ -40,6 +40,9 @@ fn main() -> ExitCode {
 }
 
 fn run(mut config: Config) -> Result<(), String> {
+    for w in &config.warnings {
+        warn!("{w}");
+    }
     raise_nofile_limit();
     let bind_one =
         |what: &str, addr: &Option<ListenAddr>| -> Result<Option<std::net::TcpListener>, String> {
@@ -69,7 +72,7 @@ fn run(mut config: Config) -> Result<(), String> {
         .iter()
         .map(|(n, a)| format!("{n}={a}"))
         .collect();
-    addrs.push(format!("consul={}", describe(&config.consul.endpoint)));
+    addrs.push(format!("consul={}", config.consul.endpoint));
     info!(
         version = config::version_line().as_str(),
         addresses = addrs.join(" ").as_str(),
@@ -81,13 +84,6 @@ fn run(mut config: Config) -> Result<(), String> {
     event_loop
         .run()
         .map_err(|e| format!("event loop failed: {e}"))
-}
-
-fn describe(e: &ConsulEndpoint) -> String {
-    match e {
-        ConsulEndpoint::Tcp(a) => a.to_string(),
-        ConsulEndpoint::Unix(p) => format!("unix://{}", p.display()),
-    }
 }
 
 /// Go programs raise the soft `RLIMIT_NOFILE` to the hard limit at start;

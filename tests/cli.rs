@@ -494,3 +494,24 @@ fn token_file_beats_token_variable() {
     );
     assert!(!head.contains("env-token-5678"), "{head}");
 }
+
+/// An empty token file (a secret that was not mounted) was passed over
+/// silently; it still is passed over, as consul's client does, but loudly.
+#[test]
+fn an_empty_token_file_is_a_warning_naming_it() {
+    let kv = Kv::any();
+    let file = std::env::temp_dir().join(format!("gha-empty-token-{}", std::process::id()));
+    std::fs::write(&file, " \n").unwrap();
+    let consul = kv.addr.to_string();
+    let agent = Agent::start(
+        &["-consul-addr", consul.as_str()],
+        &[("CONSUL_HTTP_TOKEN_FILE", file.to_str().unwrap())],
+    );
+    let want = format!(
+        "\"level\":\"warn\",\"msg\":\"CONSUL_HTTP_TOKEN_FILE \\\"{}\\\" is empty: sending no ACL token\"",
+        file.display()
+    );
+    let line = agent.proc.wait_log("is empty", Duration::from_secs(5));
+    let _ = std::fs::remove_file(&file);
+    assert!(line.contains(&want), "{line}\n{want}");
+}
