@@ -1,4 +1,4 @@
-//! Command line and environment -> validated [`Config`] (SPEC §6), in two
+//! Command line and environment -> validated [`Config`], in two
 //! steps like ripgrep's low/high args: raw strings from argv and env, then
 //! checked, typed values. Pure except for reading the token file and
 //! resolving a hostname once.

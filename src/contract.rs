@@ -1,4 +1,4 @@
-//! The KV contract (SPEC §2), pure: KV value bytes -> [`Desired`] -> reply
+//! The KV contract, pure: KV value bytes -> [`Desired`] -> reply
 //! bytes, and KV key suffix -> identity.
 //!
 //! In: raw KV values (already base64-decoded) and key suffixes below the
@@ -167,7 +167,7 @@ impl InvalidValue {
     }
 }
 
-/// Parses a KV value per SPEC §2 (trim ASCII whitespace, case-insensitive
+/// Parses a KV value as the KV contract says (trim ASCII whitespace, case-insensitive
 /// words, `N%` with 1-3 digits and N <= 256).
 pub fn parse_value(raw: &[u8]) -> Result<Desired, InvalidValue> {
     let value = raw.trim_ascii();

@@ -1,4 +1,4 @@
-//! The one mio poll loop (SPEC §8): owns every socket and token, the
+//! The one mio poll loop: owns every socket and token, the
 //! timers, and shutdown; knows no protocol (bytes are parsed by the
 //! machines it drives).
 //!

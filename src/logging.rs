@@ -1,4 +1,4 @@
-//! Logs on stderr (SPEC §7): JSON lines by default (`time` RFC 3339 UTC with
+//! Logs on stderr: JSON lines by default (`time` RFC 3339 UTC with
 //! ms, `level`, `msg`, then the record's key-values), or human text through
 //! simplelog with `GITLAB_LOG_FORMAT=text`. Structured fields come from the
 //! `log` crate's key-values (`info!(key = k, old = o; "msg")`).

@@ -1,4 +1,4 @@
-//! The snapshot the responder answers from (SPEC §2): identity -> desired
+//! The snapshot the responder answers from: identity -> desired
 //! state, built whole from one consul listing and swapped whole.
 //!
 //! In: the normalised KV prefix, the consul index, and the decoded KV pairs.

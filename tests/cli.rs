@@ -1,4 +1,4 @@
-//! SPEC §6, the command line: usage and version, exit codes and the one-line
+//! The command line: usage and version, exit codes and the one-line
 //! error, the four flag syntaxes and the environment fallbacks, signals, log
 //! formats, and the consul token (sent as a header, never logged).
 

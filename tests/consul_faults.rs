@@ -1,4 +1,4 @@
-//! SPEC §4, the rows that need only the agent and consul: the agent never
+//! Failure behaviour (README), the rows that need only the agent and consul: the agent never
 //! guesses. Each fault is injected by the proxy between the agent and the KV
 //! (the dev KV, or a real consul when one is available), so the same tests
 //! run against both; killing and restarting "consul" needs the dev KV.

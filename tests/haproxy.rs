@@ -1,4 +1,4 @@
-//! The agent against a real haproxy (SPEC §9, issue 4): agent-checked
+//! The agent against a real haproxy (issue 4): agent-checked
 //! servers at `agent-inter 100ms`, the agent binary, and consul (the dev KV,
 //! or a real `consul agent -dev` through `Kv::any`). Every assertion reads
 //! haproxy's stats socket (`show stat`, `show servers state`, `get weight`);

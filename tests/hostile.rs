@@ -1,4 +1,4 @@
-//! Hostile input (issue 7, SPEC §3, §5, §7): every byte value in a request
+//! Hostile input (issue 7): every byte value in a request
 //! line, lines at and past the limit, a slow million-byte line, HTTP and TLS
 //! to the agent port, TLS ClientHellos to every listener, half-open
 //! connections, RST storms, request smuggling shapes and header floods to the
@@ -745,7 +745,7 @@ fn control_bytes_in_keys_from_consul_are_ignored_and_escaped_in_logs() {
 #[test]
 fn deep_or_huge_json_after_a_good_read_keeps_the_last_state() {
     let good = br#"[{"Key":"fake/be/srv1","Value":"ZHJhaW4=","ModifyIndex":5}]"#.to_vec();
-    // Unknown fields are skipped (SPEC §5), even 100,000 levels deep: no
+    // Unknown fields are skipped (as consul clients do), even 100,000 levels deep: no
     // stack overflow, and the entry beside it applies.
     let deep_field = [
         br#"[{"Key":"fake/be/srv1","Value":"bWFpbnQ=","ModifyIndex":8,"Extra":"#.to_vec(),

@@ -1,4 +1,4 @@
-//! Observability end to end (SPEC §7, issue 3): the exposition after real
+//! Observability end to end (issue 3): the exposition after real
 //! traffic passes `promtool check metrics`, counters move with the fixed
 //! label values, readiness follows the first consul read, staleness grows
 //! during an outage, `/debug/state` shows the new state and never the
@@ -23,7 +23,7 @@ fn promtool() -> std::path::PathBuf {
     std::env::var_os("PATH")
         .and_then(|paths| std::env::split_paths(&paths).map(|d| d.join("promtool")).find(|p| p.is_file()))
         .unwrap_or_else(|| {
-            panic!("promtool not found on PATH: it checks the metrics exposition (SPEC §9). Install it with `apt-get install -y prometheus` (Debian/Ubuntu), or put the promtool binary on PATH")
+            panic!("promtool not found on PATH: it checks the metrics exposition. Install it with `apt-get install -y prometheus` (Debian/Ubuntu), or put the promtool binary on PATH")
         })
 }
 

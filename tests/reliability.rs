@@ -1,4 +1,4 @@
-//! Reliability under load and faults (issue 7, SPEC §3, §4): the accept gate
+//! Reliability under load and faults (issue 7): the accept gate
 //! with hysteresis, descriptor exhaustion, slow and silent peers, shutdown on
 //! SIGTERM/SIGINT, a restart that answers nothing until its first consul
 //! read, and memory per idle connection.

@@ -1,4 +1,4 @@
-//! SPEC §3 (the responder protocol) and §2 (the KV contract), end to end
+//! The responder protocol and the KV contract (README), end to end
 //! over real sockets: the binary in `-dev` mode, written to through its own
 //! dev KV, asked over TCP like haproxy asks.
 
@@ -76,7 +76,7 @@ fn session(agent: &Agent, talk: impl FnOnce(&mut TcpStream)) -> (Vec<u8>, Durati
     (out, start.elapsed())
 }
 
-// ---- SPEC §3 ----
+// ---- the responder protocol ----
 
 #[test]
 fn identity_is_matched_byte_for_byte() {
@@ -273,7 +273,7 @@ fn reply_is_written_whole_and_the_agent_closes() {
     assert!(took < Duration::from_secs(2), "{took:?}");
 }
 
-// ---- SPEC §2 ----
+// ---- the KV contract ----
 
 /// Every valid value and what the agent answers for it.
 const VALID: [(&str, &str, &str); 16] = [

@@ -1,6 +1,6 @@
-//! `contract::parse_identity` against a reference written straight from
-//! SPEC §2, the same rule seen through `Snapshot::build`'s prefix
-//! stripping, and the SPEC's reason for the rule: a key is kept exactly when
+//! `contract::parse_identity` against a reference written straight from the
+//! KV contract (README), and the same rule seen through `Snapshot::build`'s prefix
+//! stripping, and the contract's reason for the rule: a key is kept exactly when
 //! an agent-send line can ask for it.
 //!
 //! Input: byte 0 picks the prefix; the rest (lossily made UTF-8, as consul
@@ -15,7 +15,7 @@ use libfuzzer_sys::fuzz_target;
 
 const PREFIXES: [&str; 3] = ["gitlab-haproxy-agent/state", "p", ""];
 
-/// SPEC §2: empty, ending in `/`, starting or ending with ASCII whitespace,
+/// The KV contract: empty, ending in `/`, starting or ending with ASCII whitespace,
 /// or holding a control byte (incl. CR, LF, DEL) -> never asked for.
 fn reference(suffix: &str) -> bool {
     let b = suffix.as_bytes();

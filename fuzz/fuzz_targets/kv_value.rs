@@ -1,5 +1,5 @@
-//! `contract::parse_value` against a reference written straight from SPEC
-//! §2, reason included, plus the reply and display round trip.
+//! `contract::parse_value` against a reference written straight from the
+//! KV contract (README), reason included, plus the reply and display round trip.
 //!
 //! Input: the raw (already base64-decoded) KV value.
 #![no_main]
@@ -29,7 +29,7 @@ fn lower(value: &[u8]) -> Vec<u8> {
         .collect()
 }
 
-/// SPEC §2 value grammar. Never calls the code under test.
+/// value grammar. Never calls the code under test.
 fn reference(raw: &[u8]) -> Want {
     let mut value = raw;
     while let [b, rest @ ..] = value {

@@ -1,5 +1,5 @@
-//! `agent::request::parse` against a reference written straight from
-//! SPEC §3.
+//! `agent::request::parse` against a reference written straight from the
+//! responder protocol (README).
 //!
 //! Input: byte 0 picks `max_line_bytes` (1..=300, so the 256 default and
 //! both sides of every boundary are reached with short inputs); the rest is
@@ -11,7 +11,7 @@
 use gitlab_haproxy_agent::agent::request::{parse, Reject, Request};
 use libfuzzer_sys::fuzz_target;
 
-/// SPEC §3, in its order. Never calls the code under test.
+/// The responder protocol's rules, in its order. Never calls the code under test.
 fn reference(buf: &[u8], max: usize) -> Request<'_> {
     let mut newline = None;
     for (i, &b) in buf.iter().enumerate() {

@@ -1,4 +1,4 @@
-//! One agent-check connection (SPEC §3): read one line, look it up, write
+//! One agent-check connection: read one line, look it up, write
 //! the reply whole, close.
 //!
 //! In: readiness of the socket, the snapshot to answer from (`None` before

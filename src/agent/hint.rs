@@ -1,4 +1,4 @@
-//! The missing-newline hint (SPEC §3): a connection that sent bytes but no
+//! The missing-newline hint: a connection that sent bytes but no
 //! `\n` is almost always an `agent-send` without its `\n`. Which strings to
 //! name, and how often, is decided here, pure.
 //!

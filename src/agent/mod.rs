@@ -8,8 +8,8 @@ pub mod conn;
 pub mod hint;
 pub mod request;
 
-/// How one agent-check connection ended (metric label `outcome`, fixed by
-/// SPEC §7: dashboards outlive refactors).
+/// How one agent-check connection ended (metric label `outcome`, fixed:
+/// dashboards outlive refactors).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Outcome {
     Ready,

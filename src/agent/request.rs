@@ -1,4 +1,4 @@
-//! The agent-check request line (SPEC §3), pure.
+//! The agent-check request line, pure.
 //!
 //! In: the bytes received so far on one connection. Out: the identity, a need
 //! for more bytes, or the reason to close without a reply. Always holds: the
@@ -29,7 +29,7 @@ pub enum Request<'a> {
     Reject(Reject),
 }
 
-/// Parses the request per SPEC §3, in this order: take everything up to the
+/// Parses the request line, in this order: take everything up to the
 /// first `\n`; the line must be at most `max_line_bytes`; strip one trailing
 /// `\r`; trim surrounding spaces and tabs; the rest must be non-empty and free
 /// of control bytes (< 0x20 and 0x7f).

@@ -446,7 +446,7 @@ impl<C: Connect> Client<C> {
         }
     }
 
-    /// The whole-response deadline, from the request's start (SPEC §5):
+    /// The whole-response deadline, from the request's start:
     /// consul holds a blocking query up to wait × 17/16.
     fn response_within(&self) -> Duration {
         self.spec.wait * 17 / 16 + RESPONSE_SLACK

@@ -1,4 +1,4 @@
-//! The watch logic of the consul client (SPEC §4, §5), pure: which index to
+//! The watch logic of the consul client, pure: which index to
 //! ask for, when the next request may start, and what one response means.
 //!
 //! In: the outcome of each request (a response head and body, or an error)
@@ -29,7 +29,8 @@ const BACKOFF_CAP: Duration = Duration::from_secs(30);
 /// retried, but no faster than this.
 pub const CONFIG_ERROR_DELAY: Duration = Duration::from_secs(10);
 
-/// Why a consul request failed (metric label `reason`, fixed by SPEC §7).
+/// Why a consul request failed (metric label `reason`, fixed: dashboards
+/// outlive refactors).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ErrorReason {
     Connect,

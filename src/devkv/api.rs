@@ -7,7 +7,7 @@
 //! [`DevKv::is_ready`] or its deadline. The checks run in consul's order
 //! (Go's ServeMux path cleaning, then `wrap`, then `parse`, then the KV
 //! handler), so the first error a request hits is the one consul reports,
-//! with consul's status and text (`shared/research/consul-kv.md` §1, §2, §6).
+//! with consul's status and text.
 //!
 //! Deliberate differences from a real `consul agent -dev`: JSON is compact
 //! unless `?pretty` is given (a real dev agent always pretty-prints);

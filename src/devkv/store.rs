@@ -5,8 +5,7 @@
 //! `now` (used only to expire tombstones). Out: entries and the index a
 //! consul server would report for a key or prefix.
 //!
-//! Always holds (consul's `state/kvs.go` and `graveyard.go` rules, see
-//! `shared/research/consul-kv.md` §2):
+//! Always holds (consul's `state/kvs.go` and `graveyard.go` rules):
 //! - a write that changes nothing (identical PUT, delete of a missing key,
 //!   delete-tree matching nothing, failed CAS) touches no index;
 //! - every real write takes a new index, greater than all before it;

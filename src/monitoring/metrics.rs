@@ -1,4 +1,4 @@
-//! The metrics registry (SPEC §7): plain counters in fixed arrays, owned by
+//! The metrics registry: plain counters in fixed arrays, owned by
 //! the single loop thread, so recording costs one add and no lock or
 //! allocation; the Prometheus text exposition (format 0.0.4) is rendered
 //! only when scraped.

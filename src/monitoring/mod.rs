@@ -1,4 +1,4 @@
-//! Observability (SPEC §7): the metrics registry ([`metrics`]), the HTTP
+//! Observability: the metrics registry ([`metrics`]), the HTTP
 //! server connection shared with the dev KV ([`server`]), and the routes of
 //! the monitoring (`/-/metrics`, `/-/liveness`, `/-/readiness`) and pprof
 //! (`/debug/state`) listeners. `/debug/pprof/*` answers 404 with how to

@@ -1,4 +1,4 @@
-//! A fault-injecting HTTP proxy between the agent and the KV (SPEC §9): the
+//! A fault-injecting HTTP proxy between the agent and the KV: the
 //! same consul faults against the dev KV or a real consul.
 //!
 //! In: a target address and a [`Mode`], switchable at any time. Out: a
