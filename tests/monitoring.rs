@@ -23,7 +23,7 @@ fn promtool() -> std::path::PathBuf {
     std::env::var_os("PATH")
         .and_then(|paths| std::env::split_paths(&paths).map(|d| d.join("promtool")).find(|p| p.is_file()))
         .unwrap_or_else(|| {
-            panic!("promtool not found on PATH: it checks the metrics exposition. Install it with `apt-get install -y prometheus` (Debian/Ubuntu), or put the promtool binary on PATH")
+            panic!("promtool not found on PATH: it checks the metrics exposition. Install it alone with `sudo scripts/install-promtool.sh` (Debian/Ubuntu; the prometheus package would also start a server), or put the promtool binary on PATH")
         })
 }
 
