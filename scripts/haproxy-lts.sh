@@ -56,9 +56,14 @@ fi
 jobs=$(nproc 2>/dev/null || echo 2)
 start=$(date +%s)
 echo "haproxy-lts: building haproxy $version (make -j$jobs TARGET=linux-glibc; log: target/$name.log)" >&2
-if ! timeout "${HAPROXY_BUILD_TIMEOUT:-900}" nice make -C "$dir" -j"$jobs" TARGET=linux-glibc >"$log" 2>&1 ||
-  ! is_built; then
-  echo "haproxy-lts: build of haproxy $version failed or timed out; last lines of target/$name.log:" >&2
+limit=${HAPROXY_BUILD_TIMEOUT:-900}
+rc=0
+timeout "$limit" nice make -C "$dir" -j"$jobs" TARGET=linux-glibc >"$log" 2>&1 || rc=$?
+if [ "$rc" -ne 0 ] || ! is_built; then
+  why="failed (make exit $rc)"
+  [ "$rc" -eq 124 ] && why="timed out after $limit s (HAPROXY_BUILD_TIMEOUT)"
+  [ "$rc" -eq 0 ] && why="made no haproxy $version binary"
+  echo "haproxy-lts: build of haproxy $version $why; last lines of target/$name.log:" >&2
   tail -n 30 "$log" >&2
   rm -f "$bin"
   exit 1
