@@ -13,10 +13,16 @@
 # by HAPROXY_BUILD_TIMEOUT seconds (default 900). Exit codes: 0 built or
 # reused, 1 build failed, 3 tarball missing.
 set -euo pipefail
+# A TARBALL argument is relative to the caller's directory, the default to
+# the repository root.
+if [ $# -gt 0 ] && [ -f "$1" ]; then
+  tarball=$(realpath "$1")
+else
+  tarball=${1:-../shared/haproxy/haproxy-3.0.11.tar.gz}
+fi
 cd "$(dirname "$0")/.."
 root=$PWD
 
-tarball=${1:-../shared/haproxy/haproxy-3.0.11.tar.gz}
 if [ ! -f "$tarball" ]; then
   echo "haproxy-lts: $tarball not found" >&2
   exit 3
