@@ -1,12 +1,41 @@
 # The CI image: Rust (stable with rustfmt and clippy, the arm64 target and its
-# cross linker, a pinned nightly with cargo-fuzz), haproxy from Debian and a
-# real consul for the integration tests, promtool for the metrics check.
+# cross linker, a pinned nightly with cargo-fuzz), haproxy from Debian and the
+# upstream haproxy LTS lines built from source, a real consul for the
+# integration tests, promtool for the metrics check.
 # Versions come from ci/versions.yml as build arguments; the defaults below
 # equal them (tests/ci_config.rs checks).
 ARG RUST_VERSION=1.95.0
 ARG CONSUL_VERSION=1.21.2
 
 FROM hashicorp/consul:${CONSUL_VERSION} AS consul
+
+# The upstream haproxy LTS lines beside Debian's 2.6 (the haproxy-lts matrix
+# job): source from haproxy.org checked against the pinned sha256, built
+# without libraries (the agent checks need none), one binary per line in
+# /opt/haproxy-<line>/haproxy.
+FROM rust:${RUST_VERSION}-bookworm AS haproxy-lts
+ARG HAPROXY_LTS_2_8_VERSION=2.8.19
+ARG HAPROXY_LTS_2_8_SHA256=1c7b8fcc99d87f6e30c5060738e36a4c7d393e1d3c96f5abd84de422a9637b81
+ARG HAPROXY_LTS_3_0_VERSION=3.0.11
+ARG HAPROXY_LTS_3_0_SHA256=a133e2d550c5fd9a849b5c7ab17bb945bcdad209ca140d41f45ebf31943ae783
+ARG HAPROXY_LTS_3_2_VERSION=3.2.19
+ARG HAPROXY_LTS_3_2_SHA256=b08ebbd57f575012e4a5eb5b772721531fbacf6913ffd334f0281736a1ad78b6
+RUN set -eu; \
+    build() { \
+        version="$1"; sum="$2"; line="${version%.*}"; src="/usr/src/haproxy-${version}"; \
+        curl -fsSL -o "/tmp/haproxy-${version}.tar.gz" \
+            "https://www.haproxy.org/download/${line}/src/haproxy-${version}.tar.gz"; \
+        echo "${sum}  /tmp/haproxy-${version}.tar.gz" | sha256sum -c -; \
+        mkdir -p "$src"; \
+        tar -xzf "/tmp/haproxy-${version}.tar.gz" -C "$src" --strip-components=1; \
+        make -C "$src" -j"$(nproc)" TARGET=linux-glibc >"/tmp/haproxy-${version}.log" 2>&1 \
+            || { tail -n 30 "/tmp/haproxy-${version}.log"; exit 1; }; \
+        install -D -m 0755 "$src/haproxy" "/opt/haproxy-${line}/haproxy"; \
+        "/opt/haproxy-${line}/haproxy" -v | grep -Eq "version ${version}[- ]"; \
+    }; \
+    build "${HAPROXY_LTS_2_8_VERSION}" "${HAPROXY_LTS_2_8_SHA256}"; \
+    build "${HAPROXY_LTS_3_0_VERSION}" "${HAPROXY_LTS_3_0_SHA256}"; \
+    build "${HAPROXY_LTS_3_2_VERSION}" "${HAPROXY_LTS_3_2_SHA256}"
 
 FROM rust:${RUST_VERSION}-bookworm
 ARG HAPROXY_MINOR=2.6
@@ -27,6 +56,13 @@ RUN set -eux; \
 
 COPY --from=consul /bin/consul /usr/local/bin/consul
 RUN consul version
+
+# Every LTS line at /opt/haproxy-<line>/haproxy, 2.6 being Debian's.
+COPY --from=haproxy-lts /opt/ /opt/
+RUN set -eux; \
+    mkdir -p "/opt/haproxy-${HAPROXY_MINOR}"; \
+    ln -s /usr/sbin/haproxy "/opt/haproxy-${HAPROXY_MINOR}/haproxy"; \
+    for h in /opt/haproxy-*/haproxy; do "$h" -v | head -n 1; done
 
 # `cargo +nightly` (what scripts/fuzz.sh runs) resolves to the pinned nightly:
 # rustup refuses "nightly" as a custom toolchain name, so the pinned

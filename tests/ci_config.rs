@@ -134,6 +134,76 @@ fn dockerfile_defaults_equal_the_pins() {
     );
 }
 
+/// The haproxy LTS lines of the `haproxy-lts` matrix are exactly Debian's
+/// (`HAPROXY_MINOR`) and the upstream ones pinned as
+/// `HAPROXY_LTS_<line>_VERSION` (with a sha256), each built by the CI image
+/// from a build argument the ci-image job passes; `.ci/run` builds the 3.0
+/// pin.
+#[test]
+fn haproxy_lts_matrix_matches_the_pins() {
+    let pins = pins();
+    let ci = read(".gitlab-ci.yml");
+    let dockerfile = read("ci/test-image.Dockerfile");
+    let matrix: Vec<String> = code_lines(&ci)
+        .find_map(|l| l.trim().strip_prefix("- HAPROXY_LTS:"))
+        .expect("no HAPROXY_LTS matrix in .gitlab-ci.yml")
+        .trim()
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .split(',')
+        .map(|v| v.trim().trim_matches('"').to_string())
+        .collect();
+    let mut want = vec![pins["HAPROXY_MINOR"].clone()];
+    for (name, version) in &pins {
+        let Some(line) = name
+            .strip_prefix("HAPROXY_LTS_")
+            .and_then(|n| n.strip_suffix("_VERSION"))
+        else {
+            continue;
+        };
+        let line = line.replace('_', ".");
+        assert!(
+            version.starts_with(&format!("{line}.")),
+            "{name} = {version} is not on the {line} line"
+        );
+        let sum_name = format!("HAPROXY_LTS_{}_SHA256", line.replace('.', "_"));
+        let sum = pins
+            .get(&sum_name)
+            .unwrap_or_else(|| panic!("ci/versions.yml pins no {sum_name}"));
+        assert!(
+            sum.len() == 64 && sum.chars().all(|c| c.is_ascii_hexdigit()),
+            "{sum_name} is not a sha256: {sum}"
+        );
+        for pin in [name, &sum_name] {
+            assert!(
+                ci.contains(&format!("--build-arg \"{pin}=${pin}\"")),
+                "the ci-image job does not pass {pin}"
+            );
+            assert!(
+                dockerfile.contains(&format!("ARG {pin}=")),
+                "ci/test-image.Dockerfile takes no {pin}"
+            );
+        }
+        assert!(
+            dockerfile.contains(&format!("build \"${{{name}}}\" \"${{{sum_name}}}\"")),
+            "ci/test-image.Dockerfile does not build {name}"
+        );
+        want.push(line);
+    }
+    assert_eq!(
+        matrix, want,
+        "the haproxy-lts matrix differs from the lines pinned in ci/versions.yml"
+    );
+    for line in ["2.6", "2.8", "3.0", "3.2"] {
+        assert!(matrix.iter().any(|l| l == line), "LTS {line} not tested");
+    }
+    let tarball = format!("haproxy-{}.tar.gz", pins["HAPROXY_LTS_3_0_VERSION"]);
+    assert!(
+        read(".ci/run").contains(&tarball),
+        ".ci/run does not build {tarball}"
+    );
+}
+
 #[test]
 fn ci_image_tag_is_the_hash_of_the_pins() {
     let out = Command::new(root().join("scripts/ci/test-image-tag.sh"))

@@ -12,7 +12,7 @@ mod support;
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use support::haproxy::{csv_records, parse_csv, servers, Haproxy, Row, Server};
+use support::haproxy::{csv_records, haproxy_version, parse_csv, servers, Haproxy, Row, Server};
 use support::{free_port, unique_prefix, wait_for, Agent, Kv};
 
 const SEC: Duration = Duration::from_secs(1);
@@ -407,6 +407,58 @@ fn consul_down_after_sync_keeps_answering_and_recovers() {
                 _ => up_at(r, 100),
             }
     });
+}
+
+/// What differs between haproxy versions as the agent sees it, pinned for
+/// the versions observed (2.6.12 from Debian, upstream 3.0.11) and printed
+/// for the others (the CI matrix's 2.8 and 3.2 logs show them):
+/// 2.6 logs "remains in forced drain mode" on every check of a drained
+/// server, 3.0 only logs the transitions; 3.0's `show stat` has more columns
+/// (`proto`, `h1sess`, ...; the suite reads columns by name). The admin
+/// states, weights and agent columns are the same.
+#[test]
+fn drain_logging_and_stat_columns_by_version() {
+    let ((major, minor), line) = haproxy_version();
+    eprintln!("testing {line}");
+    let kv = Kv::dev();
+    let prefix = unique_prefix("versions");
+    let agent = agent(&kv, &prefix, &[]);
+    let hap = Haproxy::start("versions", agent.listen().port(), &servers("be_web", 1));
+    let id = "be_web/srv1";
+    hap.wait_server(id, "UP 100, answered", 5 * SEC, |r| {
+        up_at(r, 100) && agent_answered(r)
+    });
+    let header = hap.command("show stat");
+    let header = header.lines().next().unwrap_or("");
+    let has_column = |c: &str| header.split(',').any(|h| h.trim_start_matches("# ") == c);
+
+    kv.put(&key(&prefix, id), "drain");
+    let r = hap.wait_server(id, "DRAIN", 3 * SEC, is_drain);
+    assert_eq!((r.status(), r.weight()), ("DRAIN (agent)", 100));
+    // About ten checks at agent-inter 100ms while drained.
+    hap.hold(id, "DRAIN", SEC, is_drain);
+    let count = |needle: &str| hap.log().iter().filter(|l| l.contains(needle)).count();
+    let entered = count("enters drain state");
+    let remains = count("remains in forced drain mode");
+    eprintln!(
+        "haproxy {major}.{minor}: drain logged 'enters drain state' x{entered}, \
+         'remains in forced drain mode' x{remains} over ~10 checks; \
+         show stat has proto: {}, h1sess: {}",
+        has_column("proto"),
+        has_column("h1sess")
+    );
+    assert_eq!(entered, 1, "one transition: {:#?}", hap.log());
+    match (major, minor) {
+        (2, 6) => {
+            assert!(remains >= 5, "2.6 logs every drained check: {remains}");
+            assert!(!has_column("proto") && !has_column("h1sess"), "{header}");
+        }
+        (3, 0) => {
+            assert_eq!(remains, 0, "3.0 logs transitions only");
+            assert!(has_column("proto") && has_column("h1sess"), "{header}");
+        }
+        _ => {} // printed above
+    }
 }
 
 /// How haproxy shows a server at its desired state.

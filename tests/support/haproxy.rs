@@ -49,6 +49,26 @@ pub fn haproxy_bin() -> PathBuf {
         .unwrap_or_else(|| panic!("{NOT_FOUND}"))
 }
 
+/// haproxy's (major, minor) and its `-v` first line, e.g. `(3, 0)` and
+/// `HAProxy version 3.0.11-9e587df 2025/06/02 - https://haproxy.org/`.
+pub fn haproxy_version() -> ((u32, u32), String) {
+    let bin = haproxy_bin();
+    let out = Command::new(&bin)
+        .arg("-v")
+        .output()
+        .unwrap_or_else(|e| panic!("{} -v: {e}", bin.display()));
+    let text = String::from_utf8_lossy(&out.stdout);
+    let first = text.lines().next().unwrap_or("").to_owned();
+    let version = first
+        .split_once("version ")
+        .and_then(|(_, v)| {
+            let mut parts = v.split(|c: char| !c.is_ascii_digit());
+            Some((parts.next()?.parse().ok()?, parts.next()?.parse().ok()?))
+        })
+        .unwrap_or_else(|| panic!("{} -v: no version in {first:?}", bin.display()));
+    (version, first)
+}
+
 /// One agent-checked `server` line.
 #[derive(Clone, Debug)]
 pub struct Server {
