@@ -14,6 +14,10 @@
 # zig (`pip install ziglang`) and cargo-zigbuild (`cargo install --locked
 # cargo-zigbuild`), versions pinned in ci/versions.yml; installs nothing.
 #
+# checksums.txt lists every archive of this version in the output directory,
+# so building amd64 and arm64 in two runs lists both, and a rebuilt archive
+# replaces its own line.
+#
 # Usage: scripts/release.sh [--version V] [--target TRIPLE ...]
 #
 #   --version V   default: $CI_COMMIT_TAG without a leading "v", else Cargo.toml's
@@ -144,8 +148,16 @@ for t in "${targets[@]}"; do
   archives+=("$dir.tar.gz")
 done
 
-# One line per archive built by this run, in sha256sum's own format.
-(cd "$dist" && sha256sum "${archives[@]}") > "$dist/checksums.txt"
+# One line per archive of this version in the output directory (this run's
+# and earlier runs' for other targets), sorted, in sha256sum's own format; the
+# file is replaced whole, so another version's lines never linger in it.
+(
+  cd "$dist"
+  shopt -s nullglob
+  all=("${name}_${version}_linux_"*.tar.gz)
+  sha256sum "${all[@]}" > checksums.txt.tmp
+  mv checksums.txt.tmp checksums.txt
+) || die "cannot write $dist/checksums.txt"
 
 printf '==> wrote\n'
 for a in "${archives[@]}" checksums.txt; do printf '  %s\n' "$dist/$a"; done

@@ -231,6 +231,54 @@ fn release_archive_unpacks_and_runs() {
     assert_runs_on_glibc_floor(&top.join("gitlab-haproxy-agent"));
 }
 
+/// checksums.txt is per version and lists every archive of that version in
+/// DIST_DIR: one left by an earlier run (another architecture) stays listed,
+/// the rebuilt one's stale line is replaced, another version's is dropped.
+#[test]
+fn checksums_list_every_archive_of_the_version() {
+    let tmp = TempDir::new("sums");
+    let dist = tmp.0.join("dist");
+    std::fs::create_dir_all(&dist).unwrap();
+    let host = format!(
+        "gitlab-haproxy-agent_{VERSION}_linux_{}.tar.gz",
+        host_arch()
+    );
+    let other_arch = if host_arch() == "amd64" {
+        "arm64"
+    } else {
+        "amd64"
+    };
+    let other = format!("gitlab-haproxy-agent_{VERSION}_linux_{other_arch}.tar.gz");
+    let old_version = "gitlab-haproxy-agent_0.0.0-old_linux_amd64.tar.gz";
+    std::fs::write(dist.join(&other), b"an earlier run's archive").unwrap();
+    std::fs::write(dist.join(&host), b"stale").unwrap();
+    std::fs::write(dist.join(old_version), b"another version").unwrap();
+    let zeros = "0".repeat(64);
+    std::fs::write(
+        dist.join("checksums.txt"),
+        format!("{zeros}  {host}\n{zeros}  {old_version}\n"),
+    )
+    .unwrap();
+
+    run(Command::new(root().join("scripts/release.sh"))
+        .args(["--version", VERSION])
+        .current_dir(root())
+        .env("CARGO_TARGET_DIR", root().join("target/release-test"))
+        .env("DIST_DIR", &dist)
+        .env_remove("CI_COMMIT_TAG"));
+
+    let sums = std::fs::read_to_string(dist.join("checksums.txt")).unwrap();
+    let mut want = [
+        format!("{}  {host}\n", sha256(&dist.join(&host))),
+        format!("{}  {other}\n", sha256(&dist.join(&other))),
+    ];
+    want.sort();
+    assert_eq!(sums, want.concat(), "checksums.txt");
+    run(Command::new("sha256sum")
+        .args(["--check", "--strict", "checksums.txt"])
+        .current_dir(&dist));
+}
+
 /// Without cargo-zigbuild (or zig) the script stops before building, with
 /// one line that says how to install it.
 #[test]
