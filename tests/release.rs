@@ -284,18 +284,33 @@ fn checksums_list_every_archive_of_the_version() {
 #[test]
 fn release_script_names_the_missing_build_tool() {
     let tmp = TempDir::new("notools");
-    // cargo and rustc only (the toolchain's own binaries, not rustup's
-    // proxies), and an empty CARGO_HOME: cargo finds no cargo-zigbuild.
+    // PATH is one directory holding only what the script runs before its
+    // tool check (cargo and rustc are the toolchain's own binaries, not
+    // rustup's proxies), and CARGO_HOME is empty: cargo finds no
+    // cargo-zigbuild wherever it is installed on this machine.
     let bin = tmp.0.join("bin");
     let cargo_home = tmp.0.join("cargo-home");
     std::fs::create_dir_all(&bin).unwrap();
     std::fs::create_dir_all(&cargo_home).unwrap();
     let cargo = PathBuf::from(env!("CARGO"));
-    std::os::unix::fs::symlink(&cargo, bin.join("cargo")).unwrap();
-    std::os::unix::fs::symlink(cargo.with_file_name("rustc"), bin.join("rustc")).unwrap();
+    let mut tools = vec![
+        ("cargo".to_string(), cargo.clone()),
+        ("rustc".to_string(), cargo.with_file_name("rustc")),
+    ];
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    for tool in ["bash", "dirname", "awk", "sed", "tar", "gzip", "sha256sum"] {
+        let found = std::env::split_paths(&path)
+            .map(|d| d.join(tool))
+            .find(|p| p.is_file())
+            .unwrap_or_else(|| panic!("{tool} not on PATH"));
+        tools.push((tool.to_string(), found));
+    }
+    for (name, target) in &tools {
+        std::os::unix::fs::symlink(target, bin.join(name)).unwrap();
+    }
     let out = Command::new(root().join("scripts/release.sh"))
         .current_dir(root())
-        .env("PATH", format!("{}:/usr/bin:/bin", bin.display()))
+        .env("PATH", &bin)
         .env("CARGO_HOME", &cargo_home)
         .env_remove("CI_COMMIT_TAG")
         .output()
