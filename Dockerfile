@@ -7,10 +7,21 @@
 # nonroot user (65532). It has no HEALTHCHECK (that would need a shell or a
 # client binary): probe GET /-/liveness and /-/readiness on the monitoring
 # port (9778) from the orchestrator instead (packaging/kubernetes/sidecar.yaml).
-# RUST_VERSION's default equals ci/versions.yml (tests/ci_config.rs checks).
+# The binary is built as the release archives are, by scripts/release.sh
+# (cargo-zigbuild, glibc 2.17 symbols). The ARG defaults of pinned versions
+# equal ci/versions.yml (tests/ci_config.rs checks).
 ARG RUST_VERSION=1.95.0
 
 FROM rust:${RUST_VERSION}-bookworm AS build
+ARG ZIG_VERSION=0.17.1
+ARG CARGO_ZIGBUILD_VERSION=0.24.1
+RUN set -eux; \
+    apt-get update; \
+    DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends python3-pip; \
+    rm -rf /var/lib/apt/lists/*; \
+    python3 -m pip install --no-cache-dir --break-system-packages "ziglang==${ZIG_VERSION}"; \
+    cargo install --locked --version "${CARGO_ZIGBUILD_VERSION}" cargo-zigbuild; \
+    rm -rf "${CARGO_HOME}/registry" "${CARGO_HOME}/git"
 # Empty means Cargo.toml's version and an "unknown" commit (.git is not in
 # the build context); a full commit hash is cut to the 12 digits git prints.
 ARG GITLAB_HAPROXY_AGENT_VERSION=
@@ -23,8 +34,10 @@ RUN set -eu; \
         GITLAB_HAPROXY_AGENT_BUILD_COMMIT="$(printf %s "${GITLAB_HAPROXY_AGENT_BUILD_COMMIT}" | cut -c1-12)"; \
         export GITLAB_HAPROXY_AGENT_BUILD_COMMIT; \
     else unset GITLAB_HAPROXY_AGENT_BUILD_COMMIT; fi; \
-    cargo build --release --locked; \
-    ./target/release/gitlab-haproxy-agent -version
+    SOURCE_DATE_EPOCH=0 DIST_DIR=/tmp/dist scripts/release.sh ${GITLAB_HAPROXY_AGENT_VERSION:+--version "$GITLAB_HAPROXY_AGENT_VERSION"}; \
+    host="$(rustc -vV | sed -n 's/^host: //p')"; \
+    install -D -m 0755 "target/$host/release/gitlab-haproxy-agent" /out/gitlab-haproxy-agent; \
+    /out/gitlab-haproxy-agent -version
 
 FROM gcr.io/distroless/cc-debian12:nonroot
 ARG GITLAB_HAPROXY_AGENT_VERSION=
@@ -35,7 +48,7 @@ LABEL org.opencontainers.image.title="gitlab-haproxy-agent" \
       org.opencontainers.image.vendor="GitLab B.V." \
       org.opencontainers.image.version="${GITLAB_HAPROXY_AGENT_VERSION}" \
       org.opencontainers.image.revision="${GITLAB_HAPROXY_AGENT_BUILD_COMMIT}"
-COPY --from=build /src/target/release/gitlab-haproxy-agent /gitlab-haproxy-agent
+COPY --from=build /out/gitlab-haproxy-agent /gitlab-haproxy-agent
 USER nonroot:nonroot
 # 9777 agent-check (haproxy), 9778 monitoring (/-/metrics, /-/liveness,
 # /-/readiness). The debug listener stays on loopback (127.0.0.1:9779).

@@ -1,7 +1,8 @@
-# The CI image: Rust (stable with rustfmt and clippy, the arm64 target and its
-# cross linker, a pinned nightly with cargo-fuzz), haproxy from Debian and the
-# upstream haproxy LTS lines built from source, a real consul for the
-# integration tests, promtool for the metrics check.
+# The CI image: Rust (stable with rustfmt and clippy, the arm64 target, a
+# pinned nightly with cargo-fuzz), zig and cargo-zigbuild for the release
+# builds (glibc 2.17 symbols, both architectures: no cross gcc), haproxy from
+# Debian and the upstream haproxy LTS lines built from source, a real consul
+# for the integration tests, promtool for the metrics check.
 # Versions come from ci/versions.yml as build arguments; the defaults below
 # equal them (tests/ci_config.rs checks).
 ARG RUST_VERSION=1.95.0
@@ -41,6 +42,8 @@ FROM rust:${RUST_VERSION}-bookworm
 ARG HAPROXY_MINOR=2.6
 ARG RUST_NIGHTLY=nightly-2026-05-19
 ARG CARGO_FUZZ_VERSION=0.13.2
+ARG ZIG_VERSION=0.17.1
+ARG CARGO_ZIGBUILD_VERSION=0.24.1
 
 # Bookworm ships haproxy 2.6; another minor needs the matching Debian
 # backports repository added here.
@@ -49,7 +52,7 @@ RUN set -eux; \
     DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
         "haproxy=${HAPROXY_MINOR}.*" \
         prometheus \
-        gcc-aarch64-linux-gnu libc6-dev-arm64-cross; \
+        python3-pip; \
     rm -rf /var/lib/apt/lists/*; \
     /usr/sbin/haproxy -v | grep -q "version ${HAPROXY_MINOR}\."; \
     promtool --version
@@ -75,8 +78,15 @@ RUN set -eux; \
     ln -s "${RUSTUP_HOME}/toolchains/${RUST_NIGHTLY}-${host}" "${RUSTUP_HOME}/toolchains/nightly-${host}"; \
     cargo +nightly --version; \
     cargo install --locked --version "${CARGO_FUZZ_VERSION}" cargo-fuzz; \
+    cargo install --locked --version "${CARGO_ZIGBUILD_VERSION}" cargo-zigbuild; \
     rm -rf "${CARGO_HOME}/registry" "${CARGO_HOME}/git"
 
+# zig for cargo-zigbuild, found as `python3 -m ziglang` (a throwaway image:
+# pip may write to the system Python).
+RUN set -eux; \
+    python3 -m pip install --no-cache-dir --break-system-packages "ziglang==${ZIG_VERSION}"; \
+    python3 -m ziglang version; \
+    cargo zigbuild --help >/dev/null
+
 ENV HAPROXY_BIN=/usr/sbin/haproxy \
-    CONSUL_BIN=/usr/local/bin/consul \
-    CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc
+    CONSUL_BIN=/usr/local/bin/consul

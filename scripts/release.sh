@@ -7,11 +7,23 @@
 # Each archive holds one top-level directory of the same name with the binary,
 # README.md, LICENSE, the systemd unit and the environment file.
 #
+# The binary is built with cargo-zigbuild against glibc 2.17 symbol versions
+# (target x86_64-unknown-linux-gnu.2.17 and so on), so it runs on glibc 2.17
+# and later (RHEL/CentOS 7+, Debian 8+, Ubuntu 14.04+) whatever the build
+# machine's glibc; zig is the linker for every target, arm64 included. Needs
+# zig (`pip install ziglang`) and cargo-zigbuild (`cargo install --locked
+# cargo-zigbuild`), versions pinned in ci/versions.yml; installs nothing.
+#
+# checksums.txt lists every archive of this version in the output directory,
+# so building amd64 and arm64 in two runs lists both, and a rebuilt archive
+# replaces its own line.
+#
 # Usage: scripts/release.sh [--version V] [--target TRIPLE ...]
 #
 #   --version V   default: $CI_COMMIT_TAG without a leading "v", else Cargo.toml's
 #   --target T    a Rust target triple, repeatable; default: this machine's host
-#                 (x86_64-unknown-linux-gnu -> amd64, aarch64-unknown-linux-gnu -> arm64)
+#                 (x86_64-unknown-linux-gnu -> amd64, aarch64-unknown-linux-gnu -> arm64);
+#                 built as T.2.17 (the glibc floor), which may also be given as is
 #
 # Environment: DIST_DIR (output directory, default dist), CARGO_TARGET_DIR,
 # SOURCE_DATE_EPOCH (archive mtimes, default: the commit time of HEAD),
@@ -62,16 +74,30 @@ host=$(rustc -vV | sed -n 's/^host: //p')
 [ -n "$host" ] || die "cannot read the host triple from rustc -vV"
 [ ${#targets[@]} -gt 0 ] || targets=("$host")
 
+# The oldest glibc the release binary runs on: cargo-zigbuild links against
+# this version's symbols (tests/release.rs checks the binary needs no newer).
+glibc_floor=2.17
+
 arch_of() {
-  case "$1" in
-    x86_64-*-linux-gnu) echo amd64 ;;
-    aarch64-*-linux-gnu) echo arm64 ;;
+  case "${1%.$glibc_floor}" in
+    x86_64-unknown-linux-gnu) echo amd64 ;;
+    aarch64-unknown-linux-gnu) echo arm64 ;;
     *) return 1 ;;
   esac
 }
 for t in "${targets[@]}"; do
-  arch_of "$t" >/dev/null || die "unsupported target $t (x86_64-unknown-linux-gnu or aarch64-unknown-linux-gnu)"
+  arch_of "$t" >/dev/null || die "unsupported target $t (x86_64-unknown-linux-gnu or aarch64-unknown-linux-gnu, optionally with the .$glibc_floor suffix)"
 done
+
+# The build tools, after the arguments (a bad argument is reported as such).
+pin() { sed -n "s/^ *$1: *\"\{0,1\}\([^\"]*\)\"\{0,1\} *\$/\1/p" ci/versions.yml 2>/dev/null; }
+zig_pin=$(pin ZIG_VERSION); zigbuild_pin=$(pin CARGO_ZIGBUILD_VERSION)
+cargo zigbuild --help >/dev/null 2>&1 \
+  || die "cargo-zigbuild not found: cargo install --locked cargo-zigbuild${zigbuild_pin:+ --version $zigbuild_pin} (and zig: pip install ziglang${zig_pin:+==$zig_pin})"
+# Where cargo-zigbuild looks: python3 -m ziglang first, then zig on PATH.
+"${CARGO_ZIGBUILD_PYTHON_PATH:-python3}" -m ziglang version >/dev/null 2>&1 \
+  || "${CARGO_ZIGBUILD_ZIG_PATH:-zig}" version >/dev/null 2>&1 \
+  || die "zig not found (cargo-zigbuild links with it): pip install ziglang${zig_pin:+==$zig_pin}"
 
 if [ -z "${SOURCE_DATE_EPOCH:-}" ]; then
   SOURCE_DATE_EPOCH=$(git -C "$root" log -1 --format=%ct 2>/dev/null) \
@@ -94,20 +120,20 @@ trap 'rm -rf "$stage"' EXIT
 archives=()
 for t in "${targets[@]}"; do
   arch=$(arch_of "$t")
-  if [ "$t" != "$host" ]; then
-    if command -v rustup >/dev/null 2>&1 && ! rustup target list --installed | grep -qx "$t"; then
-      die "Rust target $t is not installed (rustup target add $t)"
-    fi
-    if [ "$t" = aarch64-unknown-linux-gnu ] && [ -z "${CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER:-}" ]; then
-      command -v aarch64-linux-gnu-gcc >/dev/null 2>&1 \
-        || die "no linker for $t: install gcc-aarch64-linux-gnu or set CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER"
-      export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc
-    fi
+  t=${t%.$glibc_floor}
+  if [ "$t" != "$host" ] && command -v rustup >/dev/null 2>&1 \
+    && ! rustup target list --installed | grep -qx "$t"; then
+    die "Rust target $t is not installed (rustup target add $t)"
   fi
+  # cargo-zigbuild leaves a linker or C compiler set in the environment in
+  # place (the old CI image set one for arm64): that would link against the
+  # build machine's glibc, so zig must be the only one.
+  t_env=${t//-/_}
+  unset "CARGO_TARGET_${t_env^^}_LINKER" "CC_$t_env" "CXX_$t_env"
 
-  printf '==> %s %s for %s (%s)\n' "$name" "$version" "$t" "$arch"
-  GITLAB_HAPROXY_AGENT_VERSION=$version cargo build --release --locked --target "$t" \
-    || die "cargo build for $t failed"
+  printf '==> %s %s for %s.%s (%s)\n' "$name" "$version" "$t" "$glibc_floor" "$arch"
+  GITLAB_HAPROXY_AGENT_VERSION=$version cargo zigbuild --release --locked --target "$t.$glibc_floor" \
+    || die "cargo zigbuild for $t.$glibc_floor failed"
 
   dir="${name}_${version}_linux_${arch}"
   mkdir -p "$stage/$dir/packaging"
@@ -122,8 +148,16 @@ for t in "${targets[@]}"; do
   archives+=("$dir.tar.gz")
 done
 
-# One line per archive built by this run, in sha256sum's own format.
-(cd "$dist" && sha256sum "${archives[@]}") > "$dist/checksums.txt"
+# One line per archive of this version in the output directory (this run's
+# and earlier runs' for other targets), sorted, in sha256sum's own format; the
+# file is replaced whole, so another version's lines never linger in it.
+(
+  cd "$dist"
+  shopt -s nullglob
+  all=("${name}_${version}_linux_"*.tar.gz)
+  sha256sum "${all[@]}" > checksums.txt.tmp
+  mv checksums.txt.tmp checksums.txt
+) || die "cannot write $dist/checksums.txt"
 
 printf '==> wrote\n'
 for a in "${archives[@]}" checksums.txt; do printf '  %s\n' "$dist/$a"; done

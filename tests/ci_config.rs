@@ -105,6 +105,8 @@ fn dockerfile_defaults_equal_the_pins() {
         "CARGO_FUZZ_VERSION",
         "HAPROXY_MINOR",
         "CONSUL_VERSION",
+        "ZIG_VERSION",
+        "CARGO_ZIGBUILD_VERSION",
         "TEST_IMAGE_TAG",
     ] {
         assert!(
@@ -132,6 +134,53 @@ fn dockerfile_defaults_equal_the_pins() {
         read("Dockerfile").contains("ARG RUST_VERSION="),
         "Dockerfile does not take the pinned Rust"
     );
+    // Both images build releases the same way (scripts/release.sh, with
+    // cargo-zigbuild): both take the pinned zig and cargo-zigbuild.
+    for dockerfile in ["Dockerfile", "ci/test-image.Dockerfile"] {
+        for name in ["ZIG_VERSION", "CARGO_ZIGBUILD_VERSION"] {
+            assert!(
+                read(dockerfile).contains(&format!("ARG {name}=")),
+                "{dockerfile} does not take the pinned {name}"
+            );
+        }
+    }
+}
+
+/// The job that builds a Dockerfile passes every pinned ARG it declares as
+/// `--build-arg "NAME=$NAME"`, so the pin, not the ARG default, is built.
+#[test]
+fn image_jobs_pass_every_pinned_build_arg() {
+    let pins = pins();
+    let ci = read(".gitlab-ci.yml");
+    // Top-level keys start a job; a job's text runs to the next one.
+    let mut jobs: Vec<String> = Vec::new();
+    for line in code_lines(&ci) {
+        if line.starts_with(|c: char| c.is_ascii_alphanumeric() || c == '.') {
+            jobs.push(String::new());
+        }
+        if let Some(job) = jobs.last_mut() {
+            job.push_str(line);
+            job.push('\n');
+        }
+    }
+    for dockerfile in ["Dockerfile", "ci/test-image.Dockerfile"] {
+        let call = format!("scripts/ci/build-image.sh {dockerfile} ");
+        let job = jobs
+            .iter()
+            .find(|j| j.contains(&call))
+            .unwrap_or_else(|| panic!("no job runs `{call}`"));
+        for line in read(dockerfile).lines() {
+            let Some((name, _)) = line.strip_prefix("ARG ").and_then(|a| a.split_once('=')) else {
+                continue;
+            };
+            if pins.contains_key(name) {
+                assert!(
+                    job.contains(&format!("--build-arg \"{name}=${name}\"")),
+                    "the job building {dockerfile} does not pass the pinned {name}"
+                );
+            }
+        }
+    }
 }
 
 /// The haproxy LTS lines of the `haproxy-lts` matrix are exactly Debian's

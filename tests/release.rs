@@ -3,14 +3,23 @@
 //! `checksums.txt` against the archive, unpacks it with `tar`, checks the
 //! files every archive ships, and runs the unpacked binary's `-version`.
 //!
+//! The release binary is linked against glibc 2.17 symbol versions
+//! (cargo-zigbuild): the test reads the highest `GLIBC_x.y` version it needs
+//! from `objdump -T` (or `readelf`) and fails on anything newer, as a plain
+//! `cargo build --release` on a current distribution gives (2.34 or later).
+//!
 //! The release build uses its own `CARGO_TARGET_DIR` (`target/release-test`)
 //! so it never contends with the test build's target dir. It takes a release
-//! build (a minute or two the first time).
+//! build (a minute or two the first time), and zig and cargo-zigbuild
+//! (`.ci/run` installs them; `scripts/release.sh` names the commands).
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 const VERSION: &str = "0.0.0-test";
+
+/// The oldest glibc the release binary must run on (README, Install).
+const GLIBC_FLOOR: [u32; 2] = [2, 17];
 
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -64,6 +73,77 @@ fn sha256(path: &Path) -> String {
         .next()
         .unwrap()
         .to_string()
+}
+
+/// Every `GLIBC_x.y[.z]` symbol version the dynamic symbols of `binary`
+/// need, from `objdump -T`, else `readelf --dyn-syms` (both print
+/// `GLIBC_2.17`-style names; `GLIBC_PRIVATE` is no version and is skipped).
+fn glibc_versions(binary: &Path) -> Vec<Vec<u32>> {
+    let tools: [(&str, &[&str]); 2] = [("objdump", &["-T"]), ("readelf", &["--dyn-syms", "-W"])];
+    let mut text = None;
+    for (tool, args) in tools {
+        let mut cmd = Command::new(tool);
+        cmd.args(args).arg(binary);
+        match cmd.output() {
+            Ok(out) => {
+                assert!(
+                    out.status.success(),
+                    "{cmd:?} failed ({}): {}",
+                    out.status,
+                    String::from_utf8_lossy(&out.stderr)
+                );
+                text = Some(String::from_utf8_lossy(&out.stdout).into_owned());
+                break;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(e) => panic!("cannot run {tool}: {e}"),
+        }
+    }
+    let text = text.expect("neither objdump nor readelf on PATH (Debian package binutils)");
+    let mut out: Vec<Vec<u32>> = text
+        .split("GLIBC_")
+        .skip(1)
+        .filter_map(|rest| {
+            let v: String = rest
+                .chars()
+                .take_while(|c| c.is_ascii_digit() || *c == '.')
+                .collect();
+            let parts: Vec<u32> = v
+                .trim_end_matches('.')
+                .split('.')
+                .map(|p| p.parse().ok())
+                .collect::<Option<_>>()?;
+            (parts.len() >= 2).then_some(parts)
+        })
+        .collect();
+    out.sort();
+    out.dedup();
+    out
+}
+
+fn assert_runs_on_glibc_floor(binary: &Path) {
+    let versions = glibc_versions(binary);
+    let max = versions.last().unwrap_or_else(|| {
+        panic!(
+            "{}: no GLIBC_ symbol versions (not a glibc binary?)",
+            binary.display()
+        )
+    });
+    let show = |v: &[u32]| v.iter().map(u32::to_string).collect::<Vec<_>>().join(".");
+    assert!(
+        max.as_slice() <= &GLIBC_FLOOR[..],
+        "{} needs GLIBC_{}, newer than the floor GLIBC_{} (all: {}): build it with \
+         scripts/release.sh (cargo zigbuild --target <triple>.{}), not plain cargo build",
+        binary.display(),
+        show(max),
+        show(&GLIBC_FLOOR),
+        versions
+            .iter()
+            .map(|v| show(v))
+            .collect::<Vec<_>>()
+            .join(" "),
+        show(&GLIBC_FLOOR),
+    );
 }
 
 #[test]
@@ -146,6 +226,104 @@ fn release_archive_unpacks_and_runs() {
         "-version of the unpacked binary printed {line:?}: the version release.sh passes as \
          GITLAB_HAPROXY_AGENT_VERSION must win over Cargo.toml's"
     );
+
+    // Runs on RHEL/Rocky 8, Ubuntu 20.04, Debian 11 and older: glibc 2.17+.
+    assert_runs_on_glibc_floor(&top.join("gitlab-haproxy-agent"));
+}
+
+/// checksums.txt is per version and lists every archive of that version in
+/// DIST_DIR: one left by an earlier run (another architecture) stays listed,
+/// the rebuilt one's stale line is replaced, another version's is dropped.
+#[test]
+fn checksums_list_every_archive_of_the_version() {
+    let tmp = TempDir::new("sums");
+    let dist = tmp.0.join("dist");
+    std::fs::create_dir_all(&dist).unwrap();
+    let host = format!(
+        "gitlab-haproxy-agent_{VERSION}_linux_{}.tar.gz",
+        host_arch()
+    );
+    let other_arch = if host_arch() == "amd64" {
+        "arm64"
+    } else {
+        "amd64"
+    };
+    let other = format!("gitlab-haproxy-agent_{VERSION}_linux_{other_arch}.tar.gz");
+    let old_version = "gitlab-haproxy-agent_0.0.0-old_linux_amd64.tar.gz";
+    std::fs::write(dist.join(&other), b"an earlier run's archive").unwrap();
+    std::fs::write(dist.join(&host), b"stale").unwrap();
+    std::fs::write(dist.join(old_version), b"another version").unwrap();
+    let zeros = "0".repeat(64);
+    std::fs::write(
+        dist.join("checksums.txt"),
+        format!("{zeros}  {host}\n{zeros}  {old_version}\n"),
+    )
+    .unwrap();
+
+    run(Command::new(root().join("scripts/release.sh"))
+        .args(["--version", VERSION])
+        .current_dir(root())
+        .env("CARGO_TARGET_DIR", root().join("target/release-test"))
+        .env("DIST_DIR", &dist)
+        .env_remove("CI_COMMIT_TAG"));
+
+    let sums = std::fs::read_to_string(dist.join("checksums.txt")).unwrap();
+    let mut want = [
+        format!("{}  {host}\n", sha256(&dist.join(&host))),
+        format!("{}  {other}\n", sha256(&dist.join(&other))),
+    ];
+    want.sort();
+    assert_eq!(sums, want.concat(), "checksums.txt");
+    run(Command::new("sha256sum")
+        .args(["--check", "--strict", "checksums.txt"])
+        .current_dir(&dist));
+}
+
+/// Without cargo-zigbuild (or zig) the script stops before building, with
+/// one line that says how to install it.
+#[test]
+fn release_script_names_the_missing_build_tool() {
+    let tmp = TempDir::new("notools");
+    // PATH is one directory holding only what the script runs before its
+    // tool check (cargo and rustc are the toolchain's own binaries, not
+    // rustup's proxies), and CARGO_HOME is empty: cargo finds no
+    // cargo-zigbuild wherever it is installed on this machine.
+    let bin = tmp.0.join("bin");
+    let cargo_home = tmp.0.join("cargo-home");
+    std::fs::create_dir_all(&bin).unwrap();
+    std::fs::create_dir_all(&cargo_home).unwrap();
+    let cargo = PathBuf::from(env!("CARGO"));
+    let mut tools = vec![
+        ("cargo".to_string(), cargo.clone()),
+        ("rustc".to_string(), cargo.with_file_name("rustc")),
+    ];
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    for tool in ["bash", "dirname", "awk", "sed", "tar", "gzip", "sha256sum"] {
+        let found = std::env::split_paths(&path)
+            .map(|d| d.join(tool))
+            .find(|p| p.is_file())
+            .unwrap_or_else(|| panic!("{tool} not on PATH"));
+        tools.push((tool.to_string(), found));
+    }
+    for (name, target) in &tools {
+        std::os::unix::fs::symlink(target, bin.join(name)).unwrap();
+    }
+    let out = Command::new(root().join("scripts/release.sh"))
+        .current_dir(root())
+        .env("PATH", &bin)
+        .env("CARGO_HOME", &cargo_home)
+        .env_remove("CI_COMMIT_TAG")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.starts_with(
+            "release.sh: cargo-zigbuild not found: cargo install --locked cargo-zigbuild"
+        ),
+        "{err}"
+    );
 }
 
 /// Same sources, same SOURCE_DATE_EPOCH, same archive bytes: only the build
@@ -178,6 +356,11 @@ fn release_script_rejects_bad_input_with_one_line() {
         (
             &["--target", "x86_64-apple-darwin"],
             "release.sh: unsupported target x86_64-apple-darwin",
+        ),
+        (
+            // Only the floor: a newer glibc suffix would break old systems.
+            &["--target", "x86_64-unknown-linux-gnu.2.28"],
+            "release.sh: unsupported target x86_64-unknown-linux-gnu.2.28",
         ),
         (&["--bogus"], "release.sh: unknown argument: --bogus"),
         (&["--version"], "release.sh: --version needs a value"),
