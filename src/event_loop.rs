@@ -38,7 +38,7 @@ use crate::config::{Config, ListenAddr};
 use crate::consul::client::{Client, SocketConnector};
 use crate::consul::watch::Update;
 use crate::devkv::{DevKv, Handled, Wait};
-use crate::logging::escape;
+use crate::logging::{escape, escape_keeping_backslashes};
 use crate::monitoring::metrics::{HttpDrop, Metrics};
 use crate::monitoring::server::{is_head, HttpConn, HttpProgress, Role};
 use crate::monitoring::{handle_monitoring, handle_pprof, Status, WatchStatus};
@@ -588,7 +588,7 @@ impl EventLoop {
 
     fn hint_no_newline(&mut self, received: &[u8]) {
         if let Some(hint) = self.hints.note(received, Instant::now()) {
-            warn!(received = escape(received, 64), similar_suppressed = hint.suppressed; "{}", hint.cause.message());
+            warn!(received = escape_keeping_backslashes(received, 64), similar_suppressed = hint.suppressed; "{}", hint.cause.message());
         }
     }
 

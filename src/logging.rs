@@ -48,11 +48,23 @@ pub fn init(format: LogFormat, level: log::LevelFilter) {
 /// `\n` `\r` `\t` as such, other bytes as `\xHH`; at most `max` input bytes
 /// shown, then `...`.
 pub fn escape(bytes: &[u8], max: usize) -> String {
+    escape_with(bytes, max, "\\\\")
+}
+
+/// As [`escape`], but a backslash stays one backslash: for an agent-check
+/// line with no newline in it, where a literal `\n` (a single-quoted
+/// `agent-send`) should read as what haproxy sent, not doubled again on
+/// top of the JSON escaping.
+pub fn escape_keeping_backslashes(bytes: &[u8], max: usize) -> String {
+    escape_with(bytes, max, "\\")
+}
+
+fn escape_with(bytes: &[u8], max: usize, backslash: &str) -> String {
     let shown = &bytes[..bytes.len().min(max)];
     let mut out = String::with_capacity(shown.len() + 3);
     for &b in shown {
         match b {
-            b'\\' => out.push_str("\\\\"),
+            b'\\' => out.push_str(backslash),
             b'\n' => out.push_str("\\n"),
             b'\r' => out.push_str("\\r"),
             b'\t' => out.push_str("\\t"),
