@@ -51,7 +51,9 @@ const DEVKV_LISTENER: Token = Token(3);
 const CONSUL: Token = Token(4);
 const SIGNALS: Token = Token(5);
 const AGENT_BASE: usize = 1 << 8;
-const HTTP_BASE: usize = 1 << 40;
+/// The upper half of the token space (agent keys stay far below it on any
+/// word size).
+const HTTP_BASE: usize = 1 << (usize::BITS - 1);
 
 /// The listen backlog: new connections wait here while the gate is closed.
 pub const BACKLOG: i32 = 4096;
@@ -565,8 +567,12 @@ impl EventLoop {
     }
 
     fn close_agent(&mut self, key: usize, outcome: Outcome) {
-        let mut slot = self.agents.remove(key);
+        let Some(slot) = self.agents.get_mut(key) else {
+            return;
+        };
+        // Deregister while the slot still owns the token, then free it.
         let _ = self.poll.registry().deregister(slot.conn.stream_mut());
+        let slot = self.agents.remove(key);
         self.count(outcome, slot.accepted, &slot.conn);
         self.metrics.open_connections = self.agents.len() as u64;
         if !self.gate_open && self.agents.len() * 10 < self.max_connections * 9 {
