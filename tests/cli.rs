@@ -283,46 +283,28 @@ fn environment_fallback_and_flag_beats_environment() {
 fn bind_failure_exits_1() {
     let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = taken.local_addr().unwrap().to_string();
-    let (code, _, err) = run(
-        &[
-            "-listen-addr",
-            &addr,
-            "-monitoring-addr",
-            "",
-            "-pprof-addr",
-            "",
-            "-consul-addr",
-            "127.0.0.1:1",
-        ],
-        &[],
-    );
-    assert_eq!(code, Some(1), "{err}");
-    // The address as the flag takes it, not a Rust debug name.
-    let want = format!(
-        "\"error\":\"cannot listen on -listen-addr {addr}: Address already in use (os error 98)\""
-    );
-    assert!(err.contains(&want), "{err}");
     let taken6 = std::net::TcpListener::bind("[::]:0")
         .or_else(|_| std::net::TcpListener::bind("0.0.0.0:0"))
         .unwrap();
-    let port = taken6.local_addr().unwrap().port();
-    let any = format!(":{port}");
-    let (code, _, err) = run(
-        &[
-            "-listen-addr",
-            "127.0.0.1:0",
-            "-monitoring-addr",
-            &any,
+    let any = format!(":{}", taken6.local_addr().unwrap().port());
+    // The address as the flag takes it, not a Rust debug name.
+    for (flag, value) in [("-listen-addr", &addr), ("-monitoring-addr", &any)] {
+        let mut args = vec!["-listen-addr", "127.0.0.1:0", "-monitoring-addr", ""];
+        args.extend([
             "-pprof-addr",
             "",
             "-consul-addr",
             "127.0.0.1:1",
-        ],
-        &[],
-    );
-    assert_eq!(code, Some(1), "{err}");
-    let want = format!("\"error\":\"cannot listen on -monitoring-addr :{port}: Address already in use (os error 98)\"");
-    assert!(err.contains(&want), "{err}");
+            flag,
+            value,
+        ]);
+        let (code, _, err) = run(&args, &[]);
+        assert_eq!(code, Some(1), "{err}");
+        let want = format!(
+            "\"error\":\"cannot listen on {flag} {value}: Address already in use (os error 98)\""
+        );
+        assert!(err.contains(&want), "{err}");
+    }
 }
 
 #[test]
