@@ -96,7 +96,6 @@ impl Failure {
     /// The failure of a complete response that is not a listing (`None`
     /// for 200 and 404, which are).
     fn of_status(status: u16, body: &[u8]) -> Option<Failure> {
-        let detail = http_detail(status, body);
         let (reason, configuration) = match status {
             200 | 404 => return None,
             // Interim responses are skipped by the client; any other 2xx
@@ -109,7 +108,7 @@ impl Failure {
         };
         Some(Failure {
             reason,
-            detail,
+            detail: http_detail(status, body),
             configuration,
         })
     }
