@@ -13,6 +13,9 @@ use std::hash::{BuildHasherDefault, Hasher};
 use crate::consul::kv::KvPair;
 use crate::contract::{parse_identity, parse_value, Admin, Desired, InvalidValue};
 
+mod swap;
+pub use swap::{Swapped, Swapper};
+
 /// How much of an invalid value is kept for showing.
 const INVALID_VALUE_SHOWN_BYTES: usize = 128;
 

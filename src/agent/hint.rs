@@ -1,9 +1,11 @@
 //! The missing-newline hint: a connection that sent bytes but no
 //! `\n` is almost always an `agent-send` without its `\n`. Which strings to
-//! name, and how often, is decided here, pure.
+//! name, and how often, is decided here ([`Hints::note`], pure), and the
+//! warning logged ([`Hints::on_done`]).
 //!
-//! In: the bytes such a connection sent, and the time. Out: whether to log
-//! a hint for them now (with how many were held back since), and its text.
+//! In: how a connection ended, the bytes it sent, and the time. Out: whether
+//! to log a hint for them now (with how many were held back since), and its
+//! text.
 //! Always holds: each distinct byte string is named at most once per
 //! [`HINT_EVERY`], so two misconfigured servers are both named; at most
 //! [`TRACKED`] strings are remembered (the oldest forgotten), so memory is
@@ -11,6 +13,11 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};
+
+use log::warn;
+
+use super::Outcome;
+use crate::logging::escape_keeping_backslashes;
 
 /// Each distinct string is named at most this often.
 pub const HINT_EVERY: Duration = Duration::from_secs(10);
@@ -61,6 +68,18 @@ pub struct Hints {
 }
 
 impl Hints {
+    /// A connection ended with `outcome` having sent `received`: a
+    /// [`Outcome::NoNewline`] is named in a warning, as [`Hints::note`]
+    /// allows.
+    pub fn on_done(&mut self, outcome: Outcome, received: &[u8], now: Instant) {
+        if outcome != Outcome::NoNewline {
+            return;
+        }
+        if let Some(hint) = self.note(received, now) {
+            warn!(received = escape_keeping_backslashes(received, 64), similar_suppressed = hint.suppressed; "{}", hint.cause.message());
+        }
+    }
+
     /// A connection ended having sent `received` and no newline.
     pub fn note(&mut self, received: &[u8], now: Instant) -> Option<Hint> {
         if let Some((at, suppressed)) = self.last.get_mut(received) {
@@ -117,6 +136,17 @@ mod tests {
         assert_eq!(hint.cause, Cause::SingleQuoted);
         assert!(hint.cause.message().contains("single quotes"));
         assert_eq!(Cause::of(b"be/s1\x01"), Cause::NoNewline);
+    }
+
+    #[test]
+    fn only_a_missing_newline_is_noted() {
+        let t0 = Instant::now();
+        let mut h = Hints::default();
+        h.on_done(Outcome::Timeout, b"be/s1", t0);
+        h.on_done(Outcome::Ready, b"be/s1\n", t0);
+        assert!(h.last.is_empty());
+        h.on_done(Outcome::NoNewline, b"be/s1", t0);
+        assert_eq!(h.note(b"be/s1", t0), None, "named once already");
     }
 
     #[test]

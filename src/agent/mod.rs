@@ -65,6 +65,14 @@ impl Outcome {
     }
 }
 
+impl Outcome {
+    /// Whether the connection got a reply (its accept-to-reply time goes
+    /// into the duration histogram; the rest closed without one).
+    pub fn is_reply(self) -> bool {
+        matches!(self, Outcome::Ready | Outcome::Drain | Outcome::Maint)
+    }
+}
+
 impl From<crate::contract::Admin> for Outcome {
     fn from(admin: crate::contract::Admin) -> Self {
         match admin {
@@ -84,5 +92,11 @@ mod tests {
         for (i, o) in Outcome::ALL.iter().enumerate() {
             assert_eq!(o.index(), i, "{o:?}");
         }
+    }
+
+    #[test]
+    fn only_the_three_admin_states_are_replies() {
+        let replies: Vec<_> = Outcome::ALL.iter().filter(|o| o.is_reply()).collect();
+        assert_eq!(replies, [&Outcome::Ready, &Outcome::Drain, &Outcome::Maint]);
     }
 }

@@ -1,8 +1,10 @@
 //! The consul side: KV JSON decoding ([`kv`], pure), the watch logic (index
 //! rules, rate limit, backoff: [`watch`], pure) and the nonblocking HTTP/1.1
-//! client connection that runs it inside the loop ([`client`]).
+//! client connection that runs it inside the loop ([`client`]); the
+//! watch's health as operators see it: outages, the last error ([`health`]).
 
 pub mod client;
+pub mod health;
 pub mod kv;
 pub mod memstream;
 pub mod watch;

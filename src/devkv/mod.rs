@@ -1,7 +1,8 @@
 //! The `-dev` consul-compatible KV, pure: an in-memory store with
 //! consul's index, tombstone and blocking-query rules ([`store`]) and the
-//! `/v1/kv/` HTTP API over it ([`api`]). The event loop owns the sockets and
-//! parks blocked GETs; nothing here does IO or reads the clock.
+//! `/v1/kv/` HTTP API over it ([`api`]), and the blocked GETs parked until
+//! a write or their wait's end ([`park`]). The event loop owns the sockets;
+//! nothing here does IO or reads the clock.
 //!
 //! Held to consul's wire behaviour as its source (`agent/kvs_endpoint.go`,
 //! `agent/http.go`, `agent/consul/state/kvs.go`) and a real `consul agent
@@ -9,6 +10,8 @@
 //! client).
 
 pub mod api;
+pub mod park;
 pub mod store;
 
 pub use api::{DevKv, Handled, Wait};
+pub use park::Parking;

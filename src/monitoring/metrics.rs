@@ -50,6 +50,7 @@ pub struct Metrics {
     pub request_duration: Histogram,
     pub open_connections: u64,
     pub gate_closings: u64,
+    pub poll_errors: u64,
     pub accept_errors: u64,
     pub consul_requests: u64,
     pub consul_errors: [u64; ErrorReason::ALL.len()],

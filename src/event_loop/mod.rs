@@ -1,0 +1,512 @@
+//! The one mio poll loop: a dispatcher. It owns every socket and token,
+//! reads the clock once per turn, gathers the machines' deadlines into the
+//! `poll` timeout, and shuts down; it knows no protocol (bytes are parsed
+//! by the machines it drives) and no domain rule (those live in the rooms
+//! it calls: [`crate::state::Swapper`], [`crate::consul::health`],
+//! [`crate::devkv::Parking`], [`crate::agent`]).
+//!
+//! In: bound listeners, the configuration, signals. Out: answers, state
+//! swaps, metrics, logs; returns on SIGTERM/SIGINT once in-flight answers are
+//! done (bounded). Always holds: one thread; the loop never blocks except in
+//! `poll`, whose timeout is the nearest deadline; the clock is read once per
+//! turn and passed down (answers read it for the duration histogram only).
+//!
+//! Tokens: fixed ones for the listeners, consul and signals; agent
+//! connections at `AGENT_BASE + slab key`, HTTP connections at
+//! `HTTP_BASE + slab key` (each a [`table::ConnTable`]).
+//!
+//! Work left: every machine with more to do reports a deadline of now
+//! ([`EventLoop::next_deadline`]): a decode slice or a spent read budget
+//! (the consul client), a state still being retired, an accept batch that
+//! ran out or a gate that opened again, HTTP connections queued in `again`.
+//! That one signal turns the `poll` timeout to zero.
+//!
+//! Fairness: no connection gets more than a fixed budget per turn (an
+//! agent check one line; an HTTP connection
+//! [`crate::monitoring::server::READ_BUDGET`] bytes and
+//! [`HTTP_REQUESTS_PER_TURN`] requests, all of them together
+//! [`HTTP_REQUESTS_PER_TURN_ALL`]; consul its client's read budget or
+//! one decode slice; each listener one accept batch). Work left over is
+//! done next turn, after the turn's new checks.
+
+mod agents;
+mod gate;
+mod http;
+mod listeners;
+mod poll_errors;
+mod table;
+
+use std::io;
+use std::time::{Duration, Instant, SystemTime};
+
+use log::{error, info, warn};
+use mio::net::TcpListener;
+use mio::{Events, Interest, Poll, Token};
+
+pub use listeners::{bind, Listeners, BACKLOG};
+
+use crate::agent::hint::Hints;
+use crate::config::Config;
+use crate::consul::client::{Client, SocketConnector};
+use crate::consul::health::Health;
+use crate::consul::watch::Update;
+use crate::devkv::{DevKv, Parking};
+use crate::monitoring::metrics::Metrics;
+use crate::monitoring::server::Role;
+use crate::monitoring::{Status, WatchStatus};
+use crate::state::{Snapshot, Swapper};
+use agents::AgentSlot;
+use gate::AcceptGate;
+use http::HttpSlot;
+use poll_errors::{PollErrors, Verdict};
+use table::ConnTable;
+
+const AGENT_LISTENER: Token = Token(0);
+/// HTTP listeners: `HTTP_LISTENERS + role index`.
+const HTTP_LISTENERS: usize = 1;
+const CONSUL: Token = Token(4);
+const SIGNALS: Token = Token(5);
+const AGENT_BASE: usize = 1 << 8;
+/// The upper half of the token space (agent keys stay far below it on any
+/// word size).
+const HTTP_BASE: usize = 1 << (usize::BITS - 1);
+
+/// In a turn with many events, look for new checks again after this many
+/// (one `accept4`, usually EAGAIN, per 64 events).
+const ACCEPT_EVERY: usize = 64;
+/// Requests one HTTP connection may have answered per turn (pipelining).
+const HTTP_REQUESTS_PER_TURN: usize = 16;
+/// Requests all HTTP connections together may have answered per turn: a
+/// `/-/metrics` render costs about 0.1 ms, so a turn spends at most a few
+/// ms on HTTP however many connections pipeline.
+const HTTP_REQUESTS_PER_TURN_ALL: usize = 64;
+/// Entries of a replaced state compared (for the change log) or freed per
+/// loop turn: well under a millisecond each.
+const RETIRE_SLICE: usize = 4096;
+/// Shutdown waits at most this long for in-flight answers.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+
+enum Tok {
+    AgentListener,
+    HttpListener(Role),
+    Consul,
+    Signals,
+    Agent(usize),
+    Http(usize),
+    Unknown,
+}
+
+/// The loop and everything it owns.
+pub struct EventLoop {
+    poll: Poll,
+    agent_listener: Option<TcpListener>,
+    /// Per [`Role`], by index.
+    http_listeners: [Option<TcpListener>; Role::ALL.len()],
+    signals: signal_hook_mio::v1_0::Signals,
+    poll_errors: PollErrors,
+
+    agents: ConnTable<AgentSlot>,
+    agent_gate: AcceptGate,
+    /// Read buffer for agent lines (`-max-line-bytes` + 1).
+    scratch: Vec<u8>,
+    hints: Hints,
+
+    https: ConnTable<HttpSlot>,
+    /// The three HTTP listeners share one pause after accept errors; their
+    /// pools ([`Role::pool`]) evict instead of closing a gate.
+    http_gate: AcceptGate,
+    /// Open HTTP connections per [`Role`] (each has its own pool).
+    http_open: [usize; Role::ALL.len()],
+    http_scratch: Vec<u8>,
+    /// HTTP connections (key, generation) with work left from a spent
+    /// budget: served next turn, without an event (edge-triggered
+    /// readiness will not repeat).
+    again: Vec<(usize, u32)>,
+    /// HTTP requests handed out this turn, all connections together.
+    http_turn_requests: usize,
+    last_pool_warning: [Option<Instant>; Role::ALL.len()],
+
+    client: Client<SocketConnector>,
+    /// The consul connection registered now: (connection id, interest).
+    consul_registered: Option<(u64, Interest)>,
+    updates: Vec<Update>,
+    health: Health,
+    state: Swapper,
+    devkv: Option<DevKv>,
+    parking: Parking,
+
+    metrics: Metrics,
+    started: SystemTime,
+    kv_prefix: String,
+    read_timeout: Duration,
+    max_line_bytes: usize,
+    max_connections: usize,
+    shutdown_deadline: Option<Instant>,
+}
+
+impl EventLoop {
+    pub fn new(config: &Config, listeners: Listeners) -> io::Result<EventLoop> {
+        let poll = Poll::new()?;
+        let reg = poll.registry();
+        let wrap = |l: Option<std::net::TcpListener>, t: Token| {
+            l.map(|l| {
+                let mut l = TcpListener::from_std(l);
+                reg.register(&mut l, t, Interest::READABLE).map(|()| l)
+            })
+            .transpose()
+        };
+        let http = |role: Role| Token(HTTP_LISTENERS + role.index());
+        let agent_listener = wrap(listeners.agent, AGENT_LISTENER)?;
+        let http_listeners = [
+            wrap(listeners.monitoring, http(Role::Monitoring))?,
+            wrap(listeners.pprof, http(Role::Pprof))?,
+            wrap(listeners.devkv, http(Role::DevKv))?,
+        ];
+        let mut signals = signal_hook_mio::v1_0::Signals::new([
+            signal_hook::consts::SIGTERM,
+            signal_hook::consts::SIGINT,
+        ])?;
+        reg.register(&mut signals, SIGNALS, Interest::READABLE)?;
+        let seed = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(1, |d| d.as_nanos() as u64)
+            ^ u64::from(std::process::id());
+        let devkv = http_listeners[Role::DevKv.index()]
+            .as_ref()
+            .map(|_| DevKv::new(true));
+        let consul = &config.consul;
+        Ok(EventLoop {
+            poll,
+            agent_listener,
+            http_listeners,
+            signals,
+            poll_errors: PollErrors::default(),
+            agents: ConnTable::new(AGENT_BASE, 1024),
+            agent_gate: AcceptGate::new(config.max_connections),
+            scratch: vec![0; config.max_line_bytes + 1],
+            hints: Hints::default(),
+            https: ConnTable::new(HTTP_BASE, 0),
+            http_gate: AcceptGate::new(usize::MAX),
+            http_open: [0; Role::ALL.len()],
+            http_scratch: vec![0; http::SCRATCH],
+            again: Vec::new(),
+            http_turn_requests: 0,
+            last_pool_warning: [None; Role::ALL.len()],
+            client: Client::new(
+                consul,
+                SocketConnector(consul.endpoint.clone()),
+                &config.kv_prefix,
+                seed,
+            ),
+            consul_registered: None,
+            updates: Vec::new(),
+            health: Health::new(consul.endpoint.to_string()),
+            state: Swapper::new(&config.kv_prefix),
+            devkv,
+            parking: Parking::default(),
+            metrics: Metrics::default(),
+            started: SystemTime::now(),
+            kv_prefix: config.kv_prefix.clone(),
+            read_timeout: config.read_timeout,
+            max_line_bytes: config.max_line_bytes,
+            max_connections: config.max_connections,
+            shutdown_deadline: None,
+        })
+    }
+
+    /// Runs until SIGTERM/SIGINT and in-flight answers are done; an error
+    /// only if `poll` keeps failing ([`poll_errors`]).
+    pub fn run(&mut self) -> io::Result<()> {
+        let mut events = Events::with_capacity(1024);
+        loop {
+            let now = Instant::now();
+            if self.shutdown_done(now) {
+                info!(open_connections = self.agents.len(); "shut down");
+                return Ok(());
+            }
+            let timeout = self.next_deadline(now).saturating_duration_since(now);
+            match self.poll.poll(&mut events, Some(timeout)) {
+                Ok(()) => self.poll_errors.on_ok(),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    self.on_poll_error(e)?;
+                    continue;
+                }
+            }
+            self.turn(&events, Instant::now());
+        }
+    }
+
+    /// Counts a failed `poll` and pauses briefly; the error itself once
+    /// the failures have persisted.
+    fn on_poll_error(&mut self, e: io::Error) -> io::Result<()> {
+        self.metrics.poll_errors += 1;
+        match self.poll_errors.on_error(Instant::now()) {
+            Verdict::Warn => {
+                warn!(error = e.to_string(); "poll failed: retrying (the loop exits if it keeps failing)")
+            }
+            Verdict::Retry => {}
+            Verdict::Fatal => {
+                error!(error = e.to_string(), seconds = poll_errors::FATAL_AFTER.as_secs(); "poll kept failing: giving up");
+                return Err(e);
+            }
+        }
+        std::thread::sleep(poll_errors::PAUSE);
+        Ok(())
+    }
+
+    /// One turn: new checks first, and again every [`ACCEPT_EVERY`]
+    /// events (their line is usually already there, so they are answered
+    /// at once instead of waiting behind a turn full of slow peers'
+    /// bytes); then the events, last turn's leftovers, and the timers.
+    fn turn(&mut self, events: &Events, now: Instant) {
+        let again = std::mem::take(&mut self.again);
+        self.http_turn_requests = 0;
+        if events.iter().any(|e| e.token() == AGENT_LISTENER) {
+            self.accept_agents(now);
+        }
+        let others = events.iter().filter(|e| e.token() != AGENT_LISTENER);
+        for (i, event) in others.enumerate() {
+            if i % ACCEPT_EVERY == ACCEPT_EVERY - 1 {
+                self.accept_agents(now);
+            }
+            self.dispatch(event.token(), now);
+        }
+        if !again.is_empty() {
+            self.accept_agents(now);
+        }
+        for (key, gen) in again {
+            if self.https.gen(key) == Some(gen) {
+                self.http_event(key, now);
+            }
+        }
+        self.on_time(now);
+    }
+
+    fn classify(&self, t: Token) -> Tok {
+        match t {
+            AGENT_LISTENER => Tok::AgentListener,
+            CONSUL => Tok::Consul,
+            SIGNALS => Tok::Signals,
+            Token(n) if (HTTP_LISTENERS..HTTP_LISTENERS + Role::ALL.len()).contains(&n) => {
+                Tok::HttpListener(Role::ALL[n - HTTP_LISTENERS])
+            }
+            t => match (self.https.key_of(t), self.agents.key_of(t)) {
+                (Some(key), _) => Tok::Http(key),
+                (None, Some(key)) => Tok::Agent(key),
+                (None, None) => Tok::Unknown,
+            },
+        }
+    }
+
+    fn dispatch(&mut self, token: Token, now: Instant) {
+        match self.classify(token) {
+            Tok::AgentListener => {} // accepted before the other events
+            Tok::HttpListener(role) => self.accept_http(role, now),
+            Tok::Consul => {
+                self.client.on_event(now, &mut self.updates);
+                self.sync_consul(now);
+            }
+            Tok::Signals => self.on_signals(now),
+            Tok::Agent(key) => self.agent_event(key),
+            Tok::Http(key) => self.http_event(key, now),
+            Tok::Unknown => {}
+        }
+    }
+
+    /// The nearest deadline of every machine; `now` when one has work left.
+    fn next_deadline(&self, now: Instant) -> Instant {
+        let busy = (!self.again.is_empty() || self.state.busy()).then_some(now);
+        [
+            busy,
+            Some(self.client.poll_at(now)),
+            self.agents.next_deadline(),
+            self.https.next_deadline(),
+            self.parking.next_deadline(),
+            self.agent_gate.deadline(now),
+            self.http_gate.deadline(now),
+            self.shutdown_deadline,
+        ]
+        .into_iter()
+        .flatten()
+        .min()
+        .unwrap_or(now)
+    }
+
+    /// Everything due at `now`, in the order the turn promises: the state
+    /// being retired, connection timers, parked queries, consul, accepts.
+    fn on_time(&mut self, now: Instant) {
+        if self.state.step(RETIRE_SLICE) > 0 {
+            self.metrics.last_change = Some(SystemTime::now());
+        }
+        while let Some(key) = self.agents.expired(now) {
+            if let Some(outcome) = self.agents.get(key).map(|s| s.conn.on_timeout()) {
+                self.close_agent(key, outcome);
+            }
+        }
+        while let Some(key) = self.https.expired(now) {
+            self.http_timer(key, now);
+        }
+        for (key, wait) in self.parking.expired(now) {
+            self.answer_parked(key, &wait, now);
+        }
+        if self.client.poll_at(now) <= now {
+            self.client.on_timer(now, &mut self.updates);
+            self.sync_consul(now);
+        }
+        if self.http_gate.due(now) {
+            for role in Role::ALL {
+                self.accept_http(role, now);
+            }
+        }
+        if self.agent_gate.due(now) {
+            self.accept_agents(now);
+        }
+    }
+
+    // ---- consul ----
+
+    /// After every call into the client: close what it retired
+    /// (deregistered first), register what it waits on, apply its updates.
+    fn sync_consul(&mut self, now: Instant) {
+        let reg = self.poll.registry();
+        for (id, mut stream) in self.client.retired() {
+            let _ = reg.deregister(stream.source());
+            if self.consul_registered.is_some_and(|(rid, _)| rid == id) {
+                self.consul_registered = None;
+            }
+        }
+        match self.client.wants() {
+            None => self.consul_registered = None,
+            Some((stream, id, want)) => {
+                let done = match self.consul_registered {
+                    Some((rid, rwant)) if rid == id && rwant == want => Ok(()),
+                    Some((rid, _)) if rid == id => reg.reregister(stream.source(), CONSUL, want),
+                    _ => reg.register(stream.source(), CONSUL, want),
+                };
+                match done {
+                    Ok(()) => self.consul_registered = Some((id, want)),
+                    Err(e) => {
+                        self.consul_registered = None;
+                        self.client.on_register_error(now, &e, &mut self.updates);
+                        return self.sync_consul(now);
+                    }
+                }
+            }
+        }
+        for update in std::mem::take(&mut self.updates) {
+            self.apply(update, now);
+        }
+        self.metrics.consul_requests = self.client.requests();
+    }
+
+    fn apply(&mut self, update: Update, now: Instant) {
+        match update {
+            Update::Swap(new) => {
+                self.consul_ok(now);
+                self.metrics.swaps += 1;
+                self.swap_in(new);
+            }
+            Update::Unchanged => {
+                self.consul_ok(now);
+                self.metrics.consul_unchanged += 1;
+            }
+            Update::Reset { from, to } => {
+                self.metrics.consul_index_resets += 1;
+                self.health.index_reset(from, to);
+            }
+            Update::Failed(f) => {
+                self.metrics.count_consul_error(f.reason);
+                let answering = self.state.current().is_some();
+                self.health.failed(f, now, answering);
+            }
+        }
+    }
+
+    fn consul_ok(&mut self, now: Instant) {
+        self.metrics.last_success = Some(now);
+        self.health.succeeded(now);
+    }
+
+    /// Answers from `new` at once; its change log and the old state's
+    /// freeing run a slice per turn ([`EventLoop::on_time`]).
+    fn swap_in(&mut self, new: Snapshot) {
+        let swapped = self.state.swap(new);
+        for reason in &swapped.invalid {
+            self.metrics.invalid_values[reason.index()] += 1;
+        }
+        if swapped.changed() {
+            self.metrics.last_change = Some(SystemTime::now());
+        }
+    }
+
+    // ---- signals, status ----
+
+    fn on_signals(&mut self, now: Instant) {
+        let got: Vec<i32> = self.signals.pending().collect();
+        if got.is_empty() || self.shutdown_deadline.is_some() {
+            return;
+        }
+        info!(signal = got[0], in_flight = self.agents.len(); "shutting down: not accepting; finishing in-flight answers");
+        let grace = self.read_timeout.min(SHUTDOWN_GRACE);
+        self.shutdown_deadline = Some(now + grace);
+        let reg = self.poll.registry();
+        let listeners = self
+            .http_listeners
+            .iter_mut()
+            .chain([&mut self.agent_listener]);
+        for l in listeners {
+            if let Some(mut l) = l.take() {
+                let _ = reg.deregister(&mut l);
+            }
+        }
+    }
+
+    fn shutdown_done(&self, now: Instant) -> bool {
+        match self.shutdown_deadline {
+            None => false,
+            Some(t) => self.agents.is_empty() || now >= t,
+        }
+    }
+
+    fn status(&self, now: Instant) -> Status<'_> {
+        let watch = self.client.watch();
+        let until = |t: Instant| t.saturating_duration_since(now);
+        let next_request_in = self.client.next_request_at(now).map(until);
+        let request_deadline_in = self.client.request_deadline().map(until);
+        Status {
+            metrics: &self.metrics,
+            snapshot: self.state.current(),
+            watch: WatchStatus {
+                phase: self.client.phase_name(),
+                index: watch.index(),
+                failures: watch.failures(),
+                last_error: self.health.last_error(),
+                next_request_in,
+                request_deadline_in,
+            },
+            now,
+            started: self.started,
+            max_connections: self.max_connections,
+            kv_prefix: &self.kv_prefix,
+        }
+    }
+
+    /// The addresses actually bound, for the start-up log line.
+    pub fn local_addrs(&self) -> Vec<(&'static str, std::net::SocketAddr)> {
+        let names = [
+            "listen_addr",
+            "monitoring_addr",
+            "pprof_addr",
+            "dev_kv_addr",
+        ];
+        let listeners = [&self.agent_listener]
+            .into_iter()
+            .chain(&self.http_listeners);
+        names
+            .into_iter()
+            .zip(listeners)
+            .filter_map(|(name, l)| Some((name, l.as_ref()?.local_addr().ok()?)))
+            .collect()
+    }
+}

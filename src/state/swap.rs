@@ -1,0 +1,236 @@
+//! The state the agent answers from, swapped whole, and the old one
+//! retired a slice at a time.
+//!
+//! In: each new [`Snapshot`] (from a complete consul read). Out: the
+//! current snapshot, at once; the log lines of what changed (invalid keys
+//! at the swap, per-key changes slice by slice) and, for the metrics, what
+//! each step found. Always holds: the new state answers from the swap on;
+//! the old one is compared (for the change log) and then freed in slices of
+//! at most `max` entries, so a 100,000-key swap never stalls the loop; a
+//! swap arriving while the last is still being retired finishes it first,
+//! so every change is logged once and against the state it replaced.
+
+use log::{debug, info, warn};
+
+use super::{ChangeScan, Entry, Graveyard, InvalidReason, Snapshot};
+use crate::logging::escape;
+
+/// The current state and the retirement of the ones before it.
+#[derive(Debug, Default)]
+pub struct Swapper {
+    /// The KV prefix, to name identities in log lines.
+    prefix: String,
+    current: Option<Snapshot>,
+    /// The state before the last swap, while its changes are logged.
+    retiring: Option<(Snapshot, ChangeScan)>,
+    /// The state before that, being freed.
+    graveyard: Option<Graveyard>,
+}
+
+/// What a swap found, for the metrics.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Swapped {
+    /// The first state: answering starts now.
+    pub first: bool,
+    /// Why each newly invalid key was dropped (one per key).
+    pub invalid: Vec<InvalidReason>,
+}
+
+impl Swapped {
+    /// Whether the state visibly changed (the `last_change` metric): a
+    /// first state, or a new invalid key. Changed entries are reported by
+    /// [`Swapper::step`].
+    pub fn changed(&self) -> bool {
+        self.first || !self.invalid.is_empty()
+    }
+}
+
+impl Swapper {
+    pub fn new(prefix: &str) -> Swapper {
+        Swapper {
+            prefix: prefix.to_owned(),
+            ..Swapper::default()
+        }
+    }
+
+    /// The state answered from (`None` until a first complete read).
+    pub fn current(&self) -> Option<&Snapshot> {
+        self.current.as_ref()
+    }
+
+    /// Whether an old state is still being compared or freed: the loop
+    /// calls [`Swapper::step`] every turn until it is not.
+    pub fn busy(&self) -> bool {
+        self.retiring.is_some() || self.graveyard.is_some()
+    }
+
+    /// Answers from `new` at once, logs the keys it newly drops, and starts
+    /// retiring the state it replaces.
+    pub fn swap(&mut self, new: Snapshot) -> Swapped {
+        // A swap still being logged from the last change: finish it first.
+        while self.busy() {
+            self.step(usize::MAX);
+        }
+        let empty = Snapshot::default();
+        let invalid = new.new_invalid_since(self.current.as_ref().unwrap_or(&empty));
+        for k in &invalid {
+            // The identity, as the change lines name it; the full key too.
+            let identity = k
+                .key
+                .strip_prefix(self.prefix.as_str())
+                .and_then(|r| r.strip_prefix('/'))
+                .unwrap_or(&k.key);
+            warn!(identity = escape(identity.as_bytes(), 256), key = escape(k.key.as_bytes(), 256), value = escape(k.value.as_bytes(), 128), reason = k.reason.label(), index = k.modify_index;
+                "invalid KV entry dropped: answered as if absent (ready 100%)");
+        }
+        let invalid = invalid.iter().map(|k| k.reason).collect();
+        debug!(index = new.index(), keys = new.len(); "state swapped");
+        let first = match self.current.replace(new) {
+            None => {
+                let s = self.current.as_ref().expect("just swapped in");
+                info!(keys = s.len(), invalid = s.invalid().len(), index = s.index(); "first consul read complete: answering");
+                true
+            }
+            Some(old) => {
+                self.retiring = Some((old, ChangeScan::default()));
+                false
+            }
+        };
+        Swapped { first, invalid }
+    }
+
+    /// One slice of retiring the previous state: log up to `max` entries'
+    /// changes, or, once compared, free up to `max` entries. Returns how
+    /// many changes it logged.
+    pub fn step(&mut self, max: usize) -> usize {
+        if let Some((old, scan)) = self.retiring.as_mut() {
+            let Some(new) = self.current.as_ref() else {
+                return 0; // unreachable: retiring implies a current state
+            };
+            let mut changes = Vec::new();
+            let done = scan.step(new, old, max, &mut changes);
+            for c in &changes {
+                let show = |e: Option<Entry>| {
+                    e.map_or_else(|| "absent".to_owned(), |e| e.desired.to_string())
+                };
+                // A delete has no ModifyIndex of its own: the state's.
+                let index = c.new.map_or(new.index(), |e| e.modify_index);
+                info!(identity = escape(c.identity.as_bytes(), 256), old = show(c.old), new = show(c.new), index = index; "state change");
+            }
+            let logged = changes.len();
+            if done {
+                self.graveyard = self.retiring.take().map(|(old, _)| old.into_graveyard());
+            }
+            return logged;
+        }
+        if let Some(g) = self.graveyard.as_mut() {
+            if g.free(max) {
+                self.graveyard = None;
+            }
+        }
+        0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::consul::kv::KvPair;
+    use crate::contract::Desired;
+
+    const PREFIX: &str = "p";
+
+    fn snapshot(index: u64, pairs: &[(&str, &str)]) -> Snapshot {
+        let pairs = pairs
+            .iter()
+            .map(|(k, v)| KvPair {
+                key: format!("{PREFIX}/{k}"),
+                value: v.as_bytes().to_vec(),
+                modify_index: index,
+            })
+            .collect();
+        Snapshot::build(PREFIX, index, pairs)
+    }
+
+    fn reply(s: &Swapper, identity: &str) -> Option<&'static [u8]> {
+        s.current().map(|c| c.reply(identity.as_bytes()))
+    }
+
+    #[test]
+    fn nothing_to_answer_before_the_first_swap() {
+        let mut s = Swapper::new(PREFIX);
+        assert!(s.current().is_none());
+        assert!(!s.busy());
+        assert_eq!(s.step(10), 0);
+        let swapped = s.swap(snapshot(1, &[("b/a", "drain")]));
+        assert_eq!(
+            swapped,
+            Swapped {
+                first: true,
+                invalid: vec![]
+            }
+        );
+        assert!(swapped.changed());
+        assert_eq!(reply(&s, "b/a"), Some(Desired::DRAIN.reply()));
+        assert!(!s.busy(), "a first state retires nothing");
+    }
+
+    #[test]
+    fn the_new_state_answers_at_once_and_the_old_retires_in_slices() {
+        let mut s = Swapper::new(PREFIX);
+        let old: Vec<(String, &str)> = (0..10).map(|i| (format!("b/s{i}"), "drain")).collect();
+        let old: Vec<(&str, &str)> = old.iter().map(|(k, v)| (k.as_str(), *v)).collect();
+        s.swap(snapshot(1, &old));
+        let drained = reply(&s, "b/s0").unwrap();
+        // Everything becomes ready: ten changes (removals).
+        let swapped = s.swap(snapshot(2, &[]));
+        assert!(!swapped.first && !swapped.changed());
+        assert_ne!(
+            reply(&s, "b/s0").unwrap(),
+            drained,
+            "answers from the new state"
+        );
+        assert!(s.busy());
+        let mut logged = 0;
+        let mut steps = 0;
+        while s.busy() {
+            logged += s.step(3);
+            steps += 1;
+            assert!(steps < 20, "retiring must end");
+        }
+        assert_eq!(logged, 10);
+        assert!(steps >= 4 + 4, "3 entries a slice: compare, then free");
+    }
+
+    #[test]
+    fn invalid_keys_are_reported_once() {
+        let mut s = Swapper::new(PREFIX);
+        let swapped = s.swap(snapshot(1, &[("b/a", "up"), ("b/b", "999%")]));
+        let mut reasons = swapped.invalid.clone();
+        reasons.sort_by_key(|r| r.index());
+        assert_eq!(
+            reasons.iter().map(|r| r.label()).collect::<Vec<_>>(),
+            ["health_word", "out_of_range"]
+        );
+        // The same invalid keys again: nothing new.
+        let again = s.swap(snapshot(1, &[("b/a", "up"), ("b/b", "999%")]));
+        assert!(again.invalid.is_empty() && !again.changed());
+        // One of them rewritten: reported again.
+        let rewritten = s.swap(snapshot(1, &[("b/a", "down"), ("b/b", "999%")]));
+        assert_eq!(rewritten.invalid.len(), 1);
+    }
+
+    #[test]
+    fn a_swap_while_retiring_logs_the_last_change_first() {
+        let mut s = Swapper::new(PREFIX);
+        s.swap(snapshot(1, &[("b/a", "drain")]));
+        s.swap(snapshot(2, &[("b/a", "maint")]));
+        assert!(s.busy());
+        // The next swap finishes the previous retirement before its own.
+        s.swap(snapshot(3, &[("b/a", "ready")]));
+        assert_eq!(s.current().unwrap().index(), 3);
+        assert_eq!(s.step(usize::MAX), 1, "maint -> ready, against state 2");
+        s.step(usize::MAX);
+        assert!(!s.busy());
+    }
+}
