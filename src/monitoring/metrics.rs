@@ -8,6 +8,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use crate::agent::Outcome;
 use crate::consul::watch::ErrorReason;
+use crate::labels::label_enum;
 use crate::monitoring::server::Role;
 use crate::state::{InvalidReason, Snapshot};
 
@@ -63,27 +64,17 @@ pub struct Metrics {
     pub http_dropped: [[u64; HttpDrop::ALL.len()]; Role::ALL.len()],
 }
 
-/// Why the agent closed an HTTP connection itself (metric label `reason`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum HttpDrop {
-    /// The listener's pool was full: the oldest connection without a
-    /// complete request made room for a new one.
-    Evicted,
-    /// The pool was full of requests being answered: the new one closed.
-    Refused,
-    /// Idle, head, body or write deadline passed.
-    Timeout,
-}
-
-impl HttpDrop {
-    pub const ALL: [HttpDrop; 3] = [HttpDrop::Evicted, HttpDrop::Refused, HttpDrop::Timeout];
-
-    pub fn label(self) -> &'static str {
-        match self {
-            HttpDrop::Evicted => "evicted",
-            HttpDrop::Refused => "refused",
-            HttpDrop::Timeout => "timeout",
-        }
+label_enum! {
+    /// Why the agent closed an HTTP connection itself (metric label `reason`).
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub enum HttpDrop {
+        /// The listener's pool was full: the oldest connection without a
+        /// complete request made room for a new one.
+        Evicted => "evicted",
+        /// The pool was full of requests being answered: the new one closed.
+        Refused => "refused",
+        /// Idle, head, body or write deadline passed.
+        Timeout => "timeout",
     }
 }
 
@@ -100,7 +91,7 @@ impl Metrics {
     }
 
     pub fn count_http_drop(&mut self, role: Role, why: HttpDrop) {
-        self.http_dropped[role.index()][why as usize] += 1;
+        self.http_dropped[role.index()][why.index()] += 1;
     }
 }
 
@@ -167,7 +158,7 @@ pub fn render(v: &View<'_>) -> String {
             o.int(
                 "http_connections_dropped_total",
                 &[("listener", role.label()), ("reason", why.label())],
-                m.http_dropped[role.index()][why as usize],
+                m.http_dropped[role.index()][why.index()],
             );
         }
     }
