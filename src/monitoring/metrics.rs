@@ -111,9 +111,18 @@ const P: &str = "gitlab_haproxy_agent_";
 /// Renders the whole exposition (text format 0.0.4): each family's `# HELP`
 /// and `# TYPE` once, then its samples.
 pub fn render(v: &View<'_>) -> String {
-    let m = v.metrics;
     let mut o = Exposition(String::with_capacity(8 * 1024));
+    agent_requests(&mut o, v);
+    http_connections(&mut o, v.metrics);
+    state(&mut o, v);
+    consul(&mut o, v);
+    process(&mut o, v);
+    o.0
+}
 
+/// Agent-check connections: outcomes, reply latency, the connection limit.
+fn agent_requests(o: &mut Exposition, v: &View<'_>) {
+    let m = v.metrics;
     o.family("requests_total", "counter", "Agent-check connections by how they ended: a reply of that admin state, or why no reply was sent.");
     for outcome in Outcome::ALL {
         o.int(
@@ -147,7 +156,10 @@ pub fn render(v: &View<'_>) -> String {
         "Accept failures (e.g. out of file descriptors); accepting pauses briefly after each.",
         m.accept_errors,
     );
+}
 
+/// Connections to the monitoring, pprof and dev KV listeners.
+fn http_connections(o: &mut Exposition, m: &Metrics) {
     o.family(
         "http_connections_dropped_total",
         "counter",
@@ -162,7 +174,11 @@ pub fn render(v: &View<'_>) -> String {
             );
         }
     }
+}
 
+/// The state the agent answers from.
+fn state(o: &mut Exposition, v: &View<'_>) {
+    let m = v.metrics;
     o.gauge(
         "synced",
         "1 once a first consul read completed (the agent answers; readiness 200), else 0.",
@@ -206,7 +222,11 @@ pub fn render(v: &View<'_>) -> String {
         "Unix time the state last changed: first read, an identity added, removed or rewritten, or a new invalid value (0 before the first read).",
         m.last_change.map_or(0.0, unix_seconds),
     );
+}
 
+/// The consul watch.
+fn consul(o: &mut Exposition, v: &View<'_>) {
+    let m = v.metrics;
     o.counter(
         "consul_requests_total",
         "Requests sent to consul.",
@@ -250,7 +270,10 @@ pub fn render(v: &View<'_>) -> String {
         m.last_success
             .map_or(-1.0, |t| v.now.saturating_duration_since(t).as_secs_f64()),
     );
+}
 
+/// The process: build, then what /proc says.
+fn process(o: &mut Exposition, v: &View<'_>) {
     o.family("build_info", "gauge", "Build information; always 1.");
     o.int(
         "build_info",
@@ -260,9 +283,7 @@ pub fn render(v: &View<'_>) -> String {
         ],
         1,
     );
-
-    process_metrics(&mut o, v.started);
-    o.0
+    process_metrics(o, v.started);
 }
 
 /// The exposition being written. Names given without the `process_` prefix
