@@ -52,6 +52,8 @@ pub struct Metrics {
     pub open_connections: u64,
     pub gate_closings: u64,
     pub accept_errors: u64,
+    /// Poll (epoll_wait) errors other than EINTR.
+    pub poll_errors: u64,
     pub consul_requests: u64,
     pub consul_errors: [u64; ErrorReason::ALL.len()],
     pub consul_unchanged: u64,
@@ -272,8 +274,13 @@ fn consul(o: &mut Exposition, v: &View<'_>) {
     );
 }
 
-/// The process: build, then what /proc says.
+/// The loop and the process: poll errors, build, then what /proc says.
 fn process(o: &mut Exposition, v: &View<'_>) {
+    o.counter(
+        "poll_errors_total",
+        "Errors from the event loop's poll (epoll_wait) other than EINTR; the loop survives them, and exits only when they persist.",
+        v.metrics.poll_errors,
+    );
     o.family("build_info", "gauge", "Build information; always 1.");
     o.int(
         "build_info",
@@ -512,6 +519,7 @@ mod tests {
         m.count_request(Outcome::Drain, Some(Duration::from_millis(3)));
         m.count_request(Outcome::NoNewline, None);
         m.count_consul_error(ErrorReason::Timeout);
+        m.poll_errors = 2;
         let t = scrape(&m);
         assert_eq!(
             value(&t, "gitlab_haproxy_agent_requests_total{outcome=\"drain\"}"),
@@ -572,6 +580,7 @@ mod tests {
             (value(&t, "gitlab_haproxy_agent_request_duration_seconds_sum") - 0.00303).abs() < 1e-9
         );
         assert_eq!(value(&t, "gitlab_haproxy_agent_synced"), 0.0);
+        assert_eq!(value(&t, "gitlab_haproxy_agent_poll_errors_total"), 2.0);
         assert_eq!(
             value(&t, "gitlab_haproxy_agent_consul_last_success_age_seconds"),
             -1.0
