@@ -7,6 +7,8 @@
 //! a weight, ends in `\n`, and is one of a fixed set of `'static` strings, so
 //! the hot path never formats or allocates.
 
+use crate::labels::label_enum;
+
 /// The admin state haproxy is told to hold.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Admin {
@@ -23,16 +25,18 @@ pub struct Desired {
     weight_pct: u16,
 }
 
-/// Why a KV value is invalid (metric label `reason`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum InvalidValue {
-    /// Not a word of the grammar: empty, control or non-UTF-8 bytes, several
-    /// words, a sign, a fraction, `maxconn:N`, anything unknown.
-    Syntax,
-    /// `up`, `down`, `stopped`, `fail`: health belongs to haproxy's checks.
-    HealthWord,
-    /// `N%` with N past 256.
-    OutOfRange,
+label_enum! {
+    /// Why a KV value is invalid (metric label `reason`).
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+    pub enum InvalidValue {
+        /// Not a word of the grammar: empty, control or non-UTF-8 bytes, several
+        /// words, a sign, a fraction, `maxconn:N`, anything unknown.
+        Syntax => "syntax",
+        /// `up`, `down`, `stopped`, `fail`: health belongs to haproxy's checks.
+        HealthWord => "health_word",
+        /// `N%` with N past 256.
+        OutOfRange => "out_of_range",
+    }
 }
 
 impl Desired {
@@ -153,16 +157,6 @@ impl std::fmt::Display for Desired {
             Admin::Ready => write!(f, "{}%", self.weight_pct),
             Admin::Drain => f.write_str("drain"),
             Admin::Maint => f.write_str("maint"),
-        }
-    }
-}
-
-impl InvalidValue {
-    pub fn label(self) -> &'static str {
-        match self {
-            InvalidValue::Syntax => "syntax",
-            InvalidValue::HealthWord => "health_word",
-            InvalidValue::OutOfRange => "out_of_range",
         }
     }
 }

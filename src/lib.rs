@@ -23,6 +23,7 @@ pub mod devkv;
 pub mod event_loop;
 pub mod http;
 pub mod jitter;
+mod labels;
 pub mod logging;
 pub mod monitoring;
 pub mod state;

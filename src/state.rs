@@ -19,46 +19,48 @@ pub use swap::{Swapped, Swapper};
 /// How much of an invalid value is kept for showing.
 const INVALID_VALUE_SHOWN_BYTES: usize = 128;
 
-/// Why a KV key was dropped (metric label `reason`).
+/// Why a KV key was dropped (metric label `reason`): its value's
+/// [`InvalidValue`], or a key that can never be asked for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum InvalidReason {
-    Syntax,
-    HealthWord,
-    OutOfRange,
+    /// The value failed [`crate::contract::parse_value`].
+    Value(InvalidValue),
     /// The key can never be asked for: empty identity, trailing `/`,
     /// surrounding whitespace, control bytes, or not under the prefix.
     BadKey,
 }
 
 impl InvalidReason {
-    pub const ALL: [InvalidReason; 4] = [
-        InvalidReason::Syntax,
-        InvalidReason::HealthWord,
-        InvalidReason::OutOfRange,
-        InvalidReason::BadKey,
-    ];
+    /// The value reasons in [`InvalidValue::ALL`]'s order, then `BadKey`.
+    pub const ALL: [InvalidReason; InvalidValue::ALL.len() + 1] = {
+        let mut all = [InvalidReason::BadKey; InvalidValue::ALL.len() + 1];
+        let mut i = 0;
+        while i < InvalidValue::ALL.len() {
+            all[i] = InvalidReason::Value(InvalidValue::ALL[i]);
+            i += 1;
+        }
+        all
+    };
 
     pub fn label(self) -> &'static str {
         match self {
-            InvalidReason::Syntax => "syntax",
-            InvalidReason::HealthWord => "health_word",
-            InvalidReason::OutOfRange => "out_of_range",
+            InvalidReason::Value(v) => v.label(),
             InvalidReason::BadKey => "bad_key",
         }
     }
 
+    /// Position in [`InvalidReason::ALL`].
     pub fn index(self) -> usize {
-        self as usize
+        match self {
+            InvalidReason::Value(v) => v.index(),
+            InvalidReason::BadKey => InvalidValue::ALL.len(),
+        }
     }
 }
 
 impl From<InvalidValue> for InvalidReason {
     fn from(v: InvalidValue) -> Self {
-        match v {
-            InvalidValue::Syntax => InvalidReason::Syntax,
-            InvalidValue::HealthWord => InvalidReason::HealthWord,
-            InvalidValue::OutOfRange => InvalidReason::OutOfRange,
-        }
+        InvalidReason::Value(v)
     }
 }
 
@@ -565,13 +567,15 @@ mod tests {
             at("d", b"", 4),
             at("e", b"drain", 5),
         ]);
+        use InvalidValue::{HealthWord, OutOfRange, Syntax};
+        let value = InvalidReason::Value;
         assert_eq!(
             reasons(&snap),
             [
-                ("gitlab-haproxy-agent/state/a", InvalidReason::HealthWord),
-                ("gitlab-haproxy-agent/state/b", InvalidReason::OutOfRange),
-                ("gitlab-haproxy-agent/state/c", InvalidReason::Syntax),
-                ("gitlab-haproxy-agent/state/d", InvalidReason::Syntax),
+                ("gitlab-haproxy-agent/state/a", value(HealthWord)),
+                ("gitlab-haproxy-agent/state/b", value(OutOfRange)),
+                ("gitlab-haproxy-agent/state/c", value(Syntax)),
+                ("gitlab-haproxy-agent/state/d", value(Syntax)),
             ]
         );
         for id in [&b"a"[..], b"b", b"c", b"d"] {
@@ -796,18 +800,10 @@ mod tests {
         for (i, r) in InvalidReason::ALL.iter().enumerate() {
             assert_eq!(r.index(), i);
         }
-        assert_eq!(
-            InvalidReason::from(InvalidValue::HealthWord),
-            InvalidReason::HealthWord
-        );
-        assert_eq!(
-            InvalidReason::from(InvalidValue::OutOfRange),
-            InvalidReason::OutOfRange
-        );
-        assert_eq!(
-            InvalidReason::from(InvalidValue::Syntax),
-            InvalidReason::Syntax
-        );
+        for v in InvalidValue::ALL {
+            assert_eq!(InvalidReason::from(v), InvalidReason::ALL[v.index()]);
+            assert_eq!(InvalidReason::from(v).label(), v.label());
+        }
     }
 
     #[test]

@@ -184,6 +184,7 @@ fn scrape_after_real_traffic_passes_promtool_and_counts_each_outcome() {
     assert!(value(&after, &format!("{P}consul_requests_total")) >= 1.0);
     assert!(value(&after, &format!("{P}state_swaps_total")) >= 1.0);
     assert!(value(&after, &format!("{P}state_last_change_timestamp_seconds")) > 1.6e9);
+    assert_eq!(value(&after, &format!("{P}poll_errors_total")), 0.0);
     for m in [
         "process_cpu_seconds_total",
         "process_resident_memory_bytes",

@@ -8,60 +8,27 @@ pub mod conn;
 pub mod hint;
 pub mod request;
 
-/// How one agent-check connection ended (metric label `outcome`, fixed:
-/// dashboards outlive refactors).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Outcome {
-    Ready,
-    Drain,
-    Maint,
-    /// No complete consul read yet: closed without a reply.
-    NotSynced,
-    TooLong,
-    ControlByte,
-    Empty,
-    /// Bytes but no newline, then timeout, close or reset: an `agent-send`
-    /// missing its `\n`.
-    NoNewline,
-    Timeout,
-    PeerClosed,
-    IoError,
-}
+use crate::labels::label_enum;
 
-impl Outcome {
-    pub const ALL: [Outcome; 11] = [
-        Outcome::Ready,
-        Outcome::Drain,
-        Outcome::Maint,
-        Outcome::NotSynced,
-        Outcome::TooLong,
-        Outcome::ControlByte,
-        Outcome::Empty,
-        Outcome::NoNewline,
-        Outcome::Timeout,
-        Outcome::PeerClosed,
-        Outcome::IoError,
-    ];
-
-    pub fn label(self) -> &'static str {
-        match self {
-            Outcome::Ready => "ready",
-            Outcome::Drain => "drain",
-            Outcome::Maint => "maint",
-            Outcome::NotSynced => "not_synced",
-            Outcome::TooLong => "too_long",
-            Outcome::ControlByte => "control_byte",
-            Outcome::Empty => "empty",
-            Outcome::NoNewline => "no_newline",
-            Outcome::Timeout => "timeout",
-            Outcome::PeerClosed => "peer_closed",
-            Outcome::IoError => "io_error",
-        }
-    }
-
-    /// Index into [`Outcome::ALL`], for counters kept in a plain array.
-    pub fn index(self) -> usize {
-        self as usize
+label_enum! {
+    /// How one agent-check connection ended (metric label `outcome`, fixed:
+    /// dashboards outlive refactors).
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+    pub enum Outcome {
+        Ready => "ready",
+        Drain => "drain",
+        Maint => "maint",
+        /// No complete consul read yet: closed without a reply.
+        NotSynced => "not_synced",
+        TooLong => "too_long",
+        ControlByte => "control_byte",
+        Empty => "empty",
+        /// Bytes but no newline, then timeout, close or reset: an `agent-send`
+        /// missing its `\n`.
+        NoNewline => "no_newline",
+        Timeout => "timeout",
+        PeerClosed => "peer_closed",
+        IoError => "io_error",
     }
 }
 
@@ -86,13 +53,6 @@ impl From<crate::contract::Admin> for Outcome {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn index_matches_position_in_all() {
-        for (i, o) in Outcome::ALL.iter().enumerate() {
-            assert_eq!(o.index(), i, "{o:?}");
-        }
-    }
 
     #[test]
     fn only_the_three_admin_states_are_replies() {

@@ -165,6 +165,19 @@ struct Rx<S> {
     more: bool,
 }
 
+impl<S: Read> Rx<S> {
+    /// One read of at most `want` bytes onto the end of `inbuf`.
+    fn read_some(&mut self, want: usize) -> io::Result<usize> {
+        let len = self.inbuf.len();
+        self.inbuf.resize(len + want, 0);
+        let r = self.conn.stream.read(&mut self.inbuf[len..]);
+        let got = *r.as_ref().unwrap_or(&0);
+        self.inbuf.truncate(len + got);
+        self.received += got;
+        r
+    }
+}
+
 /// A final response head and its body so far.
 struct Body {
     head: ResponseHead,
@@ -231,6 +244,17 @@ enum Next<S> {
         /// An idle keep-alive connection found closed: retry at once.
         retry_fresh: bool,
     },
+}
+
+impl<S> Next<S> {
+    /// The request failed on `conn`, for good: no retry.
+    fn fail(conn: Conn<S>, failure: Failure) -> Next<S> {
+        Next::Fail {
+            conn: Some(conn),
+            failure,
+            retry_fresh: false,
+        }
+    }
 }
 
 /// How the request looks, from the configuration.
@@ -554,40 +578,9 @@ impl<C: Connect> Client<C> {
         loop {
             // Parse what is buffered first, then read.
             if body.is_none() {
-                // Interim heads are skipped by offset and drained once, so
-                // a storm of them costs linear time.
-                let mut skipped = 0;
-                let mut parsed = parse_response_head(&rx.inbuf, MAX_HEAD_BYTES);
-                while let Parse::Done(head, used) = &parsed {
-                    if head.status >= 200 {
-                        break;
-                    }
-                    // 100 Continue, 103 Early Hints: the real response
-                    // follows.
-                    skipped += used;
-                    parsed = parse_response_head(&rx.inbuf[skipped..], MAX_HEAD_BYTES);
-                }
-                rx.inbuf.drain(..skipped);
-                match parsed {
-                    Parse::Partial => {}
-                    Parse::Invalid(why) => {
-                        return Next::Fail {
-                            conn: Some(rx.conn),
-                            failure: Failure::new(
-                                ErrorReason::BadBody,
-                                format!("bad response head: {why}"),
-                            ),
-                            retry_fresh: false,
-                        }
-                    }
-                    Parse::Done(head, used) => {
-                        rx.inbuf.drain(..used);
-                        body = Some(Body {
-                            decoder: BodyDecoder::new(head.framing, max_body),
-                            head,
-                            bytes: Vec::new(),
-                        });
-                    }
+                match take_final_head(&mut rx.inbuf, max_body) {
+                    Ok(b) => body = b,
+                    Err(failure) => return Next::fail(rx.conn, failure),
                 }
             }
             if let Some(mut b) = body.take() {
@@ -603,31 +596,19 @@ impl<C: Connect> Client<C> {
                 body = Some(b);
             }
             if rx.received > max_wire {
-                return Next::Fail {
-                    conn: Some(rx.conn),
-                    failure: Failure::new(
-                        ErrorReason::TooLarge,
-                        format!("response over {max_wire} bytes on the wire (2 × -consul-max-body-bytes + 64 KiB)"),
-                    ),
-                    retry_fresh: false,
-                };
+                let failure = Failure::new(
+                    ErrorReason::TooLarge,
+                    format!("response over {max_wire} bytes on the wire (2 × -consul-max-body-bytes + 64 KiB)"),
+                );
+                return Next::fail(rx.conn, failure);
             }
             if budget == 0 {
                 rx.more = true;
                 return Next::Wait(receiving(rx, body));
             }
-            let len = rx.inbuf.len();
-            let want = READ_CHUNK.min(budget);
-            rx.inbuf.resize(len + want, 0);
-            let r = rx.conn.stream.read(&mut rx.inbuf[len..]);
-            let got = *r.as_ref().unwrap_or(&0);
-            rx.inbuf.truncate(len + got);
-            match r {
+            match rx.read_some(READ_CHUNK.min(budget)) {
                 Ok(0) => return self.on_eof(rx, body, now),
-                Ok(n) => {
-                    rx.received += n;
-                    budget -= n;
-                }
+                Ok(n) => budget -= n,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                     rx.more = false;
                     return Next::Wait(receiving(rx, body));
@@ -711,6 +692,39 @@ impl<C: Connect> Client<C> {
             return self.start(now, None, out);
         }
         out.push(self.watch.on_failure(now, failure));
+    }
+}
+
+/// Takes the final response head off the front of `inbuf`, skipping
+/// interim ones (100 Continue, 103 Early Hints: the real response follows):
+/// `None` while it is incomplete.
+fn take_final_head(inbuf: &mut Vec<u8>, max_body: usize) -> Result<Option<Body>, Failure> {
+    // Interim heads are skipped by offset and drained once, so a storm of
+    // them costs linear time.
+    let mut skipped = 0;
+    let mut parsed = parse_response_head(inbuf, MAX_HEAD_BYTES);
+    while let Parse::Done(head, used) = &parsed {
+        if head.status >= 200 {
+            break;
+        }
+        skipped += used;
+        parsed = parse_response_head(&inbuf[skipped..], MAX_HEAD_BYTES);
+    }
+    inbuf.drain(..skipped);
+    match parsed {
+        Parse::Partial => Ok(None),
+        Parse::Invalid(why) => Err(Failure::new(
+            ErrorReason::BadBody,
+            format!("bad response head: {why}"),
+        )),
+        Parse::Done(head, used) => {
+            inbuf.drain(..used);
+            Ok(Some(Body {
+                decoder: BodyDecoder::new(head.framing, max_body),
+                head,
+                bytes: Vec::new(),
+            }))
+        }
     }
 }
 
@@ -818,11 +832,7 @@ fn body_fail<S>(conn: Conn<S>, e: BodyError, max: usize) -> Next<S> {
             "connection closed mid-body (truncated body)",
         ),
     };
-    Next::Fail {
-        conn: Some(conn),
-        failure,
-        retry_fresh: false,
-    }
+    Next::fail(conn, failure)
 }
 
 #[cfg(test)]

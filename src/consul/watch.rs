@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 
 use crate::consul::kv::{DecodeError, KvPair, ListDecoder};
 use crate::jitter::Jitter;
+use crate::labels::label_enum;
 use crate::state::{Snapshot, SnapshotBuilder};
 
 /// Never two requests closer than this.
@@ -29,47 +30,19 @@ const BACKOFF_CAP: Duration = Duration::from_secs(30);
 /// retried, but no faster than this.
 pub const CONFIG_ERROR_DELAY: Duration = Duration::from_secs(10);
 
-/// Why a consul request failed (metric label `reason`, fixed: dashboards
-/// outlive refactors).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum ErrorReason {
-    Connect,
-    Timeout,
-    Reset,
-    Http4xx,
-    Http5xx,
-    BadIndex,
-    BadBody,
-    TooLarge,
-}
-
-impl ErrorReason {
-    pub const ALL: [ErrorReason; 8] = [
-        ErrorReason::Connect,
-        ErrorReason::Timeout,
-        ErrorReason::Reset,
-        ErrorReason::Http4xx,
-        ErrorReason::Http5xx,
-        ErrorReason::BadIndex,
-        ErrorReason::BadBody,
-        ErrorReason::TooLarge,
-    ];
-
-    pub fn label(self) -> &'static str {
-        match self {
-            ErrorReason::Connect => "connect",
-            ErrorReason::Timeout => "timeout",
-            ErrorReason::Reset => "reset",
-            ErrorReason::Http4xx => "http_4xx",
-            ErrorReason::Http5xx => "http_5xx",
-            ErrorReason::BadIndex => "bad_index",
-            ErrorReason::BadBody => "bad_body",
-            ErrorReason::TooLarge => "too_large",
-        }
-    }
-
-    pub fn index(self) -> usize {
-        self as usize
+label_enum! {
+    /// Why a consul request failed (metric label `reason`, fixed: dashboards
+    /// outlive refactors).
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+    pub enum ErrorReason {
+        Connect => "connect",
+        Timeout => "timeout",
+        Reset => "reset",
+        Http4xx => "http_4xx",
+        Http5xx => "http_5xx",
+        BadIndex => "bad_index",
+        BadBody => "bad_body",
+        TooLarge => "too_large",
     }
 }
 

@@ -103,7 +103,7 @@ impl EventLoop {
         }
         *last = Some(now);
         let dropped = &self.metrics.http_dropped[role.index()];
-        warn!(listener = role.label(), pool = role.pool(), evicted_total = dropped[HttpDrop::Evicted as usize], refused_total = dropped[HttpDrop::Refused as usize];
+        warn!(listener = role.label(), pool = role.pool(), evicted_total = dropped[HttpDrop::Evicted.index()], refused_total = dropped[HttpDrop::Refused.index()];
             "HTTP connection pool full (a flood or slow clients?): evicting the oldest connection without a complete request");
     }
 

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use crate::agent::Outcome;
 use crate::consul::watch::ErrorReason;
+use crate::labels::label_enum;
 use crate::monitoring::server::Role;
 use crate::state::{InvalidReason, Snapshot};
 
@@ -50,8 +51,9 @@ pub struct Metrics {
     pub request_duration: Histogram,
     pub open_connections: u64,
     pub gate_closings: u64,
-    pub poll_errors: u64,
     pub accept_errors: u64,
+    /// Poll (epoll_wait) errors other than EINTR.
+    pub poll_errors: u64,
     pub consul_requests: u64,
     pub consul_errors: [u64; ErrorReason::ALL.len()],
     pub consul_unchanged: u64,
@@ -64,27 +66,17 @@ pub struct Metrics {
     pub http_dropped: [[u64; HttpDrop::ALL.len()]; Role::ALL.len()],
 }
 
-/// Why the agent closed an HTTP connection itself (metric label `reason`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum HttpDrop {
-    /// The listener's pool was full: the oldest connection without a
-    /// complete request made room for a new one.
-    Evicted,
-    /// The pool was full of requests being answered: the new one closed.
-    Refused,
-    /// Idle, head, body or write deadline passed.
-    Timeout,
-}
-
-impl HttpDrop {
-    pub const ALL: [HttpDrop; 3] = [HttpDrop::Evicted, HttpDrop::Refused, HttpDrop::Timeout];
-
-    pub fn label(self) -> &'static str {
-        match self {
-            HttpDrop::Evicted => "evicted",
-            HttpDrop::Refused => "refused",
-            HttpDrop::Timeout => "timeout",
-        }
+label_enum! {
+    /// Why the agent closed an HTTP connection itself (metric label `reason`).
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub enum HttpDrop {
+        /// The listener's pool was full: the oldest connection without a
+        /// complete request made room for a new one.
+        Evicted => "evicted",
+        /// The pool was full of requests being answered: the new one closed.
+        Refused => "refused",
+        /// Idle, head, body or write deadline passed.
+        Timeout => "timeout",
     }
 }
 
@@ -101,7 +93,7 @@ impl Metrics {
     }
 
     pub fn count_http_drop(&mut self, role: Role, why: HttpDrop) {
-        self.http_dropped[role.index()][why as usize] += 1;
+        self.http_dropped[role.index()][why.index()] += 1;
     }
 }
 
@@ -121,9 +113,18 @@ const P: &str = "gitlab_haproxy_agent_";
 /// Renders the whole exposition (text format 0.0.4): each family's `# HELP`
 /// and `# TYPE` once, then its samples.
 pub fn render(v: &View<'_>) -> String {
-    let m = v.metrics;
     let mut o = Exposition(String::with_capacity(8 * 1024));
+    agent_requests(&mut o, v);
+    http_connections(&mut o, v.metrics);
+    state(&mut o, v);
+    consul(&mut o, v);
+    process(&mut o, v);
+    o.0
+}
 
+/// Agent-check connections: outcomes, reply latency, the connection limit.
+fn agent_requests(o: &mut Exposition, v: &View<'_>) {
+    let m = v.metrics;
     o.family("requests_total", "counter", "Agent-check connections by how they ended: a reply of that admin state, or why no reply was sent.");
     for outcome in Outcome::ALL {
         o.int(
@@ -157,7 +158,10 @@ pub fn render(v: &View<'_>) -> String {
         "Accept failures (e.g. out of file descriptors); accepting pauses briefly after each.",
         m.accept_errors,
     );
+}
 
+/// Connections to the monitoring, pprof and dev KV listeners.
+fn http_connections(o: &mut Exposition, m: &Metrics) {
     o.family(
         "http_connections_dropped_total",
         "counter",
@@ -168,11 +172,15 @@ pub fn render(v: &View<'_>) -> String {
             o.int(
                 "http_connections_dropped_total",
                 &[("listener", role.label()), ("reason", why.label())],
-                m.http_dropped[role.index()][why as usize],
+                m.http_dropped[role.index()][why.index()],
             );
         }
     }
+}
 
+/// The state the agent answers from.
+fn state(o: &mut Exposition, v: &View<'_>) {
+    let m = v.metrics;
     o.gauge(
         "synced",
         "1 once a first consul read completed (the agent answers; readiness 200), else 0.",
@@ -216,7 +224,11 @@ pub fn render(v: &View<'_>) -> String {
         "Unix time the state last changed: first read, an identity added, removed or rewritten, or a new invalid value (0 before the first read).",
         m.last_change.map_or(0.0, unix_seconds),
     );
+}
 
+/// The consul watch.
+fn consul(o: &mut Exposition, v: &View<'_>) {
+    let m = v.metrics;
     o.counter(
         "consul_requests_total",
         "Requests sent to consul.",
@@ -260,7 +272,15 @@ pub fn render(v: &View<'_>) -> String {
         m.last_success
             .map_or(-1.0, |t| v.now.saturating_duration_since(t).as_secs_f64()),
     );
+}
 
+/// The loop and the process: poll errors, build, then what /proc says.
+fn process(o: &mut Exposition, v: &View<'_>) {
+    o.counter(
+        "poll_errors_total",
+        "Errors from the event loop's poll (epoll_wait) other than EINTR; the loop survives them, and exits only when they persist.",
+        v.metrics.poll_errors,
+    );
     o.family("build_info", "gauge", "Build information; always 1.");
     o.int(
         "build_info",
@@ -270,9 +290,7 @@ pub fn render(v: &View<'_>) -> String {
         ],
         1,
     );
-
-    process_metrics(&mut o, v.started);
-    o.0
+    process_metrics(o, v.started);
 }
 
 /// The exposition being written. Names given without the `process_` prefix
@@ -501,6 +519,7 @@ mod tests {
         m.count_request(Outcome::Drain, Some(Duration::from_millis(3)));
         m.count_request(Outcome::NoNewline, None);
         m.count_consul_error(ErrorReason::Timeout);
+        m.poll_errors = 2;
         let t = scrape(&m);
         assert_eq!(
             value(&t, "gitlab_haproxy_agent_requests_total{outcome=\"drain\"}"),
@@ -561,6 +580,7 @@ mod tests {
             (value(&t, "gitlab_haproxy_agent_request_duration_seconds_sum") - 0.00303).abs() < 1e-9
         );
         assert_eq!(value(&t, "gitlab_haproxy_agent_synced"), 0.0);
+        assert_eq!(value(&t, "gitlab_haproxy_agent_poll_errors_total"), 2.0);
         assert_eq!(
             value(&t, "gitlab_haproxy_agent_consul_last_success_age_seconds"),
             -1.0

@@ -28,6 +28,7 @@ use crate::http::{
     parse_request_head, render_response, BodyDecoder, BodyError, Method, Parse, RequestHead,
     Response,
 };
+use crate::labels::label_enum;
 
 /// A kept-alive connection may wait this long for the first byte of its
 /// next request (and a new one for its first).
@@ -41,31 +42,18 @@ pub const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Bytes read per call, at most: one peer cannot hold the loop.
 pub const READ_BUDGET: usize = 64 * 1024;
 
-/// The HTTP listeners; each has its own pool of connection slots, so a
-/// flood on one never refuses another.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Role {
-    Monitoring,
-    Pprof,
-    DevKv,
+label_enum! {
+    /// The HTTP listeners (metric label `listener`); each has its own pool
+    /// of connection slots, so a flood on one never refuses another.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub enum Role {
+        Monitoring => "monitoring",
+        Pprof => "pprof",
+        DevKv => "dev_kv",
+    }
 }
 
 impl Role {
-    pub const ALL: [Role; 3] = [Role::Monitoring, Role::Pprof, Role::DevKv];
-
-    /// Metric label `listener`.
-    pub fn label(self) -> &'static str {
-        match self {
-            Role::Monitoring => "monitoring",
-            Role::Pprof => "pprof",
-            Role::DevKv => "dev_kv",
-        }
-    }
-
-    pub fn index(self) -> usize {
-        self as usize
-    }
-
     /// Connections open at once; a full pool evicts (see
     /// [`HttpConn::eviction_key`]). Memory at most `pool × (max_head +
     /// one read)` for a GET-only listener.
