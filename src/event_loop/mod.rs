@@ -397,7 +397,6 @@ impl EventLoop {
         for update in std::mem::take(&mut self.updates) {
             self.apply(update, now);
         }
-        self.metrics.consul_requests = self.client.requests();
     }
 
     fn apply(&mut self, update: Update, now: Instant) {
@@ -481,6 +480,7 @@ impl EventLoop {
                 phase: self.client.phase_name(),
                 index: watch.index(),
                 failures: watch.failures(),
+                requests: self.client.requests(),
                 last_error: self.health.last_error(),
                 next_request_in,
                 request_deadline_in,

@@ -54,7 +54,6 @@ pub struct Metrics {
     pub accept_errors: u64,
     /// Poll (epoll_wait) errors other than EINTR.
     pub poll_errors: u64,
-    pub consul_requests: u64,
     pub consul_errors: [u64; ErrorReason::ALL.len()],
     pub consul_unchanged: u64,
     pub consul_index_resets: u64,
@@ -106,6 +105,8 @@ pub struct View<'a> {
     pub max_connections: usize,
     /// Consecutive failed consul requests (0 after a success).
     pub consul_failures: u32,
+    /// Requests sent to consul so far.
+    pub consul_requests: u64,
 }
 
 const P: &str = "gitlab_haproxy_agent_";
@@ -232,7 +233,7 @@ fn consul(o: &mut Exposition, v: &View<'_>) {
     o.counter(
         "consul_requests_total",
         "Requests sent to consul.",
-        m.consul_requests,
+        v.consul_requests,
     );
     o.family(
         "consul_errors_total",
@@ -501,6 +502,7 @@ mod tests {
             started: SystemTime::now(),
             max_connections: 10,
             consul_failures: 0,
+            consul_requests: 0,
         })
     }
 

@@ -25,6 +25,8 @@ pub struct WatchStatus<'a> {
     pub phase: &'static str,
     pub index: u64,
     pub failures: u32,
+    /// Requests sent so far.
+    pub requests: u64,
     pub last_error: Option<&'a str>,
     /// While idle: time until the next request may start (rate limit, or
     /// backoff after a failure). `None` while a request is in flight.
@@ -63,6 +65,7 @@ pub fn handle_monitoring(head: &RequestHead, st: &Status<'_>) -> Response {
                 started: st.started,
                 max_connections: st.max_connections,
                 consul_failures: st.watch.failures,
+                consul_requests: st.watch.requests,
             };
             let mut r = text(200, &metrics::render(&view));
             r.headers[0].1 = "text/plain; version=0.0.4; charset=utf-8".into();
@@ -214,6 +217,7 @@ mod tests {
                 phase: if idle { "idle" } else { "awaiting_head" },
                 index: snapshot.map_or(0, |s| s.index()),
                 failures: if idle { 2 } else { 0 },
+                requests: 3,
                 last_error: idle.then_some("connection refused"),
                 next_request_in: idle.then_some(Duration::from_millis(500)),
                 request_deadline_in: (!idle).then_some(Duration::from_secs(300)),
