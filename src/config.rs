@@ -24,6 +24,8 @@ use std::time::Duration;
 
 use base64::Engine as _;
 
+use crate::gocompat::{parse_go_bool, parse_signed_duration, parse_uint, UintError};
+
 /// Where to listen. `:port` is all interfaces, dual-stack.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ListenAddr {
@@ -447,15 +449,6 @@ fn lex(args: Vec<OsString>) -> Result<Lexed, UsageError> {
     Ok(Lexed::Run(LowArgs { values, dev }))
 }
 
-/// Go's `strconv.ParseBool`.
-fn parse_go_bool(s: &str) -> Option<bool> {
-    match s {
-        "1" | "t" | "T" | "TRUE" | "true" | "True" => Some(true),
-        "0" | "f" | "F" | "FALSE" | "false" | "False" => Some(false),
-        _ => None,
-    }
-}
-
 /// Where a value came from, for error messages.
 #[derive(Debug, Clone)]
 enum Source {
@@ -629,12 +622,9 @@ fn duration(raw: &Raw) -> Result<Duration, UsageError> {
 }
 
 fn number(raw: &Raw, min: usize, max: usize) -> Result<usize, UsageError> {
-    let v = &raw.value;
-    let n = if !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()) {
-        v.parse::<usize>().ok()
-    } else {
-        None
-    };
+    let n = parse_uint(raw.value.as_bytes())
+        .ok()
+        .and_then(|n| usize::try_from(n).ok());
     match n {
         None => Err(raw.invalid("not a whole number")),
         Some(n) if n < min || n > max => {
@@ -727,11 +717,12 @@ fn split_host_port(s: &str) -> Result<(&str, Option<u16>), String> {
 }
 
 fn parse_port(p: &str) -> Result<u16, String> {
-    if p.is_empty() || !p.bytes().all(|b| b.is_ascii_digit()) {
-        return Err(format!("bad port {p:?}"));
+    let out_of_range = || format!("port {p} is out of range (0..65535)");
+    match parse_uint(p.as_bytes()) {
+        Ok(n) => u16::try_from(n).map_err(|_| out_of_range()),
+        Err(UintError::Range) => Err(out_of_range()),
+        Err(UintError::Syntax) => Err(format!("bad port {p:?}")),
     }
-    p.parse::<u16>()
-        .map_err(|_| format!("port {p} is out of range (0..65535)"))
 }
 
 /// An IP literal, or a hostname resolved once now (first address).
@@ -1021,82 +1012,6 @@ fn enterprise_name(env: Env<'_>, var: &str) -> Result<Option<String>, UsageError
             "invalid value {v:?} for {var}: use letters, digits, '-' and '_' only"
         ))),
     }
-}
-
-// ---------------------------------------------------------------------------
-// Durations.
-
-/// Parses a Go duration (`300ms`, `1.5s`, `1m30s`, `2h`; units ns us µs ms s m h)
-/// with the sign kept apart: `(negative, magnitude)`.
-///
-/// As Go's `time.ParseDuration`: a sequence of decimal numbers, each with an
-/// optional fraction and a required unit; `0` alone needs no unit; a leading
-/// `+` or `-` is allowed. Not a duration, or one past Go's limit (about 292
-/// years), gives `None`. Consul, for one, reads a negative `wait` as "the
-/// default"; flags refuse negative durations.
-pub fn parse_signed_duration(s: &str) -> Option<(bool, Duration)> {
-    const MAX_NANOS: u128 = i64::MAX as u128;
-    let (negative, mut rest) = match s.as_bytes().first() {
-        Some(b'-') => (true, &s[1..]),
-        Some(b'+') => (false, &s[1..]),
-        _ => (false, s),
-    };
-    if rest == "0" {
-        return Some((negative, Duration::ZERO));
-    }
-    if rest.is_empty() {
-        return None;
-    }
-    let mut total: u128 = 0;
-    while !rest.is_empty() {
-        let int_len = rest.bytes().take_while(u8::is_ascii_digit).count();
-        let (int_part, after) = rest.split_at(int_len);
-        let (frac_part, after) = match after.strip_prefix('.') {
-            Some(frac) => {
-                let n = frac.bytes().take_while(u8::is_ascii_digit).count();
-                frac.split_at(n)
-            }
-            None => ("", after),
-        };
-        if int_part.is_empty() && frac_part.is_empty() {
-            return None;
-        }
-        let unit_len = after
-            .find(|c: char| c == '.' || c.is_ascii_digit())
-            .unwrap_or(after.len());
-        let (unit, after) = after.split_at(unit_len);
-        let unit_nanos: u128 = match unit {
-            "ns" => 1,
-            "us" | "\u{b5}s" | "\u{3bc}s" => 1_000,
-            "ms" => 1_000_000,
-            "s" => 1_000_000_000,
-            "m" => 60_000_000_000,
-            "h" => 3_600_000_000_000,
-            _ => return None,
-        };
-        let int_digits = int_part.trim_start_matches('0');
-        if int_digits.len() > 19 {
-            return None;
-        }
-        let int: u128 = if int_digits.is_empty() {
-            0
-        } else {
-            int_digits.parse().ok()?
-        };
-        let mut nanos = int * unit_nanos;
-        if !frac_part.is_empty() {
-            // Digits past the 18th are below a nanosecond even for hours.
-            let digits = &frac_part[..frac_part.len().min(18)];
-            let frac: u128 = digits.parse().ok()?;
-            nanos += frac * unit_nanos / 10u128.pow(digits.len() as u32);
-        }
-        total = total.checked_add(nanos)?;
-        if total > MAX_NANOS {
-            return None;
-        }
-        rest = after;
-    }
-    Some((negative, Duration::from_nanos(total as u64)))
 }
 
 #[cfg(test)]
@@ -2014,55 +1929,5 @@ mod tests {
             .expect_err("non-UTF-8")
             .0;
         assert!(e.contains("not valid UTF-8"), "{e}");
-    }
-
-    #[test]
-    fn durations() {
-        let ms = Duration::from_millis;
-        // Non-negative durations, as the flags take them.
-        let parse_duration = |s: &str| match parse_signed_duration(s)? {
-            (true, d) if !d.is_zero() => None,
-            (_, d) => Some(d),
-        };
-        let cases: &[(&str, Option<Duration>)] = &[
-            ("100ms", Some(ms(100))),
-            ("1m30s", Some(ms(90_000))),
-            ("1.5s", Some(ms(1500))),
-            (".5s", Some(ms(500))),
-            ("1.s", Some(ms(1000))),
-            ("2h", Some(Duration::from_secs(7200))),
-            ("1h2m3s4ms5us6ns", Some(Duration::new(3723, 4_005_006))),
-            ("3µs", Some(Duration::from_micros(3))),
-            ("3μs", Some(Duration::from_micros(3))),
-            ("3us", Some(Duration::from_micros(3))),
-            ("7ns", Some(Duration::from_nanos(7))),
-            ("0", Some(Duration::ZERO)),
-            ("+0", Some(Duration::ZERO)),
-            ("-0", Some(Duration::ZERO)),
-            ("0s", Some(Duration::ZERO)),
-            ("+5s", Some(Duration::from_secs(5))),
-            ("1.0000000001s", Some(Duration::from_secs(1))),
-            (
-                "2562047h47m16.854775807s",
-                Some(Duration::from_nanos(i64::MAX as u64)),
-            ),
-            ("2562047h47m16.854775808s", None),
-            ("9999999999999999999999h", None),
-            ("5", None),
-            ("-1s", None),
-            ("1x", None),
-            ("", None),
-            ("s", None),
-            (".s", None),
-            ("1.2.3s", None),
-            ("1s ", None),
-            (" 1s", None),
-            ("1S", None),
-            ("+", None),
-            ("-", None),
-        ];
-        for (s, want) in cases {
-            assert_eq!(parse_duration(s), *want, "{s:?}");
-        }
     }
 }
