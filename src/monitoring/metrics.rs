@@ -264,8 +264,8 @@ pub fn render(v: &View<'_>) -> String {
     o.int(
         "build_info",
         &[
-            ("version", crate::config::version()),
-            ("commit", option_env!("GIT_COMMIT").unwrap_or("unknown")),
+            ("version", crate::build_info::version()),
+            ("commit", crate::build_info::commit()),
         ],
         1,
     );
@@ -675,7 +675,7 @@ mod tests {
         assert!(
             line.starts_with(&format!(
                 "gitlab_haproxy_agent_build_info{{version=\"{}\",commit=\"",
-                crate::config::version()
+                crate::build_info::version()
             )),
             "{line}"
         );
