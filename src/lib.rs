@@ -13,14 +13,18 @@
 //! - [`consul`]: KV JSON decoding (pure), the watcher machine, backoff;
 //! - [`monitoring`]: metrics registry and the health/metrics/debug server;
 //! - [`devkv`]: the `-dev` consul-compatible KV (also the tests' consul);
-//! - [`config`], [`logging`], [`event_loop`]: start-up and the one mio loop.
+//! - [`config`], [`logging`], [`event_loop`]: start-up and the one mio loop;
+//! - [`gocompat`]: the Go standard-library behaviour the flags and the dev
+//!   KV must match; [`build_info`]: version and commit.
 
 pub mod agent;
+pub mod build_info;
 pub mod config;
 pub mod consul;
 pub mod contract;
 pub mod devkv;
 pub mod event_loop;
+pub mod gocompat;
 pub mod http;
 pub mod jitter;
 mod labels;

@@ -4,6 +4,7 @@
 
 use std::process::ExitCode;
 
+use gitlab_haproxy_agent::build_info;
 use gitlab_haproxy_agent::config::{self, Command, Config, ListenAddr};
 use gitlab_haproxy_agent::event_loop::{bind, EventLoop, Listeners};
 use gitlab_haproxy_agent::logging;
@@ -74,7 +75,7 @@ fn run(mut config: Config) -> Result<(), String> {
         .collect();
     addrs.push(format!("consul={}", config.consul.endpoint));
     info!(
-        version = config::version_line().as_str(),
+        version = build_info::version_line().as_str(),
         addresses = addrs.join(" ").as_str(),
         kv_prefix = config.kv_prefix.as_str(),
         read_timeout_ms = config.read_timeout.as_millis() as u64,

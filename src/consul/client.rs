@@ -487,7 +487,7 @@ impl<C: Connect> Client<C> {
         let mut r = format!(
             "GET {target} HTTP/1.1\r\nHost: {}\r\nUser-Agent: gitlab-haproxy-agent/{}\r\n",
             c.host_header,
-            crate::config::version()
+            crate::build_info::version()
         );
         if let Some(t) = &c.token {
             r.push_str("X-Consul-Token: ");

@@ -398,15 +398,7 @@ fn http_detail(status: u16, body: &[u8]) -> String {
 
 /// Percent-encodes a KV path, keeping `/` and the unreserved characters.
 fn encode_path(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for b in s.bytes() {
-        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~' | b'/') {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
+    crate::http::percent_encode(s, crate::http::EncodeSet::KV_PATH)
 }
 
 #[cfg(test)]

@@ -7,20 +7,24 @@
 //! [`DevKv::is_ready`] or its deadline. The checks run in consul's order
 //! (Go's ServeMux path cleaning, then `wrap`, then `parse`, then the KV
 //! handler), so the first error a request hits is the one consul reports,
-//! with consul's status and text.
+//! with consul's status and text. This file holds consul's rules; what is
+//! Go's own (path cleaning, the redirect, `strconv`, `url`, JSON escaping)
+//! comes from [`crate::gocompat`].
 //!
 //! Deliberate differences from a real `consul agent -dev`: JSON is compact
 //! unless `?pretty` is given (a real dev agent always pretty-prints);
 //! sessions do not exist, so `?acquire` fails like an unknown session; a
 //! percent-decoded key that is not UTF-8 gets 400 (consul would store it).
 
-use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use base64::Engine as _;
 use serde::Serialize;
 
 use super::store::Store;
+use crate::gocompat::{
+    self, clean_path, go_encode_query, go_html_escape, go_quote, go_redirect, parse_go_duration,
+};
 use crate::http::{percent_decode, query_pairs, Method, RequestHead, Response};
 use crate::jitter::Jitter;
 
@@ -432,7 +436,9 @@ fn route_path(req: &RequestHead) -> Result<String, Response> {
         clean.push('/');
     }
     if clean != path {
-        return Err(redirect(req, &clean));
+        // Go's ServeMux answers this itself: outside consul's `wrap`, so
+        // none of its headers.
+        return Err(go_redirect(req.method, &clean, &req.query));
     }
     match path.strip_prefix("/v1/kv/") {
         Some(key) => Ok(key.to_owned()),
@@ -445,82 +451,6 @@ fn route_path(req: &RequestHead) -> Result<String, Response> {
             body: b"404 page not found\n".to_vec(),
         }),
     }
-}
-
-/// Go's `cleanPath`: `path.Clean` on a rooted path, keeping a trailing `/`.
-fn clean_path(p: &str) -> String {
-    let mut parts: Vec<&str> = Vec::new();
-    for seg in p.split('/') {
-        match seg {
-            "" | "." => {}
-            ".." => {
-                parts.pop();
-            }
-            s => parts.push(s),
-        }
-    }
-    let mut out = String::with_capacity(p.len() + 1);
-    for s in &parts {
-        out.push('/');
-        out.push_str(s);
-    }
-    if out.is_empty() || p.ends_with('/') {
-        out.push('/');
-    }
-    out
-}
-
-/// Go's `http.Redirect` with 301 to a cleaned path (query kept). Outside
-/// consul's `wrap`, so none of its headers.
-fn redirect(req: &RequestHead, clean: &str) -> Response {
-    let mut location = escape_path(clean);
-    if !req.query.is_empty() {
-        location.push('?');
-        location.push_str(&req.query);
-    }
-    let mut resp = Response {
-        status: 301,
-        headers: vec![("Location", location.clone())],
-        body: Vec::new(),
-    };
-    if req.method == Method::Get || req.method == Method::Head {
-        resp.headers
-            .insert(0, ("Content-Type", "text/html; charset=utf-8".to_owned()));
-        resp.body = format!(
-            "<a href=\"{}\">Moved Permanently</a>.\n\n",
-            html_escape(&location)
-        )
-        .into_bytes();
-    }
-    resp
-}
-
-/// Go's `url.PathEscape`-like escaping used by `URL.EscapedPath`.
-fn escape_path(p: &str) -> String {
-    let mut out = String::with_capacity(p.len());
-    for &b in p.as_bytes() {
-        if b.is_ascii_alphanumeric() || b"-_.~$&+,/:;=@".contains(&b) {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
-}
-
-fn html_escape(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for c in s.chars() {
-        match c {
-            '&' => out.push_str("&amp;"),
-            '<' => out.push_str("&lt;"),
-            '>' => out.push_str("&gt;"),
-            '"' => out.push_str("&#34;"),
-            '\'' => out.push_str("&#39;"),
-            c => out.push(c),
-        }
-    }
-    out
 }
 
 /// consul's `parse`: datacenter, consistency, then `wait` and `index`
@@ -564,7 +494,7 @@ fn parse_query_options(params: &Params) -> Result<(u64, Option<Duration>), Respo
     let mut index = 0;
     let i = params.get("index");
     if !i.is_empty() {
-        index = go_parse_uint(i).map_err(|_| error(400, "Invalid index"))?;
+        index = gocompat::parse_uint(i.as_bytes()).map_err(|_| error(400, "Invalid index"))?;
     }
     Ok((index, wait))
 }
@@ -601,73 +531,21 @@ fn conflicting_flags(params: &Params, flags: &[&str]) -> Result<(), Response> {
     if flags.iter().filter(|f| params.has(f)).count() > 1 {
         return Err(error(
             400,
-            &format!("Conflicting flags: {}", go_encode_query(params)),
+            &format!("Conflicting flags: {}", go_encode_query(&params.0)),
         ));
     }
     Ok(())
 }
 
-/// Go's `url.Values.Encode`: keys sorted, values in order, query-escaped.
-fn go_encode_query(params: &Params) -> String {
-    let mut by_key: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
-    for (k, v) in &params.0 {
-        by_key.entry(k).or_default().push(v);
-    }
-    let mut out = String::new();
-    for (k, vs) in by_key {
-        for v in vs {
-            if !out.is_empty() {
-                out.push('&');
-            }
-            out.push_str(&query_escape(k));
-            out.push('=');
-            out.push_str(&query_escape(v));
-        }
-    }
-    out
-}
-
-fn query_escape(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for &b in s.as_bytes() {
-        match b {
-            b' ' => out.push('+'),
-            b if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) => out.push(b as char),
-            b => out.push_str(&format!("%{b:02X}")),
-        }
-    }
-    out
-}
-
 /// `strconv.ParseUint(s, 10, 64)` as an error response: consul returns
 /// the Go error itself, hence a 500 with its text.
 fn parse_uint(s: &str) -> Result<u64, Response> {
-    go_parse_uint(s).map_err(|why| {
+    gocompat::parse_uint(s.as_bytes()).map_err(|why| {
         error(
             500,
             &format!("strconv.ParseUint: parsing {}: {why}", go_quote(s)),
         )
     })
-}
-
-/// `strconv.ParseUint(s, 10, 64)`: ASCII digits only (no sign).
-fn go_parse_uint(s: &str) -> Result<u64, &'static str> {
-    if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
-        return Err("invalid syntax");
-    }
-    s.parse().map_err(|_| "value out of range")
-}
-
-/// Go's `strconv.Quote`, close enough for error messages.
-fn go_quote(s: &str) -> String {
-    serde_json::to_string(s).unwrap_or_default()
-}
-
-/// Go's `time.ParseDuration`. `None`: not a duration. `Some(None)`: a
-/// negative duration (only its sign matters here).
-fn parse_go_duration(s: &str) -> Option<Option<Duration>> {
-    let (negative, d) = crate::config::parse_signed_duration(s)?;
-    Some((!negative || d.is_zero()).then_some(d))
 }
 
 fn dir_entry<'a>(key: &'a str, e: &super::store::Entry) -> DirEntry<'a> {
@@ -714,33 +592,6 @@ fn json_bytes<T: Serialize + ?Sized>(v: &T, pretty: bool) -> Vec<u8> {
         out.push(b'\n');
     }
     go_html_escape(out)
-}
-
-/// Go's encoder escapes `<`, `>`, `&`, U+2028 and U+2029 inside strings;
-/// these can only occur inside strings in JSON text, so a byte rewrite of
-/// the whole document is exact.
-fn go_html_escape(json: Vec<u8>) -> Vec<u8> {
-    let needs = |w: &[u8]| matches!(w, [b'<' | b'>' | b'&', ..] | [0xe2, 0x80, 0xa8 | 0xa9, ..]);
-    if !(0..json.len()).any(|i| needs(&json[i..])) {
-        return json;
-    }
-    let mut out = Vec::with_capacity(json.len() + 16);
-    let mut i = 0;
-    while i < json.len() {
-        match &json[i..] {
-            [b'<', ..] => out.extend_from_slice(b"\\u003c"),
-            [b'>', ..] => out.extend_from_slice(b"\\u003e"),
-            [b'&', ..] => out.extend_from_slice(b"\\u0026"),
-            [0xe2, 0x80, b @ (0xa8 | 0xa9), ..] => {
-                out.extend_from_slice(if *b == 0xa8 { b"\\u2028" } else { b"\\u2029" });
-                i += 2;
-            }
-            [b, ..] => out.push(*b),
-            [] => unreachable!(),
-        }
-        i += 1;
-    }
-    out
 }
 
 /// A 200 JSON answer to a write (no index header on writes).
@@ -1340,26 +1191,5 @@ mod tests {
         );
         assert!(body(&r).ends_with("}\n]\n"));
         assert_eq!(body(&t.put("/v1/kv/k?pretty", b"")), "true\n");
-    }
-
-    #[test]
-    fn go_durations() {
-        let ok = |s: &str| parse_go_duration(s).unwrap().unwrap();
-        assert_eq!(ok("300ms"), Duration::from_millis(300));
-        assert_eq!(ok("1m30s"), Duration::from_secs(90));
-        assert_eq!(ok("1.5s"), Duration::from_millis(1500));
-        assert_eq!(ok(".5s"), Duration::from_millis(500));
-        assert_eq!(ok("2h"), Duration::from_secs(7200));
-        assert_eq!(ok("60000ms"), Duration::from_secs(60));
-        assert_eq!(ok("10us"), Duration::from_micros(10));
-        assert_eq!(ok("10\u{b5}s"), Duration::from_micros(10));
-        assert_eq!(ok("0"), Duration::ZERO);
-        assert_eq!(ok("+3s"), Duration::from_secs(3));
-        assert_eq!(parse_go_duration("-3s"), Some(None));
-        // "1.s5": a trailing number without a unit.
-        for bad in ["", "10", "s", "1x", ".s", "1.s5", "3000000h", "--1s", "1 s"] {
-            assert_eq!(parse_go_duration(bad), None, "{bad:?}");
-        }
-        assert_eq!(ok("1.s"), Duration::from_secs(1));
     }
 }

@@ -244,17 +244,7 @@ fn body_framing(
 
 /// Plain decimal digits only (no sign, no list, no inner space), within u64.
 fn parse_content_length(value: &[u8]) -> Option<u64> {
-    let digits = trim_ows(value);
-    if digits.is_empty() {
-        return None;
-    }
-    digits.iter().try_fold(0u64, |n, &b| {
-        if b.is_ascii_digit() {
-            n.checked_mul(10)?.checked_add(u64::from(b - b'0'))
-        } else {
-            None
-        }
-    })
+    crate::gocompat::parse_uint(trim_ows(value)).ok()
 }
 
 fn trim_ows(v: &[u8]) -> &[u8] {

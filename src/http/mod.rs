@@ -18,7 +18,7 @@ pub use body::{BodyDecoder, BodyError};
 pub use head::{
     parse_request_head, parse_response_head, Framing, Method, RequestHead, ResponseHead,
 };
-pub use query::{percent_decode, query_pairs};
+pub use query::{percent_decode, percent_encode, query_pairs, EncodeSet};
 pub use render::{render_response, Response};
 
 /// Result of parsing a head from the bytes seen so far.

@@ -1,7 +1,10 @@
-//! Query strings and percent-decoding.
+//! Query strings, percent-decoding and the one percent-encoder.
 //!
-//! In: a raw query string or a percent-encoded component. Out: decoded
-//! pairs or bytes. Always holds: no panics, output never longer than input.
+//! In: a raw query string or a percent-encoded component; or text to escape
+//! and the set of bytes that may stay as they are. Out: decoded pairs or
+//! bytes; escaped text. Always holds: no panics; decoded output is never
+//! longer than its input; escapes are `%XX` with upper-case hex, as Go writes
+//! them.
 
 /// Splits a raw query (`a=1&b&c=x%20y`) into percent-decoded pairs; a flag
 /// without `=` has an empty value. `+` decodes as a space in both name and
@@ -55,6 +58,52 @@ fn percent_decode_bytes(s: &[u8], plus_is_space: bool) -> Option<Vec<u8>> {
     }
     Some(out)
 }
+
+/// Which bytes [`percent_encode`] leaves as they are, besides RFC 3986's
+/// unreserved ones (`A-Z a-z 0-9 - . _ ~`), and whether a space becomes `+`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EncodeSet {
+    keep: &'static [u8],
+    space_as_plus: bool,
+}
+
+impl EncodeSet {
+    /// A consul KV key in a request path: `/` separates the segments.
+    pub const KV_PATH: EncodeSet = EncodeSet {
+        keep: b"/",
+        space_as_plus: false,
+    };
+    /// A path as Go's `URL.EscapedPath` writes it (`url.PathEscape` rules,
+    /// with `/` kept).
+    pub const GO_URL_PATH: EncodeSet = EncodeSet {
+        keep: b"$&+,/:;=@",
+        space_as_plus: false,
+    };
+    /// A query name or value, as Go's `url.QueryEscape`.
+    pub const GO_QUERY: EncodeSet = EncodeSet {
+        keep: b"",
+        space_as_plus: true,
+    };
+}
+
+/// Percent-encodes every byte of `s` outside `set`.
+pub fn percent_encode(s: &str, set: EncodeSet) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) || set.keep.contains(&b) {
+            out.push(b as char);
+        } else if b == b' ' && set.space_as_plus {
+            out.push('+');
+        } else {
+            out.push('%');
+            out.push(char::from(HEX_DIGITS[usize::from(b >> 4)]));
+            out.push(char::from(HEX_DIGITS[usize::from(b & 0xf)]));
+        }
+    }
+    out
+}
+
+const HEX_DIGITS: &[u8; 16] = b"0123456789ABCDEF";
 
 fn hex(b: u8) -> Option<u8> {
     match b {
@@ -112,6 +161,31 @@ mod tests {
         assert_eq!(pairs("&&a=1&"), vec![p("a", "1")]);
         assert_eq!(pairs("a=1;b=2&c=3"), vec![p("c", "3")]);
         assert_eq!(pairs("a=%ff&b=%C3"), vec![]);
+    }
+
+    #[test]
+    fn percent_encode_sets() {
+        let all = "a/b c+&=~é%";
+        assert_eq!(
+            percent_encode(all, EncodeSet::KV_PATH),
+            "a/b%20c%2B%26%3D~%C3%A9%25"
+        );
+        assert_eq!(
+            percent_encode(all, EncodeSet::GO_URL_PATH),
+            "a/b%20c+&=~%C3%A9%25"
+        );
+        assert_eq!(
+            percent_encode(all, EncodeSet::GO_QUERY),
+            "a%2Fb+c%2B%26%3D~%C3%A9%25"
+        );
+        assert_eq!(percent_encode("", EncodeSet::GO_QUERY), "");
+        assert_eq!(percent_encode("\x00\x7f", EncodeSet::KV_PATH), "%00%7F");
+        // Whatever is encoded decodes back to itself.
+        let text = "gitlab/web 01?#%+é";
+        for set in [EncodeSet::KV_PATH, EncodeSet::GO_URL_PATH] {
+            let encoded = percent_encode(text, set);
+            assert_eq!(percent_decode(&encoded).as_deref(), Some(text.as_bytes()));
+        }
     }
 
     #[test]

@@ -286,8 +286,8 @@ fn process(o: &mut Exposition, v: &View<'_>) {
     o.int(
         "build_info",
         &[
-            ("version", crate::config::version()),
-            ("commit", option_env!("GIT_COMMIT").unwrap_or("unknown")),
+            ("version", crate::build_info::version()),
+            ("commit", crate::build_info::commit()),
         ],
         1,
     );
@@ -698,7 +698,7 @@ mod tests {
         assert!(
             line.starts_with(&format!(
                 "gitlab_haproxy_agent_build_info{{version=\"{}\",commit=\"",
-                crate::config::version()
+                crate::build_info::version()
             )),
             "{line}"
         );

@@ -157,7 +157,7 @@ pub fn debug_state(st: &Status<'_>) -> String {
             .map(|d| d.as_secs_f64())
     });
     let doc = json!({
-        "version": crate::config::version_line(),
+        "version": crate::build_info::version_line(),
         "synced": st.snapshot.is_some(),
         "kv_prefix": st.kv_prefix,
         "age_seconds": age,

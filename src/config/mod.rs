@@ -1,0 +1,153 @@
+//! Command line and environment -> validated [`Config`], in two steps like
+//! ripgrep's low/high args: `lex` turns argv and the environment into
+//! `LowArgs`, one typed field of raw text per setting; `validate` checks and
+//! types each one. Pure except for reading the token file and
+//! resolving a hostname once, both in step two.
+//!
+//! - `flags.rs`: the table of every flag and variable, and the usage text;
+//! - `lex.rs`: step one, argv walk and the one read of the environment;
+//! - `addr.rs`: listener and consul address forms (and the DNS lookup);
+//! - `validate.rs`: step two, into [`Config`] (and the token file read).
+//!
+//! What always holds:
+//! - every flag `-name` may also come from `GITLAB_HAPROXY_AGENT_<NAME>`; the
+//!   flag wins; a repeated flag takes its last value (as Go's `flag`);
+//! - an environment variable set to the empty string counts as unset, except
+//!   for the three listener addresses, where empty disables the listener
+//!   just as an empty flag value does;
+//! - every error is one line naming the flag or variable, and never holds a
+//!   token or password;
+//! - with `-dev` and no `-consul-addr` (nor its variable) the agent watches its
+//!   own dev KV, and the consul client environment (`CONSUL_*`) is ignored:
+//!   it describes a real consul. Otherwise settings that need TLS are
+//!   refused. `CONSUL_HTTP_SSL_VERIFY` is ignored: it only matters with TLS.
+
+mod addr;
+mod flags;
+mod lex;
+mod validate;
+
+#[cfg(test)]
+mod tests;
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+pub use addr::{loopback_if_unspecified, ConsulEndpoint, ListenAddr};
+pub use flags::usage;
+
+/// Everything the consul client needs, validated.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConsulConfig {
+    pub endpoint: ConsulEndpoint,
+    /// `Host` header value (`host:port` as given; `localhost` for unix).
+    pub host_header: String,
+    /// Path prefix from `http://host:port/prefix` (no trailing `/`; empty if none).
+    /// When not empty it starts with `/` (as Go's `PathPrefix`), so a request
+    /// path is `format!("{path_prefix}/v1/kv/...")`.
+    pub path_prefix: String,
+    /// ACL token (trimmed), sent as `X-Consul-Token`. Never logged.
+    pub token: Option<String>,
+    /// `CONSUL_HTTP_AUTH`, already base64-encoded for `Authorization: Basic`.
+    pub basic_auth: Option<String>,
+    /// `CONSUL_NAMESPACE`: only ASCII letters, digits, `-` and `_`, so it
+    /// goes into `?ns=` without percent-encoding.
+    pub namespace: Option<String>,
+    /// `CONSUL_PARTITION`: same characters as `namespace`.
+    pub partition: Option<String>,
+    /// Blocking-query wait, 1s..=10m.
+    pub wait: Duration,
+    pub max_body_bytes: usize,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogFormat {
+    Json,
+    Text,
+}
+
+/// The validated configuration of one run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Config {
+    /// `None`: agent listener disabled (empty `-listen-addr`).
+    pub listen_addr: Option<ListenAddr>,
+    pub monitoring_addr: Option<ListenAddr>,
+    pub pprof_addr: Option<ListenAddr>,
+    pub consul: ConsulConfig,
+    /// Without leading/trailing `/`.
+    pub kv_prefix: String,
+    pub read_timeout: Duration,
+    pub max_line_bytes: usize,
+    pub max_connections: usize,
+    /// `-dev`: serve the in-memory KV on this address too.
+    pub dev_kv_addr: Option<ListenAddr>,
+    pub log_format: LogFormat,
+    pub log_level: log::LevelFilter,
+    /// Settings accepted but worth a warning at start (logged by `main`).
+    pub warnings: Vec<String>,
+}
+
+/// What the command line asks for.
+#[derive(Debug)]
+pub enum Command {
+    Run(Box<Config>),
+    /// `-h`/`-help`: print this usage text to stdout, exit 0.
+    Help(String),
+    /// `-version`: print this line to stdout, exit 0.
+    Version(String),
+}
+
+/// A bad flag, value or environment variable: one line, exit code 2.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UsageError(pub String);
+
+impl std::fmt::Display for UsageError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for UsageError {}
+
+fn usage_error(msg: impl Into<String>) -> UsageError {
+    UsageError(msg.into())
+}
+
+/// Parses argv (without the program name) and the environment (`env` looks a
+/// variable up; it is called only by `lex::read_env`) into a [`Command`].
+pub fn parse(
+    args: Vec<std::ffi::OsString>,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<Command, UsageError> {
+    let mut low = match lex::lex(args)? {
+        lex::Lexed::Help => return Ok(Command::Help(usage())),
+        lex::Lexed::Version => return Ok(Command::Version(crate::build_info::version_line())),
+        lex::Lexed::Run(low) => low,
+    };
+    lex::read_env(&mut low, env);
+    Ok(Command::Run(Box::new(validate::config(&low)?)))
+}
+
+impl ConsulConfig {
+    /// Points the client at `bound`, the address the dev KV listener really
+    /// bound (needed when `-dev-kv-addr` has port 0). An unspecified address
+    /// (`0.0.0.0`, `[::]`) becomes the loopback of its family.
+    pub fn retarget(&mut self, bound: SocketAddr) {
+        let addr = loopback_if_unspecified(bound);
+        self.endpoint = ConsulEndpoint::Tcp(addr);
+        self.host_header = addr.to_string();
+        self.path_prefix.clear();
+    }
+}
+
+impl Config {
+    /// True when the consul client watches this process's own dev KV (`-dev`
+    /// without an explicit consul address): after binding the dev KV, call
+    /// [`ConsulConfig::retarget`] with the bound address.
+    pub fn consul_follows_dev_kv(&self) -> bool {
+        match &self.dev_kv_addr {
+            Some(dev) => self.consul.endpoint == ConsulEndpoint::Tcp(addr::dev_connect_addr(dev)),
+            None => false,
+        }
+    }
+}

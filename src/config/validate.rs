@@ -1,0 +1,338 @@
+//! Step two: [`LowArgs`] -> [`Config`]: each raw value checked and typed.
+//!
+//! In: step one's text and where each piece came from. Out: the validated
+//! [`Config`], or the first error, one line naming the flag or variable.
+//!
+//! Always holds: settings are checked in one fixed order (the listeners,
+//! the limits, `-dev`, consul, logging), so a command line with several
+//! mistakes always reports the same one; no error holds a token or a
+//! password; the only IO is [`read_token_file`] and the DNS lookup of a
+//! hostname (`addr::resolve_host`); the environment is not read here.
+
+use std::time::Duration;
+
+use base64::Engine as _;
+
+use super::addr::{
+    dev_connect_addr, parse_consul_addr, parse_listen_addr, ConsulAddr, ListenAddr, NO_TLS,
+};
+use super::flags::{LowArgs, Raw};
+use super::{usage_error, Config, ConsulConfig, ConsulEndpoint, LogFormat, UsageError};
+use crate::gocompat::{parse_go_bool, parse_signed_duration, parse_uint};
+
+impl Raw {
+    fn invalid(&self, reason: impl std::fmt::Display) -> UsageError {
+        usage_error(format!(
+            "invalid value {:?} for {}: {reason}",
+            self.value, self.source
+        ))
+    }
+}
+
+/// Checks every setting, in the order that decides which error is reported.
+pub(super) fn config(low: &LowArgs) -> Result<Config, UsageError> {
+    let listen_addr = listen(&low.listen_addr.value())?;
+    let monitoring_addr = listen(&low.monitoring_addr.value())?;
+    let pprof_addr = listen(&low.pprof_addr.value())?;
+    let kv_prefix = kv_prefix(&low.kv_prefix.value())?;
+    let read_timeout = read_timeout(&low.read_timeout.value())?;
+    let max_line_bytes = number(&low.max_line_bytes.value(), 1, 65536)?;
+    let max_connections = number(&low.max_connections.value(), 1, 10_000_000)?;
+    let wait = consul_wait(&low.consul_wait.value())?;
+    let max_body_bytes = number(&low.consul_max_body_bytes.value(), 1024, usize::MAX)?;
+    let dev_kv_addr = dev_kv_addr(low)?;
+    let mut warnings = Vec::new();
+    let limits = (wait, max_body_bytes);
+    let consul = consul_config(low, dev_kv_addr.as_ref(), limits, &mut warnings)?;
+    let (log_format, log_level) = log_settings(low)?;
+    Ok(Config {
+        listen_addr,
+        monitoring_addr,
+        pprof_addr,
+        consul,
+        kv_prefix,
+        read_timeout,
+        max_line_bytes,
+        max_connections,
+        dev_kv_addr,
+        log_format,
+        log_level,
+        warnings,
+    })
+}
+
+/// A Go bool; called by the lexer too, for a bool flag where it stands.
+pub(super) fn boolean(raw: &Raw) -> Result<bool, UsageError> {
+    parse_go_bool(&raw.value).ok_or_else(|| raw.invalid("not a boolean (use true or false)"))
+}
+
+fn duration(raw: &Raw) -> Result<Duration, UsageError> {
+    match parse_signed_duration(&raw.value) {
+        None => Err(raw.invalid("not a duration (use Go syntax like 5s, 100ms, 1m30s)")),
+        Some((true, d)) if !d.is_zero() => Err(raw.invalid("must not be negative")),
+        Some((_, d)) => Ok(d),
+    }
+}
+
+fn read_timeout(raw: &Raw) -> Result<Duration, UsageError> {
+    let d = duration(raw)?;
+    if d.is_zero() {
+        return Err(raw.invalid("must be more than 0"));
+    }
+    if d > Duration::from_secs(3600) {
+        return Err(raw.invalid("must be at most 1h"));
+    }
+    Ok(d)
+}
+
+fn consul_wait(raw: &Raw) -> Result<Duration, UsageError> {
+    let d = duration(raw)?;
+    if d < Duration::from_secs(1) || d > Duration::from_secs(600) {
+        return Err(raw.invalid("must be between 1s and 10m"));
+    }
+    Ok(d)
+}
+
+fn number(raw: &Raw, min: usize, max: usize) -> Result<usize, UsageError> {
+    let n = parse_uint(raw.value.as_bytes())
+        .ok()
+        .and_then(|n| usize::try_from(n).ok());
+    match n {
+        None => Err(raw.invalid("not a whole number")),
+        Some(n) if n < min || n > max => {
+            if max == usize::MAX {
+                Err(raw.invalid(format!("must be at least {min}")))
+            } else {
+                Err(raw.invalid(format!("must be between {min} and {max}")))
+            }
+        }
+        Some(n) => Ok(n),
+    }
+}
+
+fn kv_prefix(raw: &Raw) -> Result<String, UsageError> {
+    let prefix = raw.value.trim_matches('/');
+    if prefix.is_empty() {
+        return Err(raw.invalid("must not be empty (that would watch the whole KV store)"));
+    }
+    if prefix.chars().any(char::is_control) {
+        return Err(raw.invalid("holds a control character"));
+    }
+    Ok(prefix.to_string())
+}
+
+fn listen(raw: &Raw) -> Result<Option<ListenAddr>, UsageError> {
+    parse_listen_addr(&raw.value).map_err(|reason| raw.invalid(reason))
+}
+
+/// `-dev-kv-addr`, only with `-dev`.
+fn dev_kv_addr(low: &LowArgs) -> Result<Option<ListenAddr>, UsageError> {
+    if !boolean(&low.dev.value())? {
+        return Ok(None);
+    }
+    let raw = low.dev_kv_addr.value();
+    match listen(&raw)? {
+        Some(addr) => Ok(Some(addr)),
+        None => Err(raw.invalid("must not be empty with -dev")),
+    }
+}
+
+fn log_settings(low: &LowArgs) -> Result<(LogFormat, log::LevelFilter), UsageError> {
+    let format = match &low.gitlab_log_format {
+        None => LogFormat::Json,
+        Some(raw) => match raw.value.to_ascii_lowercase().as_str() {
+            "json" => LogFormat::Json,
+            "text" => LogFormat::Text,
+            _ => return Err(raw.invalid("use json or text")),
+        },
+    };
+    let level = match &low.gitlab_log_level {
+        None => log::LevelFilter::Info,
+        Some(raw) => match raw.value.to_ascii_lowercase().as_str() {
+            "trace" => log::LevelFilter::Trace,
+            "debug" => log::LevelFilter::Debug,
+            "info" => log::LevelFilter::Info,
+            "warn" | "warning" => log::LevelFilter::Warn,
+            "error" => log::LevelFilter::Error,
+            _ => return Err(raw.invalid("use trace, debug, info, warn or error")),
+        },
+    };
+    Ok((format, level))
+}
+
+// ---------------------------------------------------------------------------
+// Consul.
+
+fn consul_addr(raw: &Raw) -> Result<ConsulAddr, UsageError> {
+    parse_consul_addr(&raw.value).map_err(|e| {
+        if e.secret {
+            usage_error(format!("invalid value for {}: {}", raw.source, e.reason))
+        } else {
+            raw.invalid(e.reason)
+        }
+    })
+}
+
+/// Where consul is and how to talk to it. `-consul-addr` (or its
+/// variable) wins; else with `-dev` the agent watches its own dev KV and the
+/// `CONSUL_*` client variables, which describe a real consul, are ignored;
+/// else `CONSUL_HTTP_ADDR`, else the default.
+fn consul_config(
+    low: &LowArgs,
+    dev_kv: Option<&ListenAddr>,
+    (wait, max_body_bytes): (Duration, usize),
+    warnings: &mut Vec<String>,
+) -> Result<ConsulConfig, UsageError> {
+    let at = |addr: ConsulAddr| ConsulConfig {
+        endpoint: addr.endpoint,
+        host_header: addr.host_header,
+        path_prefix: addr.path_prefix,
+        token: None,
+        basic_auth: None,
+        namespace: None,
+        partition: None,
+        wait,
+        max_body_bytes,
+    };
+    let explicit = low.consul_addr.explicit();
+    if let Some(raw) = explicit.filter(|raw| raw.value.is_empty()) {
+        return Err(raw.invalid("must not be empty"));
+    }
+    let addr = match (explicit, dev_kv) {
+        (Some(raw), _) => consul_addr(raw)?,
+        (None, Some(dev)) => {
+            let addr = dev_connect_addr(dev);
+            return Ok(at(ConsulAddr {
+                endpoint: ConsulEndpoint::Tcp(addr),
+                host_header: addr.to_string(),
+                path_prefix: String::new(),
+            }));
+        }
+        (None, None) => consul_addr(
+            &low.consul_http_addr
+                .clone()
+                .unwrap_or_else(|| low.consul_addr.value()),
+        )?,
+    };
+    refuse_tls(low)?;
+    Ok(ConsulConfig {
+        token: token(low, warnings)?,
+        basic_auth: low
+            .consul_http_auth
+            .as_ref()
+            .map(|raw| basic_auth(&raw.value)),
+        namespace: enterprise_name(&low.consul_namespace)?,
+        partition: enterprise_name(&low.consul_partition)?,
+        ..at(addr)
+    })
+}
+
+/// Settings that need TLS fail at start, never silently.
+/// `CONSUL_HTTP_SSL_VERIFY` is not read: it only matters with TLS.
+fn refuse_tls(low: &LowArgs) -> Result<(), UsageError> {
+    if let Some(raw) = &low.consul_http_ssl {
+        // Go's client warns about an unparsable value and leaves TLS off; so do we.
+        if parse_go_bool(&raw.value) == Some(true) {
+            return Err(usage_error(format!(
+                "{}={:?} asks for https, but {NO_TLS}",
+                raw.source, raw.value
+            )));
+        }
+    }
+    let tls_files = [
+        &low.consul_cacert,
+        &low.consul_capath,
+        &low.consul_client_cert,
+        &low.consul_client_key,
+        &low.consul_tls_server_name,
+    ];
+    match tls_files.into_iter().flatten().next() {
+        Some(raw) => Err(usage_error(format!(
+            "{} is set, but {NO_TLS}; unset it",
+            raw.source
+        ))),
+        None => Ok(()),
+    }
+}
+
+/// `CONSUL_HTTP_AUTH` for `Authorization: Basic`. Go's client splits at
+/// the first `:`; no `:` means a user without a password.
+fn basic_auth(auth: &str) -> String {
+    let pair = if auth.contains(':') {
+        auth.to_owned()
+    } else {
+        format!("{auth}:")
+    };
+    base64::engine::general_purpose::STANDARD.encode(pair)
+}
+
+/// A token must fit in an HTTP header as is.
+fn check_token(token: &str, raw: &Raw) -> Result<(), UsageError> {
+    if token.bytes().all(|b| b.is_ascii_graphic()) {
+        Ok(())
+    } else {
+        Err(usage_error(format!(
+            "{}: the token holds a space, control or non-ASCII character (the value is not shown)",
+            raw.source
+        )))
+    }
+}
+
+/// `CONSUL_HTTP_TOKEN_FILE` (read once, trimmed) before `CONSUL_HTTP_TOKEN`
+/// (trimmed). An empty file is passed over, as consul's own client does,
+/// with a warning (a secret that was not mounted looks like this).
+fn token(low: &LowArgs, warnings: &mut Vec<String>) -> Result<Option<String>, UsageError> {
+    if let Some(file) = &low.consul_http_token_file {
+        let text = read_token_file(file)?;
+        let token = text.trim();
+        if !token.is_empty() {
+            check_token(token, file)?;
+            return Ok(Some(token.to_string()));
+        }
+        let instead = match &low.consul_http_token {
+            Some(var) => format!("using {}", var.source),
+            None => "sending no ACL token".to_owned(),
+        };
+        warnings.push(format!(
+            "{} {:?} is empty: {instead}",
+            file.source, file.value
+        ));
+    }
+    match low
+        .consul_http_token
+        .as_ref()
+        .map(|raw| (raw, raw.value.trim()))
+    {
+        Some((raw, token)) if !token.is_empty() => {
+            check_token(token, raw)?;
+            Ok(Some(token.to_string()))
+        }
+        _ => Ok(None),
+    }
+}
+
+/// The token file's text (IO: reads the file named by `file`).
+fn read_token_file(file: &Raw) -> Result<String, UsageError> {
+    let path = &file.value;
+    let data = std::fs::read(path)
+        .map_err(|e| usage_error(format!("{}: cannot read {path:?}: {e}", file.source)))?;
+    String::from_utf8(data)
+        .map_err(|_| usage_error(format!("{}: {path:?} is not UTF-8 text", file.source)))
+}
+
+/// `CONSUL_NAMESPACE` / `CONSUL_PARTITION`: only when set; consul allows
+/// letters, digits, `-` and `_` there, so the value needs no escaping.
+fn enterprise_name(raw: &Option<Raw>) -> Result<Option<String>, UsageError> {
+    match raw {
+        None => Ok(None),
+        Some(raw)
+            if raw
+                .value
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_') =>
+        {
+            Ok(Some(raw.value.clone()))
+        }
+        Some(raw) => Err(raw.invalid("use letters, digits, '-' and '_' only")),
+    }
+}
