@@ -15,13 +15,15 @@
 //! - [`devkv`]: the `-dev` consul-compatible KV (also the tests' consul);
 //! - [`config`], [`logging`], [`event_loop`]: start-up and the one mio loop;
 //! - [`gocompat`]: the Go standard-library behaviour the flags and the dev
-//!   KV must match; [`build_info`]: version and commit.
+//!   KV must match; [`decimal`]: the one decimal parser; [`build_info`]:
+//!   version and commit.
 
 pub mod agent;
 pub mod build_info;
 pub mod config;
 pub mod consul;
 pub mod contract;
+pub mod decimal;
 pub mod devkv;
 pub mod event_loop;
 pub mod gocompat;

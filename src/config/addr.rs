@@ -12,7 +12,7 @@
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, ToSocketAddrs};
 use std::path::PathBuf;
 
-use crate::gocompat::{parse_uint, UintError};
+use crate::decimal::{parse_uint, UintError};
 
 /// Where to listen. `:port` is all interfaces, dual-stack.
 #[derive(Debug, Clone, PartialEq, Eq)]

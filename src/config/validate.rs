@@ -18,7 +18,8 @@ use super::addr::{
 };
 use super::flags::{LowArgs, Raw};
 use super::{usage_error, Config, ConsulConfig, ConsulEndpoint, LogFormat, UsageError};
-use crate::gocompat::{parse_go_bool, parse_signed_duration, parse_uint};
+use crate::decimal::parse_uint;
+use crate::gocompat::{parse_go_bool, parse_signed_duration};
 
 impl Raw {
     fn invalid(&self, reason: impl std::fmt::Display) -> UsageError {

@@ -23,7 +23,7 @@ use serde::Serialize;
 
 use super::store::Store;
 use crate::gocompat::{
-    self, clean_path, go_encode_query, go_html_escape, go_quote, go_redirect, parse_go_duration,
+    clean_path, go_encode_query, go_html_escape, go_quote, go_redirect, parse_go_duration,
 };
 use crate::http::{percent_decode, query_pairs, Method, RequestHead, Response};
 use crate::jitter::Jitter;
@@ -494,7 +494,8 @@ fn parse_query_options(params: &Params) -> Result<(u64, Option<Duration>), Respo
     let mut index = 0;
     let i = params.get("index");
     if !i.is_empty() {
-        index = gocompat::parse_uint(i.as_bytes()).map_err(|_| error(400, "Invalid index"))?;
+        index =
+            crate::decimal::parse_uint(i.as_bytes()).map_err(|_| error(400, "Invalid index"))?;
     }
     Ok((index, wait))
 }
@@ -540,7 +541,7 @@ fn conflicting_flags(params: &Params, flags: &[&str]) -> Result<(), Response> {
 /// `strconv.ParseUint(s, 10, 64)` as an error response: consul returns
 /// the Go error itself, hence a 500 with its text.
 fn parse_uint(s: &str) -> Result<u64, Response> {
-    gocompat::parse_uint(s.as_bytes()).map_err(|why| {
+    crate::decimal::parse_uint(s.as_bytes()).map_err(|why| {
         error(
             500,
             &format!("strconv.ParseUint: parsing {}: {why}", go_quote(s)),

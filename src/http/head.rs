@@ -244,7 +244,7 @@ fn body_framing(
 
 /// Plain decimal digits only (no sign, no list, no inner space), within u64.
 fn parse_content_length(value: &[u8]) -> Option<u64> {
-    crate::gocompat::parse_uint(trim_ows(value)).ok()
+    crate::decimal::parse_uint(trim_ows(value)).ok()
 }
 
 fn trim_ows(v: &[u8]) -> &[u8] {
