@@ -8,7 +8,8 @@
 //! - [`contract`]: KV value -> typed desired state -> reply bytes (pure);
 //! - [`agent`]: the haproxy side: request-line parser (pure) and the
 //!   per-connection state machine;
-//! - [`state`]: the snapshot the responder answers from, swapped whole;
+//! - [`state`]: the snapshot the responder answers from, swapped whole, and
+//!   the state file's format; [`persist`]: that file on disk;
 //! - [`http`]: HTTP/1.1 framing (pure), shared by every HTTP peer;
 //! - [`consul`]: KV JSON decoding (pure), the watcher machine, backoff;
 //! - [`monitoring`]: metrics registry and the health/metrics/debug server;
@@ -32,4 +33,5 @@ pub mod jitter;
 mod labels;
 pub mod logging;
 pub mod monitoring;
+pub mod persist;
 pub mod state;

@@ -13,8 +13,9 @@ use std::hash::{BuildHasherDefault, Hasher};
 use crate::consul::kv::KvPair;
 use crate::contract::{parse_identity, parse_value, Admin, Desired, InvalidValue};
 
+pub mod file;
 mod swap;
-pub use swap::{Swapped, Swapper};
+pub use swap::{Source, Swapped, Swapper};
 
 /// How much of an invalid value is kept for showing.
 const INVALID_VALUE_SHOWN_BYTES: usize = 128;
@@ -81,6 +82,15 @@ pub struct InvalidKey {
     pub value: String,
     pub reason: InvalidReason,
     pub modify_index: u64,
+    /// The whole raw value, in the snapshot's arena.
+    raw: RawRef,
+}
+
+/// Where a raw value sits in [`Snapshot`]'s arena of raw values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct RawRef {
+    start: usize,
+    len: usize,
 }
 
 /// What changed for one identity between two snapshots (for the per-key
@@ -98,6 +108,9 @@ pub struct Snapshot {
     index: u64,
     entries: HashMap<Box<[u8]>, Slot, BuildHasherDefault<IdentityHasher>>,
     invalid: Vec<InvalidKey>,
+    /// Every key's raw value as consul sent it, back to back (for the state
+    /// file, which keeps what consul said, not what the agent made of it).
+    raw: Vec<u8>,
 }
 
 /// A map value: the entry and its reply bytes, looked up once at build time
@@ -106,6 +119,7 @@ pub struct Snapshot {
 struct Slot {
     entry: Entry,
     reply: &'static [u8],
+    raw: RawRef,
 }
 
 impl Snapshot {
@@ -171,6 +185,30 @@ impl Snapshot {
 
     pub fn invalid(&self) -> &[InvalidKey] {
         &self.invalid
+    }
+
+    /// Every key as consul listed it (full key, raw value, ModifyIndex):
+    /// the valid ones (named under `prefix`), then the dropped ones. Building
+    /// a snapshot from these pairs gives this snapshot again.
+    pub fn raw_pairs<'a>(
+        &'a self,
+        prefix: &'a str,
+    ) -> impl Iterator<Item = (String, &'a [u8], u64)> + 'a {
+        let raw = |r: RawRef| &self.raw[r.start..r.start + r.len];
+        let valid = self.entries.iter().map(move |(k, slot)| {
+            let identity = identity_str(k);
+            let key = if prefix.is_empty() {
+                identity.to_owned()
+            } else {
+                format!("{prefix}/{identity}")
+            };
+            (key, raw(slot.raw), slot.entry.modify_index)
+        });
+        let invalid = self
+            .invalid
+            .iter()
+            .map(move |k| (k.key.clone(), raw(k.raw), k.modify_index));
+        valid.chain(invalid)
     }
 
     /// Every identity whose entry differs between `old` and `self` (added,
@@ -290,14 +328,21 @@ impl SnapshotBuilder {
                 index,
                 entries,
                 invalid: Vec::new(),
+                raw: Vec::new(),
             },
         }
     }
 
     pub fn add(&mut self, pair: KvPair) {
         let s = &mut self.snapshot;
+        let raw = RawRef {
+            start: s.raw.len(),
+            len: pair.value.len(),
+        };
+        s.raw.extend_from_slice(&pair.value);
         let Some(identity) = identity_of(&self.prefix, &pair.key) else {
-            s.invalid.push(InvalidKey::new(pair, InvalidReason::BadKey));
+            s.invalid
+                .push(InvalidKey::new(pair, InvalidReason::BadKey, raw));
             return;
         };
         match parse_value(&pair.value) {
@@ -309,12 +354,13 @@ impl SnapshotBuilder {
                 let slot = Slot {
                     entry,
                     reply: desired.reply(),
+                    raw,
                 };
                 s.entries.insert(Box::from(identity.as_bytes()), slot);
             }
             Err(reason) => {
                 s.entries.remove(identity.as_bytes());
-                s.invalid.push(InvalidKey::new(pair, reason.into()));
+                s.invalid.push(InvalidKey::new(pair, reason.into(), raw));
             }
         }
     }
@@ -325,12 +371,13 @@ impl SnapshotBuilder {
 }
 
 impl InvalidKey {
-    fn new(pair: KvPair, reason: InvalidReason) -> InvalidKey {
+    fn new(pair: KvPair, reason: InvalidReason, raw: RawRef) -> InvalidKey {
         InvalidKey {
             value: shown_value(&pair.value),
             key: pair.key,
             reason,
             modify_index: pair.modify_index,
+            raw,
         }
     }
 

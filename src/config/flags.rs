@@ -193,6 +193,8 @@ settings! {
         max_connections: "max-connections", Int, "20000", "open agent connections before accepting pauses";
         consul_wait: "consul-wait", Duration, "5m", "consul blocking-query wait, 1s..10m";
         consul_max_body_bytes: "consul-max-body-bytes", Int, "67108864", "largest consul response body accepted, at least 1024";
+        state_file: "state-file", Text, "", "file keeping the last consul state across restarts (written after every change, answered from at start until consul answers); empty disables";
+        state_max_age: "state-max-age", Duration, "24h", "oldest state file answered from at start";
         dev: "dev", Bool, "false", "also serve an in-memory consul-compatible KV on -dev-kv-addr and watch it; never for production";
         dev_kv_addr: "dev-kv-addr", Addr, "127.0.0.1:8500", "dev KV listener (used only with -dev)";
     }

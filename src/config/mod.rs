@@ -79,6 +79,9 @@ pub struct Config {
     pub read_timeout: Duration,
     pub max_line_bytes: usize,
     pub max_connections: usize,
+    /// `-state-file`: `None` when empty.
+    pub state_file: Option<std::path::PathBuf>,
+    pub state_max_age: Duration,
     /// `-dev`: serve the in-memory KV on this address too.
     pub dev_kv_addr: Option<ListenAddr>,
     pub log_format: LogFormat,

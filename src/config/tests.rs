@@ -77,6 +77,8 @@ fn defaults() {
     assert_eq!(c.read_timeout, Duration::from_secs(5));
     assert_eq!(c.max_line_bytes, 256);
     assert_eq!(c.max_connections, 20000);
+    assert_eq!(c.state_file, None, "off unless asked for");
+    assert_eq!(c.state_max_age, Duration::from_secs(86_400));
     assert_eq!(c.dev_kv_addr, None);
     assert_eq!(c.log_format, LogFormat::Json);
     assert_eq!(c.log_level, log::LevelFilter::Info);
@@ -101,6 +103,9 @@ const ALL_FLAGS: &[&str] = &[
     "1m30s",
     "-consul-max-body-bytes",
     "2048",
+    "-state-file",
+    "/var/lib/x/state.json",
+    "-state-max-age=90m",
     "-dev",
     "-dev-kv-addr",
     "127.0.0.1:1005",
@@ -126,6 +131,8 @@ fn assert_all_flags(c: &Config) {
     assert_eq!(c.max_connections, 7);
     assert_eq!(c.consul.wait, Duration::from_secs(90));
     assert_eq!(c.consul.max_body_bytes, 2048);
+    assert_eq!(c.state_file, Some("/var/lib/x/state.json".into()));
+    assert_eq!(c.state_max_age, Duration::from_secs(5400));
     assert_eq!(
         c.dev_kv_addr,
         Some(ListenAddr::Addr(v4([127, 0, 0, 1], 1005)))
@@ -143,6 +150,8 @@ const ALL_ENV: &[(&str, &str)] = &[
     ("GITLAB_HAPROXY_AGENT_MAX_CONNECTIONS", "8"),
     ("GITLAB_HAPROXY_AGENT_CONSUL_WAIT", "2m"),
     ("GITLAB_HAPROXY_AGENT_CONSUL_MAX_BODY_BYTES", "4096"),
+    ("GITLAB_HAPROXY_AGENT_STATE_FILE", "env-state.json"),
+    ("GITLAB_HAPROXY_AGENT_STATE_MAX_AGE", "1h"),
     ("GITLAB_HAPROXY_AGENT_DEV", "true"),
     ("GITLAB_HAPROXY_AGENT_DEV_KV_ADDR", "127.0.0.1:2005"),
 ];
@@ -174,6 +183,8 @@ fn every_flag_from_the_environment() {
     assert_eq!(c.max_connections, 8);
     assert_eq!(c.consul.wait, Duration::from_secs(120));
     assert_eq!(c.consul.max_body_bytes, 4096);
+    assert_eq!(c.state_file, Some("env-state.json".into()));
+    assert_eq!(c.state_max_age, Duration::from_secs(3600));
     assert_eq!(
         c.dev_kv_addr,
         Some(ListenAddr::Addr(v4([127, 0, 0, 1], 2005)))
@@ -360,6 +371,8 @@ fn bad_values_name_the_flag() {
         (&["-kv-prefix", ""], "invalid value \"\" for flag -kv-prefix: must not be empty (that would watch the whole KV store)"),
         (&["-kv-prefix", "a\nb"], "invalid value \"a\\nb\" for flag -kv-prefix: holds a control character"),
         (&["-dev=maybe"], "invalid value \"maybe\" for flag -dev: not a boolean (use true or false)"),
+        (&["-state-max-age", "0s"], "invalid value \"0s\" for flag -state-max-age: must be more than 0"),
+        (&["-state-max-age", "1d"], "invalid value \"1d\" for flag -state-max-age: not a duration (use Go syntax like 5s, 100ms, 1m30s)"),
         (&["-consul-addr", ""], "invalid value \"\" for flag -consul-addr: must not be empty"),
         (&["-dev", "-dev-kv-addr", ""], "invalid value \"\" for flag -dev-kv-addr: must not be empty with -dev"),
     ];

@@ -41,6 +41,10 @@ pub(super) fn config(low: &LowArgs) -> Result<Config, UsageError> {
     let max_connections = number(&low.max_connections.value(), 1, 10_000_000)?;
     let wait = consul_wait(&low.consul_wait.value())?;
     let max_body_bytes = number(&low.consul_max_body_bytes.value(), 1024, usize::MAX)?;
+    let state_file = Some(low.state_file.value().value)
+        .filter(|p| !p.is_empty())
+        .map(std::path::PathBuf::from);
+    let state_max_age = positive_duration(&low.state_max_age.value())?;
     let dev_kv_addr = dev_kv_addr(low)?;
     let mut warnings = Vec::new();
     let limits = (wait, max_body_bytes);
@@ -55,6 +59,8 @@ pub(super) fn config(low: &LowArgs) -> Result<Config, UsageError> {
         read_timeout,
         max_line_bytes,
         max_connections,
+        state_file,
+        state_max_age,
         dev_kv_addr,
         log_format,
         log_level,
@@ -75,11 +81,16 @@ fn duration(raw: &Raw) -> Result<Duration, UsageError> {
     }
 }
 
-fn read_timeout(raw: &Raw) -> Result<Duration, UsageError> {
+fn positive_duration(raw: &Raw) -> Result<Duration, UsageError> {
     let d = duration(raw)?;
     if d.is_zero() {
         return Err(raw.invalid("must be more than 0"));
     }
+    Ok(d)
+}
+
+fn read_timeout(raw: &Raw) -> Result<Duration, UsageError> {
+    let d = positive_duration(raw)?;
     if d > Duration::from_secs(3600) {
         return Err(raw.invalid("must be at most 1h"));
     }

@@ -37,6 +37,7 @@ mod poll_errors;
 mod table;
 
 use std::io;
+use std::path::Path;
 use std::time::{Duration, Instant, SystemTime};
 
 use log::{error, info, warn};
@@ -53,7 +54,8 @@ use crate::consul::watch::Update;
 use crate::devkv::{DevKv, Parking};
 use crate::monitoring::metrics::Metrics;
 use crate::monitoring::server::Role;
-use crate::monitoring::{Status, WatchStatus};
+use crate::monitoring::{StateFileStatus, Status, WatchStatus};
+use crate::persist::{self, StateFile};
 use crate::state::{Snapshot, Swapper};
 use agents::AgentSlot;
 use gate::AcceptGate;
@@ -134,6 +136,8 @@ pub struct EventLoop {
     state: Swapper,
     devkv: Option<DevKv>,
     parking: Parking,
+    /// `-state-file`: written after every swap, off the loop.
+    state_file: Option<StateFile>,
 
     metrics: Metrics,
     started: SystemTime,
@@ -175,6 +179,12 @@ impl EventLoop {
             .as_ref()
             .map(|_| DevKv::new(true));
         let consul = &config.consul;
+        let mut state = Swapper::new(&config.kv_prefix);
+        let state_file = config
+            .state_file
+            .as_ref()
+            .map(|path| start_state_file(config, path, &mut state))
+            .transpose()?;
         Ok(EventLoop {
             poll,
             agent_listener,
@@ -201,9 +211,10 @@ impl EventLoop {
             consul_registered: None,
             updates: Vec::new(),
             health: Health::new(consul.endpoint.to_string()),
-            state: Swapper::new(&config.kv_prefix),
+            state,
             devkv,
             parking: Parking::default(),
+            state_file,
             metrics: Metrics::default(),
             started: SystemTime::now(),
             kv_prefix: config.kv_prefix.clone(),
@@ -221,6 +232,11 @@ impl EventLoop {
         loop {
             let now = Instant::now();
             if self.shutdown_done(now) {
+                if let Some(f) = self.state_file.take() {
+                    if !f.finish(persist::SHUTDOWN_WAIT) {
+                        warn!("shut down before the last state file write completed");
+                    }
+                }
                 info!(open_connections = self.agents.len(); "shut down");
                 return Ok(());
             }
@@ -431,6 +447,9 @@ impl EventLoop {
     /// freeing run a slice per turn ([`EventLoop::on_time`]).
     fn swap_in(&mut self, new: Snapshot) {
         let swapped = self.state.swap(new);
+        if let (Some(f), Some(s)) = (&self.state_file, self.state.shared()) {
+            f.save(s);
+        }
         for reason in &swapped.invalid {
             self.metrics.invalid_values[reason.index()] += 1;
         }
@@ -489,6 +508,12 @@ impl EventLoop {
             started: self.started,
             max_connections: self.max_connections,
             kv_prefix: &self.kv_prefix,
+            source: self.state.source(),
+            state_file: self.state_file.as_ref().map(|f| StateFileStatus {
+                path: f.path(),
+                writes: f.writes(),
+                write_errors: f.write_errors(),
+            }),
         }
     }
 
@@ -509,4 +534,33 @@ impl EventLoop {
             .filter_map(|(name, l)| Some((name, l.as_ref()?.local_addr().ok()?)))
             .collect()
     }
+}
+
+/// Answers from the state file at `path` if it is usable (else logs why
+/// not), then starts its writer.
+fn start_state_file(config: &Config, path: &Path, state: &mut Swapper) -> io::Result<StateFile> {
+    let shown = path.display().to_string();
+    let max_bytes = config.consul.max_body_bytes;
+    let loaded = persist::load(
+        path,
+        &config.kv_prefix,
+        config.state_max_age,
+        max_bytes,
+        SystemTime::now(),
+    );
+    match loaded {
+        Ok(l) => {
+            let s = &l.snapshot;
+            info!(path = shown.as_str(), age_seconds = l.age.as_secs(), keys = s.len(), invalid = s.invalid().len(), index = s.index();
+                "answering from the state file until consul answers");
+            state.load(l.snapshot, l.written);
+        }
+        Err(reason) if !path.exists() => {
+            info!(path = shown.as_str(), reason = reason.as_str(); "no state file yet: not answering until a first complete consul read");
+        }
+        Err(reason) => {
+            warn!(path = shown.as_str(), reason = reason.as_str(); "state file ignored: not answering until a first complete consul read");
+        }
+    }
+    StateFile::start(path.to_owned(), config.kv_prefix.clone())
 }

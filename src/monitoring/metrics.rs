@@ -107,6 +107,13 @@ pub struct View<'a> {
     pub consul_failures: u32,
     /// Requests sent to consul so far.
     pub consul_requests: u64,
+    /// Answering from a complete consul read (not nothing, not the file).
+    pub synced: bool,
+    /// Answering from the state file, until consul answers.
+    pub from_file: bool,
+    /// State files written, and writes that failed.
+    pub state_file_writes: u64,
+    pub state_file_write_errors: u64,
 }
 
 const P: &str = "gitlab_haproxy_agent_";
@@ -184,8 +191,23 @@ fn state(o: &mut Exposition, v: &View<'_>) {
     let m = v.metrics;
     o.gauge(
         "synced",
-        "1 once a first consul read completed (the agent answers; readiness 200), else 0.",
-        f64::from(u8::from(v.snapshot.is_some())),
+        "1 once a first consul read completed (the agent answers consul's state), else 0 (no read yet, or answering from the state file).",
+        f64::from(u8::from(v.synced)),
+    );
+    o.gauge(
+        "state_from_file",
+        "1 while the agent answers from the state file read at start (readiness 200, consul not read yet), else 0.",
+        f64::from(u8::from(v.from_file)),
+    );
+    o.counter(
+        "state_file_writes_total",
+        "State files written (-state-file), one per change at most, coalesced under churn.",
+        v.state_file_writes,
+    );
+    o.counter(
+        "state_file_write_errors_total",
+        "State file writes that failed (permissions, disk full, read-only); answers go on.",
+        v.state_file_write_errors,
     );
     o.gauge(
         "state_keys",
@@ -503,6 +525,10 @@ mod tests {
             max_connections: 10,
             consul_failures: 0,
             consul_requests: 0,
+            synced: false,
+            from_file: false,
+            state_file_writes: 0,
+            state_file_write_errors: 0,
         })
     }
 

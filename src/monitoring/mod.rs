@@ -18,7 +18,7 @@ use serde_json::json;
 
 use crate::http::{Method, RequestHead, Response};
 use crate::monitoring::metrics::{Metrics, View};
-use crate::state::Snapshot;
+use crate::state::{Snapshot, Source};
 
 /// The watcher's side of the status.
 pub struct WatchStatus<'a> {
@@ -46,6 +46,17 @@ pub struct Status<'a> {
     pub started: SystemTime,
     pub max_connections: usize,
     pub kv_prefix: &'a str,
+    /// Where the state answered from came from (`None`: no state yet).
+    pub source: Option<Source>,
+    /// With `-state-file`.
+    pub state_file: Option<StateFileStatus<'a>>,
+}
+
+/// The state file's side of the status.
+pub struct StateFileStatus<'a> {
+    pub path: &'a std::path::Path,
+    pub writes: u64,
+    pub write_errors: u64,
 }
 
 /// Routes of `-monitoring-addr`.
@@ -66,6 +77,10 @@ pub fn handle_monitoring(head: &RequestHead, st: &Status<'_>) -> Response {
                 max_connections: st.max_connections,
                 consul_failures: st.watch.failures,
                 consul_requests: st.watch.requests,
+                synced: st.source == Some(Source::Consul),
+                from_file: matches!(st.source, Some(Source::File { .. })),
+                state_file_writes: st.state_file.as_ref().map_or(0, |f| f.writes),
+                state_file_write_errors: st.state_file.as_ref().map_or(0, |f| f.write_errors),
             };
             let mut r = text(200, &metrics::render(&view));
             r.headers[0].1 = "text/plain; version=0.0.4; charset=utf-8".into();
@@ -158,7 +173,25 @@ pub fn debug_state(st: &Status<'_>) -> String {
     });
     let doc = json!({
         "version": crate::build_info::version_line(),
-        "synced": st.snapshot.is_some(),
+        "synced": st.source == Some(Source::Consul),
+        "source": st.source.map(|s| match s {
+            Source::Consul => "consul",
+            Source::File { .. } => "state_file",
+        }),
+        "state_file": st.state_file.as_ref().map(|f| {
+            let written = match st.source {
+                Some(Source::File { written }) => Some(written),
+                _ => None,
+            };
+            json!({
+                "path": f.path.display().to_string(),
+                "answering_from_it": written.is_some(),
+                "written_unix_seconds": written.and_then(|t| t.duration_since(SystemTime::UNIX_EPOCH).ok()).map(|d| d.as_secs_f64()),
+                "age_seconds": written.and_then(|t| SystemTime::now().duration_since(t).ok()).map(|d| d.as_secs_f64()),
+                "writes": f.writes,
+                "write_errors": f.write_errors,
+            })
+        }),
         "kv_prefix": st.kv_prefix,
         "age_seconds": age,
         "last_change_unix_seconds": last_change,
@@ -226,6 +259,8 @@ mod tests {
             started: SystemTime::now(),
             max_connections: 100,
             kv_prefix: "p",
+            source: snapshot.map(|_| Source::Consul),
+            state_file: None,
         }
     }
 

@@ -10,19 +10,36 @@
 //! swap arriving while the last is still being retired finishes it first,
 //! so every change is logged once and against the state it replaced.
 
+use std::sync::Arc;
+use std::time::SystemTime;
+
 use log::{debug, info, warn};
 
 use super::{ChangeScan, Entry, Graveyard, InvalidReason, Snapshot};
 use crate::logging::escape;
 
+/// Where the current state came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Source {
+    /// A complete consul read.
+    Consul,
+    /// The state file, written at that time (until consul answers).
+    File { written: SystemTime },
+}
+
 /// The current state and the retirement of the ones before it.
+///
+/// States are shared (`Arc`) so that the state file's writer thread can
+/// serialize one while the loop answers from it; a retired state the
+/// writer still holds is freed by the writer, off the loop.
 #[derive(Debug, Default)]
 pub struct Swapper {
     /// The KV prefix, to name identities in log lines.
     prefix: String,
-    current: Option<Snapshot>,
+    current: Option<Arc<Snapshot>>,
+    source: Option<Source>,
     /// The state before the last swap, while its changes are logged.
-    retiring: Option<(Snapshot, ChangeScan)>,
+    retiring: Option<(Arc<Snapshot>, ChangeScan)>,
     /// The state before that, being freed.
     graveyard: Option<Graveyard>,
 }
@@ -30,7 +47,8 @@ pub struct Swapper {
 /// What a swap found, for the metrics.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Swapped {
-    /// The first state: answering starts now.
+    /// The first state from consul: answering starts now, or goes on
+    /// from consul instead of the state file.
     pub first: bool,
     /// Why each newly invalid key was dropped (one per key).
     pub invalid: Vec<InvalidReason>,
@@ -53,9 +71,28 @@ impl Swapper {
         }
     }
 
-    /// The state answered from (`None` until a first complete read).
+    /// The state answered from (`None` until a first complete read, or
+    /// a state file, gave one).
     pub fn current(&self) -> Option<&Snapshot> {
-        self.current.as_ref()
+        self.current.as_deref()
+    }
+
+    /// The state answered from, shared (for the state file's writer).
+    pub fn shared(&self) -> Option<Arc<Snapshot>> {
+        self.current.clone()
+    }
+
+    pub fn source(&self) -> Option<Source> {
+        self.source
+    }
+
+    /// Answers from a state file's snapshot, before any consul read: the
+    /// first complete read replaces it (with a change log, as any swap).
+    pub fn load(&mut self, snapshot: Snapshot, written: SystemTime) {
+        if self.current.is_none() {
+            self.current = Some(Arc::new(snapshot));
+            self.source = Some(Source::File { written });
+        }
     }
 
     /// Whether an old state is still being compared or freed: the loop
@@ -72,7 +109,7 @@ impl Swapper {
             self.step(usize::MAX);
         }
         let empty = Snapshot::default();
-        let invalid = new.new_invalid_since(self.current.as_ref().unwrap_or(&empty));
+        let invalid = new.new_invalid_since(self.current.as_deref().unwrap_or(&empty));
         for k in &invalid {
             // The identity, as the change lines name it; the full key too.
             let identity = k
@@ -85,15 +122,20 @@ impl Swapper {
         }
         let invalid = invalid.iter().map(|k| k.reason).collect();
         debug!(index = new.index(), keys = new.len(); "state swapped");
-        let first = match self.current.replace(new) {
+        let (keys, invalid_keys, index) = (new.len(), new.invalid().len(), new.index());
+        let from_file = matches!(self.source, Some(Source::File { .. }));
+        self.source = Some(Source::Consul);
+        let first = match self.current.replace(Arc::new(new)) {
             None => {
-                let s = self.current.as_ref().expect("just swapped in");
-                info!(keys = s.len(), invalid = s.invalid().len(), index = s.index(); "first consul read complete: answering");
+                info!(keys = keys, invalid = invalid_keys, index = index; "first consul read complete: answering");
                 true
             }
             Some(old) => {
+                if from_file {
+                    info!(keys = keys, invalid = invalid_keys, index = index; "first consul read complete: replacing the state from the state file (its differences follow as state changes)");
+                }
                 self.retiring = Some((old, ChangeScan::default()));
-                false
+                from_file
             }
         };
         Swapped { first, invalid }
@@ -119,7 +161,9 @@ impl Swapper {
             }
             let logged = changes.len();
             if done {
-                self.graveyard = self.retiring.take().map(|(old, _)| old.into_graveyard());
+                // Shared with the state file's writer: it frees it.
+                let old = self.retiring.take().map(|(old, _)| Arc::try_unwrap(old));
+                self.graveyard = old.and_then(Result::ok).map(Snapshot::into_graveyard);
             }
             return logged;
         }
@@ -218,6 +262,35 @@ mod tests {
         // One of them rewritten: reported again.
         let rewritten = s.swap(snapshot(1, &[("b/a", "down"), ("b/b", "999%")]));
         assert_eq!(rewritten.invalid.len(), 1);
+    }
+
+    #[test]
+    fn a_loaded_file_answers_until_the_first_consul_read_replaces_it() {
+        let mut s = Swapper::new(PREFIX);
+        let written = SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1_000);
+        s.load(snapshot(5, &[("b/a", "drain"), ("b/b", "maint")]), written);
+        assert_eq!(s.source(), Some(Source::File { written }));
+        assert_eq!(reply(&s, "b/a"), Some(Desired::DRAIN.reply()));
+        let swapped = s.swap(snapshot(6, &[("b/a", "drain")]));
+        assert!(swapped.first && swapped.changed(), "consul takes over");
+        assert_eq!(s.source(), Some(Source::Consul));
+        assert_eq!(s.step(usize::MAX), 1, "b/b: maint -> absent is logged");
+        // A file never replaces a state that is already there.
+        s.load(snapshot(1, &[]), written);
+        assert_eq!(s.current().unwrap().index(), 6);
+    }
+
+    #[test]
+    fn a_state_the_writer_still_holds_is_not_freed_here() {
+        let mut s = Swapper::new(PREFIX);
+        s.swap(snapshot(1, &[("b/a", "drain")]));
+        let held = s.shared().unwrap();
+        s.swap(snapshot(2, &[]));
+        while s.busy() {
+            s.step(usize::MAX);
+        }
+        assert_eq!(held.index(), 1, "still readable by its holder");
+        assert_eq!(Arc::strong_count(&held), 1);
     }
 
     #[test]

@@ -1,0 +1,331 @@
+//! The state file on disk: read once at start, written after every
+//! change by a thread of its own, so the answer path never waits on the
+//! disk.
+//!
+//! In: the path, the prefix, the snapshots the loop hands over
+//! ([`StateFile::save`]). Out: the file, replaced atomically (a temporary
+//! file in the same directory, fsync, rename, fsync of the directory);
+//! counters of writes and failed writes; one warning per spell of failures.
+//! Always holds: at most one write in flight and at most one waiting, the
+//! newest (a burst of changes costs two writes, not one per change); a
+//! reader never sees a half-written file (rename is atomic, and the format's
+//! checksum refuses anything else); the loop only swaps a pointer under a
+//! mutex the writer holds for as long as that takes.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Read, Write};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant, SystemTime};
+
+use log::{info, warn};
+
+use crate::state::file::{self, Loaded};
+use crate::state::Snapshot;
+
+/// How long shutdown waits for the last write.
+pub const SHUTDOWN_WAIT: Duration = Duration::from_secs(2);
+
+/// Reads the state file at `path`: `Err` is the one-line reason it is not
+/// used (missing, unreadable, larger than `max_bytes`, or refused by the
+/// format: see [`file::decode`]).
+pub fn load(
+    path: &Path,
+    prefix: &str,
+    max_age: Duration,
+    max_bytes: usize,
+    now: SystemTime,
+) -> Result<Loaded, String> {
+    let f = File::open(path).map_err(|e| format!("cannot open: {e}"))?;
+    let mut bytes = Vec::new();
+    let limit = u64::try_from(max_bytes)
+        .unwrap_or(u64::MAX)
+        .saturating_add(1);
+    f.take(limit)
+        .read_to_end(&mut bytes)
+        .map_err(|e| format!("cannot read: {e}"))?;
+    if bytes.len() > max_bytes {
+        return Err(format!(
+            "larger than -consul-max-body-bytes ({max_bytes} bytes)"
+        ));
+    }
+    file::decode(&bytes, prefix, now, max_age).map_err(|r| r.to_string())
+}
+
+/// Writes `bytes` to `path` so that `path` is always either the old file
+/// or the new one, whole.
+fn write_atomically(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let name = path.file_name().unwrap_or_default().to_string_lossy();
+    let tmp = dir.join(format!(".{name}.tmp.{}", std::process::id()));
+    let written = (|| {
+        let mut f = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+        fs::rename(&tmp, path)
+    })();
+    if written.is_err() {
+        let _ = fs::remove_file(&tmp);
+    }
+    written?;
+    File::open(dir)?.sync_all()
+}
+
+/// The newest state waiting to be written, and whether the writer must stop.
+#[derive(Default)]
+struct Queue {
+    pending: Option<Arc<Snapshot>>,
+    writing: bool,
+    stop: bool,
+}
+
+struct Shared {
+    queue: Mutex<Queue>,
+    wake: Condvar,
+    writes: AtomicU64,
+    errors: AtomicU64,
+}
+
+impl Shared {
+    fn queue(&self) -> MutexGuard<'_, Queue> {
+        self.queue.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// The writer thread and what the loop shares with it.
+pub struct StateFile {
+    path: PathBuf,
+    shared: Arc<Shared>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl StateFile {
+    /// Starts the writer for `path`; states are written as read under
+    /// `prefix`.
+    pub fn start(path: PathBuf, prefix: String) -> io::Result<StateFile> {
+        let shared = Arc::new(Shared {
+            queue: Mutex::new(Queue::default()),
+            wake: Condvar::new(),
+            writes: AtomicU64::new(0),
+            errors: AtomicU64::new(0),
+        });
+        let writer = Writer {
+            path: path.clone(),
+            prefix,
+            shared: shared.clone(),
+            failing: false,
+        };
+        let thread = std::thread::Builder::new()
+            .name("state-file".into())
+            .spawn(move || writer.run())?;
+        Ok(StateFile {
+            path,
+            shared,
+            thread: Some(thread),
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Queues `snapshot` to be written, replacing any state still waiting.
+    pub fn save(&self, snapshot: Arc<Snapshot>) {
+        self.shared.queue().pending = Some(snapshot);
+        self.shared.wake.notify_one();
+    }
+
+    /// Files written so far.
+    pub fn writes(&self) -> u64 {
+        self.shared.writes.load(Ordering::Relaxed)
+    }
+
+    /// Writes that failed so far.
+    pub fn write_errors(&self) -> u64 {
+        self.shared.errors.load(Ordering::Relaxed)
+    }
+
+    /// At shutdown: waits up to `within` for the waiting state to be
+    /// written, then stops the writer. True if nothing was left unwritten.
+    pub fn finish(mut self, within: Duration) -> bool {
+        let deadline = Instant::now() + within;
+        let mut q = self.shared.queue();
+        while q.pending.is_some() || q.writing {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            q = match self.shared.wake.wait_timeout(q, left) {
+                Ok((q, _)) => q,
+                Err(p) => p.into_inner().0,
+            };
+        }
+        let done = q.pending.is_none() && !q.writing;
+        q.stop = true;
+        drop(q);
+        self.shared.wake.notify_all();
+        if done {
+            if let Some(t) = self.thread.take() {
+                let _ = t.join();
+            }
+        }
+        done
+    }
+}
+
+/// The thread's side.
+struct Writer {
+    path: PathBuf,
+    prefix: String,
+    shared: Arc<Shared>,
+    /// In a spell of failed writes (warned once).
+    failing: bool,
+}
+
+impl Writer {
+    fn run(mut self) {
+        loop {
+            let snapshot = {
+                let mut q = self.shared.queue();
+                loop {
+                    if let Some(s) = q.pending.take() {
+                        q.writing = true;
+                        break s;
+                    }
+                    if q.stop {
+                        return;
+                    }
+                    q = match self.shared.wake.wait(q) {
+                        Ok(q) => q,
+                        Err(p) => p.into_inner(),
+                    };
+                }
+            };
+            self.write(&snapshot);
+            drop(snapshot); // a retired state is freed here, off the loop
+            self.shared.queue().writing = false;
+            self.shared.wake.notify_all();
+        }
+    }
+
+    fn write(&mut self, snapshot: &Snapshot) {
+        let started = Instant::now();
+        let bytes = file::encode(snapshot, &self.prefix, SystemTime::now());
+        match write_atomically(&self.path, &bytes) {
+            Ok(()) => {
+                self.shared.writes.fetch_add(1, Ordering::Relaxed);
+                if std::mem::take(&mut self.failing) {
+                    info!(path = self.path.display().to_string(); "state file written again");
+                }
+                log::debug!(path = self.path.display().to_string(), keys = snapshot.len(), index = snapshot.index(), bytes = bytes.len(), seconds = started.elapsed().as_secs_f64(); "state file written");
+            }
+            Err(e) => {
+                self.shared.errors.fetch_add(1, Ordering::Relaxed);
+                if !std::mem::replace(&mut self.failing, true) {
+                    warn!(path = self.path.display().to_string(), error = e.to_string(); "cannot write the state file: answers go on; a restart while consul is unreachable will not have this state");
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::consul::kv::KvPair;
+
+    const PREFIX: &str = "p";
+    const DAY: Duration = Duration::from_secs(86_400);
+
+    fn snapshot(index: u64, value: &str) -> Arc<Snapshot> {
+        let pairs = vec![KvPair {
+            key: "p/be/s1".into(),
+            value: value.as_bytes().to_vec(),
+            modify_index: index,
+        }];
+        Arc::new(Snapshot::build(PREFIX, index, pairs))
+    }
+
+    fn temp_dir(name: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("gha-persist-{name}-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&d);
+        fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    #[test]
+    fn the_newest_state_is_written_and_read_back() {
+        let dir = temp_dir("newest");
+        let path = dir.join("state.json");
+        let f = StateFile::start(path.clone(), PREFIX.into()).unwrap();
+        for i in 1..=50 {
+            f.save(snapshot(i, if i % 2 == 0 { "drain" } else { "maint" }));
+        }
+        assert_eq!(f.path(), path);
+        assert!(
+            f.finish(Duration::from_secs(10)),
+            "written before the deadline"
+        );
+        let loaded = load(&path, PREFIX, DAY, 1 << 20, SystemTime::now()).unwrap();
+        assert_eq!(loaded.snapshot.index(), 50, "the newest wins");
+        let names: Vec<_> = fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(
+            names,
+            [std::ffi::OsString::from("state.json")],
+            "no temporary file left"
+        );
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn an_unwritable_file_is_counted_and_answers_go_on() {
+        let dir = temp_dir("unwritable");
+        let path = dir.join("missing-dir").join("state.json");
+        let f = StateFile::start(path, PREFIX.into()).unwrap();
+        f.save(snapshot(1, "drain"));
+        f.save(snapshot(2, "drain"));
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while f.write_errors() == 0 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert!(f.write_errors() >= 1);
+        assert_eq!(f.writes(), 0);
+        f.finish(Duration::from_secs(5));
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn missing_oversized_and_bad_files_give_a_reason() {
+        let dir = temp_dir("bad");
+        let path = dir.join("state.json");
+        let now = SystemTime::now();
+        let missing = load(&path, PREFIX, DAY, 1 << 20, now).unwrap_err();
+        assert!(missing.starts_with("cannot open"), "{missing}");
+        let bytes = file::encode(&snapshot(3, "drain"), PREFIX, now);
+        fs::write(&path, &bytes).unwrap();
+        let big = load(&path, PREFIX, DAY, bytes.len() - 1, now).unwrap_err();
+        assert!(big.contains("larger than"), "{big}");
+        assert!(load(&path, PREFIX, DAY, bytes.len(), now).is_ok());
+        fs::write(&path, &bytes[..bytes.len() / 2]).unwrap();
+        let cut = load(&path, PREFIX, DAY, 1 << 20, now).unwrap_err();
+        assert!(cut.contains("truncated"), "{cut}");
+        let unreadable = load(&dir, PREFIX, DAY, 1 << 20, now).unwrap_err();
+        assert!(
+            unreadable.starts_with("cannot"),
+            "a directory: {unreadable}"
+        );
+        fs::remove_dir_all(&dir).unwrap();
+    }
+}

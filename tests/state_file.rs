@@ -1,0 +1,226 @@
+//! `-state-file`: a restart while consul is unreachable answers the last
+//! known state; a file that cannot be used, or written, costs one log line
+//! and nothing else. "Consul" is the dev KV here (stopping it is the point).
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
+
+use gitlab_haproxy_agent::consul::kv::KvPair;
+use gitlab_haproxy_agent::state::{file, Snapshot};
+use support::{http, unique_prefix, wait_for, Agent, Kv};
+
+const SYNC: Duration = Duration::from_secs(10);
+
+fn temp_dir(test: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("gha-state-{}-{test}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn debug_state(agent: &Agent) -> serde_json::Value {
+    let (st, body) = http(agent.pprof.unwrap(), "GET", "/debug/state", b"").unwrap();
+    assert_eq!(st, 200);
+    serde_json::from_slice(&body).unwrap()
+}
+
+fn agent(consul: std::net::SocketAddr, prefix: &str, path: &Path, extra: &[&str]) -> Agent {
+    let path = path.to_str().unwrap();
+    let mut args = vec!["-consul-wait", "1s", "-state-file", path];
+    args.extend_from_slice(extra);
+    Agent::with_consul(consul, prefix, &args)
+}
+
+#[test]
+fn a_restart_with_consul_down_answers_from_the_state_file_until_consul_answers() {
+    let dir = temp_dir("restart");
+    let path = dir.join("state.json");
+    let kv = Kv::dev();
+    let consul = kv.addr;
+    let prefix = unique_prefix("restart");
+    kv.put(&format!("{prefix}/be/s1"), "drain");
+    kv.put(&format!("{prefix}/be/s2"), "maint");
+    let a = agent(consul, &prefix, &path, &[]);
+    a.wait_reply("be/s2", "maint 100%", SYNC);
+    wait_for(SYNC, "the state file written", || {
+        (a.metric("gitlab_haproxy_agent_state_file_writes_total") >= 1.0).then_some(())
+    });
+    assert!(path.is_file());
+    drop(kv); // consul down
+    drop(a);
+
+    let a = agent(consul, &prefix, &path, &[]);
+    // Answered at once, from the file, though consul is down.
+    assert_eq!(a.check("be/s1\n").as_deref(), Some("drain 100%"));
+    assert_eq!(a.check("be/s2\n").as_deref(), Some("maint 100%"));
+    assert_eq!(a.check("be/s3\n").as_deref(), Some("ready 100%"));
+    let line = a.proc.wait_log("answering from the state file", SYNC);
+    assert!(
+        line.contains("keys=2") || line.contains("\"keys\":2"),
+        "{line}"
+    );
+    assert_eq!(a.monitoring_get("/-/readiness").0, 200);
+    assert_eq!(a.metric("gitlab_haproxy_agent_synced"), 0.0);
+    assert_eq!(a.metric("gitlab_haproxy_agent_state_from_file"), 1.0);
+    let st = debug_state(&a);
+    assert_eq!(st["source"], "state_file");
+    assert_eq!(st["synced"], false);
+    assert!(st["state_file"]["age_seconds"].as_f64().unwrap() < 60.0);
+
+    // Consul back with a different state: it replaces the file's.
+    let kv = Kv::dev_at(consul);
+    kv.put(&format!("{prefix}/be/s2"), "maint");
+    a.wait_reply("be/s1", "ready 100%", Duration::from_secs(30));
+    assert_eq!(a.check("be/s2\n").as_deref(), Some("maint 100%"));
+    assert_eq!(a.metric("gitlab_haproxy_agent_synced"), 1.0);
+    assert_eq!(a.metric("gitlab_haproxy_agent_state_from_file"), 0.0);
+    assert_eq!(debug_state(&a)["source"], "consul");
+    a.proc
+        .wait_log("replacing the state from the state file", SYNC);
+    wait_for(SYNC, "the change of be/s1 logged", || {
+        let log = a.proc.log();
+        log.iter()
+            .any(|l| l.contains("\"state change\"") && l.contains("be/s1") && l.contains("absent"))
+            .then_some(())
+    });
+    // And the file follows consul.
+    wait_for(SYNC, "the file rewritten from consul", || {
+        let bytes = std::fs::read(&path).ok()?;
+        let l = file::decode(&bytes, &prefix, SystemTime::now(), Duration::from_secs(60)).ok()?;
+        (l.snapshot.len() == 1).then_some(())
+    });
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A valid file for `prefix`: `be/s1` drained.
+fn valid_file(prefix: &str, written: SystemTime) -> Vec<u8> {
+    let pairs = vec![KvPair {
+        key: format!("{prefix}/be/s1"),
+        value: b"drain".to_vec(),
+        modify_index: 5,
+    }];
+    file::encode(&Snapshot::build(prefix, 5, pairs), prefix, written)
+}
+
+#[test]
+fn a_file_that_cannot_be_used_is_one_line_and_no_answers() {
+    let dir = temp_dir("bad");
+    let prefix = unique_prefix("bad");
+    let down = format!("127.0.0.1:{}", support::free_port())
+        .parse()
+        .unwrap();
+    let good = valid_file(&prefix, SystemTime::now());
+    let mut flipped = good.clone();
+    flipped[20] ^= 1;
+    let cases: Vec<(&str, Option<Vec<u8>>, Vec<&str>, &str)> = vec![
+        ("missing", None, vec![], "no state file yet"),
+        (
+            "truncated",
+            Some(good[..good.len() / 2].to_vec()),
+            vec![],
+            "truncated",
+        ),
+        ("corrupt", Some(flipped), vec![], "corrupt"),
+        (
+            "foreign",
+            Some(b"{\"a\":1}\n".to_vec()),
+            vec![],
+            "truncated",
+        ),
+        (
+            "too-old",
+            Some(good.clone()),
+            vec!["-state-max-age", "1ms"],
+            "older than -state-max-age",
+        ),
+        (
+            "too-large",
+            Some(good.clone()),
+            vec!["-consul-max-body-bytes", "1024"],
+            "larger than",
+        ),
+    ];
+    for (name, contents, extra, reason) in cases {
+        let path = dir.join(format!("{name}.json"));
+        let mut contents = contents;
+        if name == "too-large" {
+            // Over 1 KiB, still a valid file.
+            let pairs = (0..100)
+                .map(|i| KvPair {
+                    key: format!("{prefix}/be/s{i}"),
+                    value: b"drain".to_vec(),
+                    modify_index: 5,
+                })
+                .collect();
+            let s = Snapshot::build(&prefix, 5, pairs);
+            contents = Some(file::encode(&s, &prefix, SystemTime::now()));
+        }
+        if let Some(c) = &contents {
+            std::fs::write(&path, c).unwrap();
+        }
+        if name == "too-old" {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let a = agent(down, &prefix, &path, &extra);
+        let line = a.proc.wait_log(reason, SYNC);
+        assert!(
+            line.contains(name),
+            "{name}: the line names the file: {line}"
+        );
+        assert_eq!(a.check("be/s1\n"), None, "{name}: no answers until consul");
+        assert_eq!(a.monitoring_get("/-/readiness").0, 503, "{name}");
+        assert_eq!(a.metric("gitlab_haproxy_agent_state_from_file"), 0.0);
+        a.proc.signal(libc::SIGTERM);
+    }
+    // The same file for another prefix.
+    let path = dir.join("other-prefix.json");
+    std::fs::write(&path, &good).unwrap();
+    let a = agent(down, "other/prefix", &path, &[]);
+    a.proc.wait_log("written for another -kv-prefix", SYNC);
+    assert_eq!(a.check("be/s1\n"), None);
+    // And the good file, as a control: answered.
+    let path = dir.join("good.json");
+    std::fs::write(&path, &good).unwrap();
+    let a = agent(down, &prefix, &path, &[]);
+    assert_eq!(a.check("be/s1\n").as_deref(), Some("drain 100%"));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_file_that_cannot_be_written_is_counted_and_answers_go_on() {
+    let dir = temp_dir("unwritable");
+    // A path below a regular file: every write fails (ENOTDIR), even as root.
+    let blocker = dir.join("not-a-dir");
+    std::fs::write(&blocker, b"").unwrap();
+    let path = blocker.join("state.json");
+    let kv = Kv::dev();
+    let prefix = unique_prefix("unwritable");
+    kv.put(&format!("{prefix}/be/s1"), "drain");
+    let a = agent(kv.addr, &prefix, &path, &[]);
+    a.wait_reply("be/s1", "drain 100%", SYNC);
+    let errors = "gitlab_haproxy_agent_state_file_write_errors_total";
+    wait_for(SYNC, "a failed write counted", || {
+        (a.metric(errors) >= 1.0).then_some(())
+    });
+    kv.put(&format!("{prefix}/be/s1"), "maint");
+    a.wait_reply("be/s1", "maint 100%", SYNC);
+    wait_for(SYNC, "a second failed write", || {
+        (a.metric(errors) >= 2.0).then_some(())
+    });
+    let warnings = a
+        .proc
+        .log()
+        .iter()
+        .filter(|l| l.contains("cannot write the state file"))
+        .count();
+    assert_eq!(warnings, 1, "one warning per spell of failures");
+    assert_eq!(
+        debug_state(&a)["state_file"]["write_errors"]
+            .as_u64()
+            .map(|n| n >= 2),
+        Some(true)
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
