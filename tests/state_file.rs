@@ -114,7 +114,9 @@ fn a_file_that_cannot_be_used_is_one_line_and_no_answers() {
     let good = valid_file(&prefix, SystemTime::now());
     let mut flipped = good.clone();
     flipped[20] ^= 1;
-    let cases: Vec<(&str, Option<Vec<u8>>, Vec<&str>, &str)> = vec![
+    // (name, contents, extra flags, what the log line says)
+    type Case<'a> = (&'a str, Option<Vec<u8>>, Vec<&'a str>, &'a str);
+    let cases: Vec<Case> = vec![
         ("missing", None, vec![], "no state file yet"),
         (
             "truncated",
