@@ -566,3 +566,79 @@ fn two_hundred_servers_converge_and_every_check_is_answered() {
         assert_eq!(n, 0.0, "{n} checks ended with {o}");
     }
 }
+
+/// The hazard `-state-file` removes (issue 15): a host reboots in an
+/// incident, consul is unreachable, haproxy (without a `server-state-file`)
+/// and the agent restart. haproxy starts every server as its configuration
+/// says, ready; only an agent that kept the state on disk can put the
+/// drained and maintenance servers back, and it does within an agent
+/// interval or two. Without the file they stay ready, taking traffic.
+#[test]
+fn a_reboot_with_consul_down_keeps_drains_only_with_a_state_file() {
+    let dir = std::env::temp_dir().join(format!("gha-reboot-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("state.json");
+    let path = path.to_str().unwrap();
+    for with_file in [true, false] {
+        let mut kv = Kv::dev();
+        let prefix = unique_prefix("reboot");
+        kv.put(&key(&prefix, "be_web/srv1"), "drain");
+        kv.put(&key(&prefix, "be_web/srv2"), "maint");
+        let port = free_port();
+        let listen = format!("127.0.0.1:{port}");
+        let mut args = vec!["-listen-addr", listen.as_str(), "-consul-wait", "1s"];
+        if with_file {
+            args.extend(["-state-file", path]);
+        }
+        let a = agent(&kv, &prefix, &args);
+        let hap = Haproxy::start("reboot", port, &servers("be_web", 3));
+        let incident = |id: &str, r: &Row| match id {
+            "be_web/srv1" => is_drain(r),
+            "be_web/srv2" => is_maint(r),
+            _ => up_at(r, 100),
+        };
+        hap.wait_all("drain / maint / ready", 5 * SEC, |id, r| {
+            incident(id, r) && agent_answered(r)
+        });
+        if with_file {
+            wait_for(5 * SEC, "the state file written", || {
+                (a.metric("gitlab_haproxy_agent_state_file_writes_total") >= 1.0).then_some(())
+            });
+        }
+
+        // The reboot: consul unreachable, haproxy and the agent restarted.
+        let consul = kv.addr;
+        drop(kv.proc.take());
+        drop(hap);
+        drop(a);
+        let a = Agent::with_consul(consul, &prefix, &args);
+        let hap = Haproxy::start("reboot-2", port, &servers("be_web", 3));
+        let t0 = Instant::now();
+        if with_file {
+            hap.wait_all(
+                "drain / maint again, from the state file",
+                2 * SEC,
+                |id, r| incident(id, r) && agent_answered(r),
+            );
+            eprintln!(
+                "with the state file: back to drain / maint {:?} after haproxy's start",
+                t0.elapsed()
+            );
+            assert_eq!(
+                a.metric("gitlab_haproxy_agent_synced"),
+                0.0,
+                "consul is still down"
+            );
+        } else {
+            // Every server as the configuration says, and it stays so.
+            for id in ["be_web/srv1", "be_web/srv2"] {
+                hap.hold(id, "ready, taking traffic (the hazard)", SEC, |r| {
+                    up_at(r, 100)
+                });
+            }
+            assert_eq!(a.check("be_web/srv1\n"), None, "no answer without consul");
+        }
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
