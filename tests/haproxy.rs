@@ -622,7 +622,7 @@ fn a_reboot_with_consul_down_keeps_drains_only_with_a_state_file() {
                 |id, r| incident(id, r) && agent_answered(r),
             );
             eprintln!(
-                "with the state file: back to drain / maint {:?} after haproxy's start",
+                "with the state file: drain / maint {:?} after haproxy listed its servers",
                 t0.elapsed()
             );
             assert_eq!(
