@@ -319,6 +319,8 @@ fn systemd_unit_reads_the_environment_file_and_is_hardened() {
         "LimitNOFILE=1048576",
         "Restart=always",
         "CapabilityBoundingSet=\n",
+        "StateDirectory=gitlab-haproxy-agent\n",
+        "Environment=GITLAB_HAPROXY_AGENT_STATE_FILE=%S/gitlab-haproxy-agent/state.json\n",
     ] {
         assert!(unit.contains(want), "unit lacks {want:?}");
     }
