@@ -10,6 +10,11 @@
 //!    time and the latency of the checks in flight during the swap. In dev
 //!    mode the same loop also *encodes* the listing (the dev KV), so this is
 //!    an upper bound of what a real consul costs the loop.
+//! 3. The state file (`-state-file`): in-process, the time from handing a
+//!    1k / 10k / 100k-key snapshot to the writer thread until it is on disk
+//!    (encode, write, fsync, rename, fsync of the directory); through the
+//!    binary, part 2 again at 1,000 and 100,000 keys with and without
+//!    `-state-file`, the window now lasting until the file is written too.
 
 mod common;
 
@@ -18,6 +23,7 @@ use std::time::{Duration, Instant};
 use base64::Engine as _;
 use common::*;
 use gitlab_haproxy_agent::consul::kv::decode_list;
+use gitlab_haproxy_agent::persist::StateFile;
 use gitlab_haproxy_agent::state::Snapshot;
 
 #[global_allocator]
@@ -129,17 +135,108 @@ fn main() {
     t.finish();
     COUNT_ALL.store(false, std::sync::atomic::Ordering::Relaxed);
 
-    in_flight_during_swap(100_000);
+    state_file_writes();
+    let dir = std::env::temp_dir().join(format!("gha-bench-swap-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("bench temp dir");
+    let mut t = in_flight_table();
+    for n in [1_000, 100_000] {
+        in_flight_during_swap(&mut t, n, None);
+        in_flight_during_swap(&mut t, n, Some(&dir.join(format!("state-{n}.json"))));
+    }
+    t.finish();
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
-fn in_flight_during_swap(n: usize) {
+/// Snapshot handed over -> file on disk, through the writer thread.
+fn state_file_writes() {
+    let dir = std::env::temp_dir().join(format!("gha-bench-file-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("bench temp dir");
+    let path = dir.join("state.json");
+    let mut t = Table::new(
+        "state_file_write",
+        &[
+            "keys",
+            "file_bytes",
+            "write_ms_median",
+            "write_ms_max",
+            "runs",
+        ],
+    );
+    for n in [1_000usize, 10_000, 100_000] {
+        let pairs = decode_list(&listing(n)).expect("decode");
+        let snap = std::sync::Arc::new(Snapshot::build(PREFIX, 1, pairs));
+        let file = StateFile::start(path.clone(), PREFIX.to_owned()).expect("writer");
+        let mut took = Vec::new();
+        for _ in 0..5 {
+            let before = file.writes();
+            let t0 = Instant::now();
+            file.save(snap.clone());
+            while file.writes() == before {
+                assert_eq!(file.write_errors(), 0, "state file write failed");
+                std::thread::sleep(Duration::from_micros(200));
+            }
+            took.push(t0.elapsed());
+        }
+        file.finish(Duration::from_secs(5));
+        took.sort();
+        let bytes = std::fs::metadata(&path).map_or(0, |m| m.len());
+        t.row(vec![
+            n.to_string(),
+            bytes.to_string(),
+            format!("{:.1}", took[took.len() / 2].as_secs_f64() * 1e3),
+            format!("{:.1}", took[took.len() - 1].as_secs_f64() * 1e3),
+            took.len().to_string(),
+        ]);
+    }
+    t.finish();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+fn in_flight_table() -> Table {
+    Table::new(
+        "swap_in_flight",
+        &[
+            "keys",
+            "state_file",
+            "write_to_answer_ms",
+            "file_written_ms",
+            "checks_in_window",
+            "window_p50_us",
+            "window_p99_us",
+            "window_max_us",
+            "baseline_p99_us",
+            "errors",
+        ],
+    )
+}
+
+/// When `path` was last modified at or after `since` (polled), within 10 s.
+fn written_after(path: Option<&std::path::Path>, since: std::time::SystemTime) -> Option<Instant> {
+    let path = path?;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < deadline {
+        let m = std::fs::metadata(path).and_then(|m| m.modified());
+        if m.is_ok_and(|m| m >= since) {
+            return Some(Instant::now());
+        }
+        std::thread::sleep(Duration::from_micros(500));
+    }
+    None
+}
+
+fn in_flight_during_swap(table: &mut Table, n: usize, state_file: Option<&std::path::Path>) {
     raise_nofile();
     // Consul is another process, as in production: a second binary in -dev
     // mode serves the KV (its encoding of the 13 MB listing is not the
     // agent's work); the agent under test watches it over TCP.
     let consul = Agent::start(&[]);
     let consul_addr = consul.kv.to_string();
-    let agent = Agent::start(&["-consul-addr", &consul_addr]);
+    let file_arg = state_file.map(|p| p.to_string_lossy().into_owned());
+    let mut args = vec!["-consul-addr", consul_addr.as_str()];
+    if let Some(f) = &file_arg {
+        args.extend(["-state-file", f.as_str()]);
+    }
+    let agent = Agent::start(&args);
     if ncpus() >= 2 {
         pin(agent.pid() as i32, &[0]);
     }
@@ -150,21 +247,9 @@ fn in_flight_during_swap(n: usize) {
         "loaded {n} keys through PUTs in {:.1} s",
         t.elapsed().as_secs_f64()
     );
-    std::thread::sleep(Duration::from_millis(300));
+    // Let the load's last state file write finish before measuring.
+    std::thread::sleep(Duration::from_millis(if n >= 100_000 { 1500 } else { 300 }));
 
-    let mut t = Table::new(
-        "swap_in_flight",
-        &[
-            "keys",
-            "write_to_answer_ms",
-            "checks_in_window",
-            "window_p50_us",
-            "window_p99_us",
-            "window_max_us",
-            "baseline_p99_us",
-            "errors",
-        ],
-    );
     let gen_cpu = if ncpus() >= 2 { vec![1] } else { vec![] };
     for rep in 0..3 {
         let addr = agent.addr;
@@ -182,12 +267,15 @@ fn in_flight_during_swap(n: usize) {
             (b"drain", b"drain 100%\n")
         };
         let w0 = Instant::now();
+        let w0_wall = std::time::SystemTime::now();
         kv.put("bench/flip", v);
         let took = wait_reply(agent.addr, b"bench/flip\n", want, Duration::from_secs(10));
-        let w1 = Instant::now();
+        let written = written_after(state_file, w0_wall);
+        let w1 = written.map_or(Instant::now(), |w| w.max(Instant::now()));
         let o = h.join().unwrap();
-        // Checks scheduled from the write until the answer changed (plus
-        // 10 ms): the ones the swap could delay.
+        // Checks scheduled from the write until the answer changed and the
+        // state file (if any) was written, plus 10 ms: the ones the swap or
+        // the file could delay.
         let from = w0.duration_since(started).as_nanos() as u64;
         let to = (w1 + Duration::from_millis(10))
             .duration_since(started)
@@ -207,10 +295,14 @@ fn in_flight_during_swap(n: usize) {
             .map(|&(_, l)| l)
             .collect();
         base.sort_unstable();
-        t.row(vec![
+        table.row(vec![
             n.to_string(),
+            (if state_file.is_some() { "on" } else { "off" }).to_string(),
             took.map_or("timeout".into(), |d| {
                 format!("{:.1}", d.as_secs_f64() * 1e3)
+            }),
+            written.map_or("-".into(), |w| {
+                format!("{:.1}", w.duration_since(w0).as_secs_f64() * 1e3)
             }),
             inwin.len().to_string(),
             f1(quantile_us(&inwin, 0.5)),
@@ -221,5 +313,4 @@ fn in_flight_during_swap(n: usize) {
         ]);
         std::thread::sleep(Duration::from_millis(300));
     }
-    t.finish();
 }
