@@ -210,16 +210,23 @@ fn in_flight_table() -> Table {
     )
 }
 
-/// When `path` was last modified at or after `since` (polled), within 10 s.
-fn written_after(path: Option<&std::path::Path>, since: std::time::SystemTime) -> Option<Instant> {
-    let path = path?;
+/// The file's inode: every write renames a new file into place.
+fn inode(path: Option<&std::path::Path>) -> Option<u64> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(path?).ok().map(|m| m.ino())
+}
+
+/// When `path` was replaced (its inode is no longer `before`), polled,
+/// within 10 s. (Not its mtime: file times come from the kernel's coarse
+/// clock, a few ms behind `SystemTime::now()`.)
+fn replaced(path: Option<&std::path::Path>, before: Option<u64>) -> Option<Instant> {
+    path?;
     let deadline = Instant::now() + Duration::from_secs(10);
     while Instant::now() < deadline {
-        let m = std::fs::metadata(path).and_then(|m| m.modified());
-        if m.is_ok_and(|m| m >= since) {
+        if inode(path).is_some_and(|i| Some(i) != before) {
             return Some(Instant::now());
         }
-        std::thread::sleep(Duration::from_micros(500));
+        std::thread::sleep(Duration::from_micros(200));
     }
     None
 }
@@ -266,11 +273,11 @@ fn in_flight_during_swap(table: &mut Table, n: usize, state_file: Option<&std::p
         } else {
             (b"drain", b"drain 100%\n")
         };
+        let before = inode(state_file);
         let w0 = Instant::now();
-        let w0_wall = std::time::SystemTime::now();
         kv.put("bench/flip", v);
         let took = wait_reply(agent.addr, b"bench/flip\n", want, Duration::from_secs(10));
-        let written = written_after(state_file, w0_wall);
+        let written = replaced(state_file, before);
         let w1 = written.map_or(Instant::now(), |w| w.max(Instant::now()));
         let o = h.join().unwrap();
         // Checks scheduled from the write until the answer changed and the
