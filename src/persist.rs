@@ -22,8 +22,9 @@ use std::time::{Duration, Instant, SystemTime};
 
 use log::{info, warn};
 
+use crate::config::Config;
 use crate::state::file::{self, Loaded};
-use crate::state::Snapshot;
+use crate::state::{Snapshot, Swapper};
 
 /// How long shutdown waits for the last write.
 pub const SHUTDOWN_WAIT: Duration = Duration::from_secs(2);
@@ -52,6 +53,35 @@ pub fn load(
         ));
     }
     file::decode(&bytes, prefix, now, max_age).map_err(|r| r.to_string())
+}
+
+/// Answers from the state file at `path` if it is usable (else logs why
+/// not), then starts its writer.
+pub fn open(config: &Config, path: &Path, state: &mut Swapper) -> io::Result<StateFile> {
+    let shown = path.display().to_string();
+    let max_bytes = config.consul.max_body_bytes;
+    let loaded = load(
+        path,
+        &config.kv_prefix,
+        config.state_max_age,
+        max_bytes,
+        SystemTime::now(),
+    );
+    match loaded {
+        Ok(l) => {
+            let s = &l.snapshot;
+            info!(path = shown.as_str(), age_seconds = l.age.as_secs(), keys = s.len(), invalid = s.invalid().len(), index = s.index();
+                "answering from the state file until consul answers");
+            state.load(l.snapshot, l.written);
+        }
+        Err(reason) if !path.exists() => {
+            info!(path = shown.as_str(), reason = reason.as_str(); "no state file yet: not answering until a first complete consul read");
+        }
+        Err(reason) => {
+            warn!(path = shown.as_str(), reason = reason.as_str(); "state file ignored: not answering until a first complete consul read");
+        }
+    }
+    StateFile::start(path.to_owned(), config.kv_prefix.clone())
 }
 
 /// Writes `bytes` to `path` so that `path` is always either the old file

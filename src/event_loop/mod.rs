@@ -37,7 +37,6 @@ mod poll_errors;
 mod table;
 
 use std::io;
-use std::path::Path;
 use std::time::{Duration, Instant, SystemTime};
 
 use log::{error, info, warn};
@@ -183,7 +182,7 @@ impl EventLoop {
         let state_file = config
             .state_file
             .as_ref()
-            .map(|path| start_state_file(config, path, &mut state))
+            .map(|path| persist::open(config, path, &mut state))
             .transpose()?;
         Ok(EventLoop {
             poll,
@@ -534,33 +533,4 @@ impl EventLoop {
             .filter_map(|(name, l)| Some((name, l.as_ref()?.local_addr().ok()?)))
             .collect()
     }
-}
-
-/// Answers from the state file at `path` if it is usable (else logs why
-/// not), then starts its writer.
-fn start_state_file(config: &Config, path: &Path, state: &mut Swapper) -> io::Result<StateFile> {
-    let shown = path.display().to_string();
-    let max_bytes = config.consul.max_body_bytes;
-    let loaded = persist::load(
-        path,
-        &config.kv_prefix,
-        config.state_max_age,
-        max_bytes,
-        SystemTime::now(),
-    );
-    match loaded {
-        Ok(l) => {
-            let s = &l.snapshot;
-            info!(path = shown.as_str(), age_seconds = l.age.as_secs(), keys = s.len(), invalid = s.invalid().len(), index = s.index();
-                "answering from the state file until consul answers");
-            state.load(l.snapshot, l.written);
-        }
-        Err(reason) if !path.exists() => {
-            info!(path = shown.as_str(), reason = reason.as_str(); "no state file yet: not answering until a first complete consul read");
-        }
-        Err(reason) => {
-            warn!(path = shown.as_str(), reason = reason.as_str(); "state file ignored: not answering until a first complete consul read");
-        }
-    }
-    StateFile::start(path.to_owned(), config.kv_prefix.clone())
 }
