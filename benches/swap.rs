@@ -165,7 +165,7 @@ fn state_file_writes() {
     for n in [1_000usize, 10_000, 100_000] {
         let pairs = decode_list(&listing(n)).expect("decode");
         let snap = std::sync::Arc::new(Snapshot::build(PREFIX, 1, pairs));
-        let file = StateFile::start(path.clone(), PREFIX.to_owned()).expect("writer");
+        let mut file = StateFile::start(path.clone(), PREFIX.to_owned()).expect("writer");
         let mut took = Vec::new();
         for _ in 0..5 {
             let before = file.writes();

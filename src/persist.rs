@@ -14,8 +14,9 @@
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Write};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime};
@@ -39,7 +40,18 @@ pub fn load(
     max_bytes: usize,
     now: SystemTime,
 ) -> Result<Loaded, String> {
-    let f = File::open(path).map_err(|e| format!("cannot open: {e}"))?;
+    // O_NONBLOCK: opening a FIFO for reading must not wait for a writer
+    // (it would hang start-up, SIGTERM included); only a regular file is
+    // read at all (a FIFO, a device such as /dev/zero, a socket are not).
+    let f = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
+        .map_err(|e| format!("cannot open: {e}"))?;
+    let meta = f.metadata().map_err(|e| format!("cannot read: {e}"))?;
+    if !meta.is_file() {
+        return Err("not a regular file".to_owned());
+    }
     let mut bytes = Vec::new();
     let limit = u64::try_from(max_bytes)
         .unwrap_or(u64::MAX)
@@ -58,6 +70,7 @@ pub fn load(
 /// Answers from the state file at `path` if it is usable (else logs why
 /// not), then starts its writer.
 pub fn open(config: &Config, path: &Path, state: &mut Swapper) -> io::Result<StateFile> {
+    let path = &through_links(path);
     let shown = path.display().to_string();
     let max_bytes = config.consul.max_body_bytes;
     let loaded = load(
@@ -74,7 +87,7 @@ pub fn open(config: &Config, path: &Path, state: &mut Swapper) -> io::Result<Sta
                 "answering from the state file until consul answers");
             state.load(l.snapshot, l.written);
         }
-        Err(reason) if !path.exists() => {
+        Err(reason) if fs::symlink_metadata(path).is_err() => {
             info!(path = shown.as_str(), reason = reason.as_str(); "no state file yet: not answering until a first complete consul read");
         }
         Err(reason) => {
@@ -82,6 +95,23 @@ pub fn open(config: &Config, path: &Path, state: &mut Swapper) -> io::Result<Sta
         }
     }
     StateFile::start(path.to_owned(), config.kv_prefix.clone())
+}
+
+/// The file a path names, through symbolic links: each write renames a new
+/// file into place, which would replace a link (and leave its target to go
+/// stale) rather than write where it points.
+fn through_links(path: &Path) -> PathBuf {
+    let mut path = path.to_owned();
+    for _ in 0..40 {
+        let Ok(target) = fs::read_link(&path) else {
+            break;
+        };
+        path = match path.parent() {
+            Some(dir) => dir.join(target),
+            None => target,
+        };
+    }
+    path
 }
 
 /// Writes `bytes` to `path` so that `path` is always either the old file
@@ -123,6 +153,9 @@ struct Shared {
     wake: Condvar,
     writes: AtomicU64,
     errors: AtomicU64,
+    /// The last write failed (a later confirmation of the same state
+    /// retries it).
+    failing: AtomicBool,
 }
 
 impl Shared {
@@ -134,6 +167,10 @@ impl Shared {
 /// The writer thread and what the loop shares with it.
 pub struct StateFile {
     path: PathBuf,
+    /// When a state was last queued: an unchanged state is written again
+    /// this often, so the file's age is the time since consul last
+    /// confirmed it, not since it last changed.
+    queued: Option<Instant>,
     shared: Arc<Shared>,
     thread: Option<JoinHandle<()>>,
 }
@@ -147,6 +184,7 @@ impl StateFile {
             wake: Condvar::new(),
             writes: AtomicU64::new(0),
             errors: AtomicU64::new(0),
+            failing: AtomicBool::new(false),
         });
         let writer = Writer {
             path: path.clone(),
@@ -159,6 +197,7 @@ impl StateFile {
             .spawn(move || writer.run())?;
         Ok(StateFile {
             path,
+            queued: None,
             shared,
             thread: Some(thread),
         })
@@ -169,9 +208,19 @@ impl StateFile {
     }
 
     /// Queues `snapshot` to be written, replacing any state still waiting.
-    pub fn save(&self, snapshot: Arc<Snapshot>) {
+    pub fn save(&mut self, snapshot: Arc<Snapshot>) {
+        self.queued = Some(Instant::now());
         self.shared.queue().pending = Some(snapshot);
         self.shared.wake.notify_one();
+    }
+
+    /// Consul confirmed the current state without a change: write it
+    /// again if the last write failed or is older than `refresh`.
+    pub fn confirm(&mut self, snapshot: Arc<Snapshot>, refresh: Duration) {
+        let failing = self.shared.failing.load(Ordering::Relaxed);
+        if failing || self.queued.is_none_or(|t| t.elapsed() >= refresh) {
+            self.save(snapshot);
+        }
     }
 
     /// Files written so far.
@@ -253,6 +302,7 @@ impl Writer {
         match write_atomically(&self.path, &bytes) {
             Ok(()) => {
                 self.shared.writes.fetch_add(1, Ordering::Relaxed);
+                self.shared.failing.store(false, Ordering::Relaxed);
                 if std::mem::take(&mut self.failing) {
                     info!(path = self.path.display().to_string(); "state file written again");
                 }
@@ -260,6 +310,7 @@ impl Writer {
             }
             Err(e) => {
                 self.shared.errors.fetch_add(1, Ordering::Relaxed);
+                self.shared.failing.store(true, Ordering::Relaxed);
                 if !std::mem::replace(&mut self.failing, true) {
                     warn!(path = self.path.display().to_string(), error = e.to_string(); "cannot write the state file: answers go on; a restart while consul is unreachable will not have this state");
                 }
@@ -296,7 +347,7 @@ mod tests {
     fn the_newest_state_is_written_and_read_back() {
         let dir = temp_dir("newest");
         let path = dir.join("state.json");
-        let f = StateFile::start(path.clone(), PREFIX.into()).unwrap();
+        let mut f = StateFile::start(path.clone(), PREFIX.into()).unwrap();
         for i in 1..=50 {
             f.save(snapshot(i, if i % 2 == 0 { "drain" } else { "maint" }));
         }
@@ -323,7 +374,7 @@ mod tests {
     fn an_unwritable_file_is_counted_and_answers_go_on() {
         let dir = temp_dir("unwritable");
         let path = dir.join("missing-dir").join("state.json");
-        let f = StateFile::start(path, PREFIX.into()).unwrap();
+        let mut f = StateFile::start(path, PREFIX.into()).unwrap();
         f.save(snapshot(1, "drain"));
         f.save(snapshot(2, "drain"));
         let deadline = Instant::now() + Duration::from_secs(10);
@@ -353,8 +404,20 @@ mod tests {
         assert!(cut.contains("truncated"), "{cut}");
         let unreadable = load(&dir, PREFIX, DAY, 1 << 20, now).unwrap_err();
         assert!(
-            unreadable.starts_with("cannot"),
+            unreadable.contains("not a regular file"),
             "a directory: {unreadable}"
+        );
+        let link = dir.join("link.json");
+        std::os::unix::fs::symlink("state.json", &link).unwrap();
+        assert_eq!(through_links(&link), dir.join("state.json"));
+        assert_eq!(through_links(&path), path, "not a link: itself");
+        let fifo = dir.join("fifo");
+        let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        let got = load(&fifo, PREFIX, DAY, 1 << 20, now).unwrap_err();
+        assert!(
+            got.contains("not a regular file"),
+            "a FIFO, without hanging: {got}"
         );
         fs::remove_dir_all(&dir).unwrap();
     }

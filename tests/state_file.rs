@@ -226,3 +226,59 @@ fn a_file_that_cannot_be_written_is_counted_and_answers_go_on() {
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// In a quiet KV the file must not age out while consul keeps confirming
+/// its state: an unchanged read rewrites it every quarter of
+/// `-state-max-age`, so its age is the time since consul last said so.
+#[test]
+fn an_unchanged_state_keeps_the_file_young() {
+    let dir = temp_dir("refresh");
+    let path = dir.join("state.json");
+    let kv = Kv::dev();
+    let consul = kv.addr;
+    let prefix = unique_prefix("refresh");
+    kv.put(&format!("{prefix}/be/s1"), "drain");
+    let max_age = ["-state-max-age", "3s"];
+    let a = agent(consul, &prefix, &path, &max_age);
+    a.wait_reply("be/s1", "drain 100%", SYNC);
+    // Longer than the maximum age, without a change.
+    std::thread::sleep(Duration::from_secs(5));
+    assert!(a.metric("gitlab_haproxy_agent_state_file_writes_total") >= 2.0);
+    drop(kv);
+    drop(a);
+    let a = agent(consul, &prefix, &path, &max_age);
+    assert_eq!(a.check("be/s1\n").as_deref(), Some("drain 100%"));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A link at the path is followed: the file is written where it points.
+#[test]
+fn a_symlinked_state_file_is_written_through_the_link() {
+    let dir = temp_dir("symlink");
+    let real = dir.join("real.json");
+    let link = dir.join("link.json");
+    std::os::unix::fs::symlink(&real, &link).unwrap();
+    let kv = Kv::dev();
+    let prefix = unique_prefix("symlink");
+    kv.put(&format!("{prefix}/be/s1"), "maint");
+    let a = agent(kv.addr, &prefix, &link, &[]);
+    a.wait_reply("be/s1", "maint 100%", SYNC);
+    wait_for(SYNC, "the link's target written", || {
+        real.is_file().then_some(())
+    });
+    assert!(std::fs::symlink_metadata(&link)
+        .unwrap()
+        .file_type()
+        .is_symlink());
+    drop(kv);
+    drop(a);
+    let a = agent(kv_down(), &prefix, &link, &[]);
+    assert_eq!(a.check("be/s1\n").as_deref(), Some("maint 100%"));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+fn kv_down() -> std::net::SocketAddr {
+    format!("127.0.0.1:{}", support::free_port())
+        .parse()
+        .unwrap()
+}

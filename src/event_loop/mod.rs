@@ -144,6 +144,9 @@ pub struct EventLoop {
     read_timeout: Duration,
     max_line_bytes: usize,
     max_connections: usize,
+    /// An unchanged state is written again this often (a quarter of
+    /// `-state-max-age`, at most an hour).
+    state_refresh: Duration,
     shutdown_deadline: Option<Instant>,
 }
 
@@ -220,6 +223,7 @@ impl EventLoop {
             read_timeout: config.read_timeout,
             max_line_bytes: config.max_line_bytes,
             max_connections: config.max_connections,
+            state_refresh: (config.state_max_age / 4).min(Duration::from_secs(3600)),
             shutdown_deadline: None,
         })
     }
@@ -423,6 +427,9 @@ impl EventLoop {
             }
             Update::Unchanged => {
                 self.consul_ok(now);
+                if let (Some(f), Some(s)) = (&mut self.state_file, self.state.shared()) {
+                    f.confirm(s, self.state_refresh);
+                }
                 self.metrics.consul_unchanged += 1;
             }
             Update::Reset { from, to } => {
@@ -446,7 +453,7 @@ impl EventLoop {
     /// freeing run a slice per turn ([`EventLoop::on_time`]).
     fn swap_in(&mut self, new: Snapshot) {
         let swapped = self.state.swap(new);
-        if let (Some(f), Some(s)) = (&self.state_file, self.state.shared()) {
+        if let (Some(f), Some(s)) = (&mut self.state_file, self.state.shared()) {
             f.save(s);
         }
         for reason in &swapped.invalid {
