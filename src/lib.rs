@@ -33,3 +33,5 @@ mod labels;
 pub mod logging;
 pub mod monitoring;
 pub mod state;
+#[cfg(test)]
+mod testpki;
