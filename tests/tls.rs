@@ -397,6 +397,44 @@ fn fault_proxy_scenarios_over_tls() {
     }
 }
 
+/// A listing past one read budget (1 MiB) and one decode slice (4,096
+/// entries) over TLS: read over several turns, decoded in slices, applied;
+/// the session is kept alive for the blocking queries that follow (one
+/// connection upstream of haproxy for all of them).
+#[test]
+fn a_large_listing_over_tls_and_keep_alive() {
+    let s = Setup::new("large");
+    let keys = 12_000;
+    let written = support::put_many(
+        s.kv.addr,
+        (0..keys).map(|i| (format!("{}/be/s{i}", s.prefix), "ready")),
+    );
+    assert_eq!(written, keys);
+    let proxy = Proxy::start(s.kv.addr);
+    let front = TlsFront::start(proxy.addr, &s.server(IP), None);
+    let agent = s.agent(&front.url(), &[], &[("CONSUL_CACERT", &s.pki.ca("ca"))]);
+    let line = agent
+        .proc
+        .wait_log("first consul read complete", Duration::from_secs(30));
+    assert!(line.contains(&format!("\"keys\":{keys}")), "{line}");
+    for (i, value) in ["maint", "50%", "drain"].iter().enumerate() {
+        s.put(&format!("be/s{}", i * 1000), value);
+        let reply = if value.ends_with('%') {
+            format!("ready {value}")
+        } else {
+            format!("{value} 100%")
+        };
+        agent.wait_reply(
+            &format!("be/s{}", i * 1000),
+            &reply,
+            Duration::from_secs(15),
+        );
+    }
+    assert!(proxy.requests() >= 4, "{}", proxy.requests());
+    assert_eq!(proxy.connections(), 1, "one TLS session for every request");
+    assert_eq!(agent.metric(&errors("tls")), 0.0);
+}
+
 /// Runs the binary to its exit (killed after 10 s): (code, stderr).
 fn run(args: &[&str], env: &[(&str, &str)]) -> (Option<i32>, String) {
     let mut cmd = Command::new(BIN);
