@@ -51,6 +51,7 @@ RUN set -eux; \
     apt-get update; \
     DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
         "haproxy=${HAPROXY_MINOR}.*" \
+        openssl \
         prometheus \
         python3-pip; \
     rm -rf /var/lib/apt/lists/*; \

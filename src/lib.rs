@@ -35,3 +35,5 @@ pub mod logging;
 pub mod monitoring;
 pub mod persist;
 pub mod state;
+#[cfg(test)]
+mod testpki;

@@ -66,6 +66,15 @@ fn run(mut config: Config) -> Result<(), String> {
             config.consul.retarget(bound);
         }
     }
+    if let Some(tls) = &config.consul.tls {
+        info!(
+            server_name = tls.server_name.to_str().as_ref(),
+            verify = tls.verify,
+            roots = tls.roots.as_str(),
+            client_cert = tls.client_cert.as_deref().unwrap_or("none");
+            "consul over TLS"
+        );
+    }
     let mut event_loop = EventLoop::new(&config, listeners)
         .map_err(|e| format!("cannot start the event loop: {e}"))?;
     let mut addrs: Vec<String> = event_loop

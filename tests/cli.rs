@@ -167,14 +167,27 @@ fn bad_usage_exits_2_with_exactly_one_line() {
         (&["-consul-addr", "127.0.0.1:notaport"], &[], "-consul-addr"),
         (&["-consul-wait", "11m"], &[], "-consul-wait"),
         (&["-consul-wait", "500ms"], &[], "-consul-wait"),
-        (&["-consul-addr", "https://127.0.0.1:8501"], &[], "https"),
+        (
+            &["-consul-addr", "ftp://127.0.0.1:8501"],
+            &[],
+            "-consul-addr",
+        ),
         (
             &[],
-            &[("CONSUL_HTTP_ADDR", "https://127.0.0.1:8501")],
+            &[("CONSUL_HTTP_ADDR", "ftp://127.0.0.1:8501")],
             "CONSUL_HTTP_ADDR",
         ),
-        (&[], &[("CONSUL_HTTP_SSL", "true")], "CONSUL_HTTP_SSL"),
-        (&[], &[("CONSUL_CACERT", "/etc/ca.pem")], "CONSUL_CACERT"),
+        (
+            &[],
+            &[("CONSUL_CACERT", "/nonexistent/ca.pem")],
+            "CONSUL_CACERT",
+        ),
+        (&["-consul-ca-path", "/nonexistent"], &[], "-consul-ca-path"),
+        (
+            &[],
+            &[("CONSUL_CLIENT_CERT", "/etc/hostname")],
+            "CONSUL_CLIENT_CERT is set without its pair",
+        ),
         (&["-max-line-bytes", "0"], &[], "-max-line-bytes"),
         (
             &[],

@@ -75,6 +75,7 @@ fn consul_errors(text: &str) -> f64 {
         "bad_index",
         "bad_body",
         "too_large",
+        "tls",
     ]
     .iter()
     .map(|r| value(text, &format!("{P}consul_errors_total{{reason=\"{r}\"}}")))

@@ -1,6 +1,6 @@
 //! The address forms: listeners (`:port`, `host:port`, `[v6]:port`, empty
 //! to disable) and consul (`host[:port]`, `http://host[:port][/prefix]`,
-//! `unix:///path`).
+//! `https://host[:port][/prefix]`, `unix:///path`).
 //!
 //! In: the text of a flag or variable. Out: a [`ListenAddr`] or a
 //! [`ConsulEndpoint`] with its `Host` header and path prefix, or the reason
@@ -72,7 +72,7 @@ pub(super) fn dev_connect_addr(dev: &ListenAddr) -> SocketAddr {
 }
 
 /// Splits `host[:port]` / `[v6][:port]`; the host comes back without brackets.
-fn split_host_port(s: &str) -> Result<(&str, Option<u16>), String> {
+pub(super) fn split_host_port(s: &str) -> Result<(&str, Option<u16>), String> {
     let (host, port) = if let Some(rest) = s.strip_prefix('[') {
         let (host, after) = rest
             .split_once(']')
@@ -171,21 +171,23 @@ impl From<&str> for AddrError {
     }
 }
 
-/// The tail of every refusal of a setting that needs TLS.
-pub(super) const NO_TLS: &str =
-    "this build does not support TLS: use http:// to the local consul agent or a unix:// socket";
-
 /// A consul address, parsed: where to connect, the `Host` header (`host:port`
-/// as given; `localhost` for unix), and the path prefix (no trailing `/`;
-/// empty, or starting with `/` as Go's `PathPrefix`).
+/// as given; `localhost` for unix), the path prefix (no trailing `/`;
+/// empty, or starting with `/` as Go's `PathPrefix`), whether the scheme
+/// asks for TLS, and the host a TLS certificate is checked against.
 pub(super) struct ConsulAddr {
     pub endpoint: ConsulEndpoint,
     pub host_header: String,
     pub path_prefix: String,
+    /// `https://`: TLS whatever `CONSUL_HTTP_SSL` says.
+    pub https: bool,
+    /// The host as written, without brackets or port (`localhost` for
+    /// unix): the default TLS server name.
+    pub host: String,
 }
 
 /// The forms of `CONSUL_HTTP_ADDR`: `host[:port]`, `http://host[:port][/prefix]`,
-/// `unix:///path`.
+/// `https://host[:port][/prefix]`, `unix:///path`.
 pub(super) fn parse_consul_addr(s: &str) -> Result<ConsulAddr, AddrError> {
     let (scheme, rest) = match s.split_once("://") {
         Some((scheme, rest)) => (Some(scheme.to_ascii_lowercase()), rest),
@@ -193,8 +195,11 @@ pub(super) fn parse_consul_addr(s: &str) -> Result<ConsulAddr, AddrError> {
     };
     match scheme.as_deref() {
         None if rest.contains('/') => Err("a path needs the http:// form".into()),
-        None | Some("http") => parse_http_authority_and_path(rest),
-        Some("https") => Err(format!("https is not supported: {NO_TLS}").into()),
+        None | Some("http") => parse_http_authority_and_path(rest, 80),
+        Some("https") => Ok(ConsulAddr {
+            https: true,
+            ..parse_http_authority_and_path(rest, 443)?
+        }),
         Some("unix") if rest.is_empty() => {
             Err("missing socket path (use unix:///path/to/consul.sock)".into())
         }
@@ -202,16 +207,19 @@ pub(super) fn parse_consul_addr(s: &str) -> Result<ConsulAddr, AddrError> {
             endpoint: ConsulEndpoint::Unix(PathBuf::from(rest)),
             host_header: "localhost".into(),
             path_prefix: String::new(),
+            https: false,
+            host: "localhost".into(),
         }),
         Some(other) => Err(format!(
-            "unknown protocol scheme {other:?} (use host:port, http:// or unix://)"
+            "unknown protocol scheme {other:?} (use host:port, http://, https:// or unix://)"
         )
         .into()),
     }
 }
 
-/// `host[:port][/prefix]` of an `http://` (or scheme-less) consul address.
-fn parse_http_authority_and_path(s: &str) -> Result<ConsulAddr, AddrError> {
+/// `host[:port][/prefix]` of an `http://`, `https://` (or scheme-less)
+/// consul address; Go's client takes `default_port` when none is given.
+fn parse_http_authority_and_path(s: &str, default_port: u16) -> Result<ConsulAddr, AddrError> {
     if s.contains(['?', '#']) {
         return Err("a query or fragment is not allowed".into());
     }
@@ -236,12 +244,13 @@ fn parse_http_authority_and_path(s: &str) -> Result<ConsulAddr, AddrError> {
     if host.is_empty() {
         return Err("missing host".into());
     }
-    // Go's client: `http://host` without a port means port 80.
-    let addr = resolve_host(host, port.unwrap_or(80))?;
+    let addr = resolve_host(host, port.unwrap_or(default_port))?;
     Ok(ConsulAddr {
         endpoint: ConsulEndpoint::Tcp(addr),
         host_header: authority.to_string(),
         path_prefix: path.trim_end_matches('/').to_string(),
+        https: false,
+        host: host.to_string(),
     })
 }
 

@@ -21,6 +21,8 @@ pub(super) enum Kind {
     Duration,
     Int,
     Text,
+    /// A file or directory, read once at start.
+    Path,
     /// `-flag` / `-flag=true|false`; never takes the next argument.
     Bool,
 }
@@ -32,6 +34,7 @@ impl Kind {
             Kind::Duration => Some("duration"),
             Kind::Int => Some("int"),
             Kind::Text => Some("string"),
+            Kind::Path => Some("path"),
             Kind::Bool => None,
         }
     }
@@ -62,10 +65,6 @@ impl FlagSpec {
 pub(super) enum VarHelp {
     /// A line of its own, under its name.
     Line(&'static str),
-    /// A line under another label that names several variables.
-    Group(&'static str, &'static str),
-    /// Named in a group's line.
-    InGroup,
 }
 
 /// One environment variable's row (a variable that is not a flag's).
@@ -187,6 +186,13 @@ settings! {
         monitoring_addr: "monitoring-addr", Listener, ":9778", "/-/metrics, /-/liveness, /-/readiness listener; empty disables";
         pprof_addr: "pprof-addr", Listener, "127.0.0.1:9779", "debugging endpoints (/debug/state); empty disables";
         consul_addr: "consul-addr", Addr, "127.0.0.1:8500", "consul agent: host:port, http://host:port[/prefix] or unix:///path; else CONSUL_HTTP_ADDR";
+        consul_http_ssl: "consul-http-ssl", Bool, "false", "talk https to consul, as an https:// address does; else CONSUL_HTTP_SSL";
+        consul_http_ssl_verify: "consul-http-ssl-verify", Bool, "true", "verify consul's certificate and name (false is insecure); else CONSUL_HTTP_SSL_VERIFY";
+        consul_ca_cert: "consul-ca-cert", Path, "", "PEM file of the CAs consul's certificate must chain to; else CONSUL_CACERT, else the system's roots";
+        consul_ca_path: "consul-ca-path", Path, "", "directory of PEM CA files (when -consul-ca-cert is unset); else CONSUL_CAPATH";
+        consul_client_cert: "consul-client-cert", Path, "", "PEM client certificate chain, for consul's verify_incoming; else CONSUL_CLIENT_CERT";
+        consul_client_key: "consul-client-key", Path, "", "PEM key of the client certificate (PKCS#8, PKCS#1 or SEC1); else CONSUL_CLIENT_KEY";
+        consul_tls_server_name: "consul-tls-server-name", Text, "", "name consul's certificate must hold; else CONSUL_TLS_SERVER_NAME, else the address's host";
         kv_prefix: "kv-prefix", Text, "gitlab-haproxy-agent/state", "KV prefix to watch; the key below it is the server identity";
         read_timeout: "read-timeout", Duration, "5s", "time a connection has to send its request line (Go duration)";
         max_line_bytes: "max-line-bytes", Int, "256", "longest request line accepted, 1..65536";
@@ -205,12 +211,13 @@ settings! {
         consul_http_auth: "CONSUL_HTTP_AUTH", VarHelp::Line("user:password for HTTP basic auth");
         consul_namespace: "CONSUL_NAMESPACE", VarHelp::Line("Enterprise namespace (?ns=)");
         consul_partition: "CONSUL_PARTITION", VarHelp::Line("Enterprise admin partition (?partition=)");
-        consul_http_ssl: "CONSUL_HTTP_SSL", VarHelp::Group("CONSUL_HTTP_SSL, CONSUL_CACERT", "refused at start, as are CONSUL_CAPATH, CONSUL_CLIENT_CERT/KEY, CONSUL_TLS_SERVER_NAME: no TLS in this build");
-        consul_cacert: "CONSUL_CACERT", VarHelp::InGroup;
-        consul_capath: "CONSUL_CAPATH", VarHelp::InGroup;
-        consul_client_cert: "CONSUL_CLIENT_CERT", VarHelp::InGroup;
-        consul_client_key: "CONSUL_CLIENT_KEY", VarHelp::InGroup;
-        consul_tls_server_name: "CONSUL_TLS_SERVER_NAME", VarHelp::InGroup;
+        consul_http_ssl_env: "CONSUL_HTTP_SSL", VarHelp::Line("https to consul when -consul-http-ssl and its variable are unset");
+        consul_http_ssl_verify_env: "CONSUL_HTTP_SSL_VERIFY", VarHelp::Line("false: do not verify consul's certificate (insecure), when -consul-http-ssl-verify is unset");
+        consul_cacert_env: "CONSUL_CACERT", VarHelp::Line("CA file when -consul-ca-cert and its variable are unset");
+        consul_capath_env: "CONSUL_CAPATH", VarHelp::Line("CA directory when -consul-ca-path and its variable are unset");
+        consul_client_cert_env: "CONSUL_CLIENT_CERT", VarHelp::Line("client certificate when -consul-client-cert and its variable are unset");
+        consul_client_key_env: "CONSUL_CLIENT_KEY", VarHelp::Line("client key when -consul-client-key and its variable are unset");
+        consul_tls_server_name_env: "CONSUL_TLS_SERVER_NAME", VarHelp::Line("name to verify when -consul-tls-server-name and its variable are unset (a port is dropped)");
         gitlab_log_format: "GITLAB_LOG_FORMAT", VarHelp::Line("json (default) or text");
         gitlab_log_level: "GITLAB_LOG_LEVEL", VarHelp::Line("trace, debug, info (default), warn or error");
     }
@@ -243,12 +250,8 @@ pub fn usage() -> String {
     ));
     out.push_str("\nEnvironment:\n");
     for var in VARIABLES {
-        let (label, help) = match var.help {
-            VarHelp::Line(help) => (var.name, help),
-            VarHelp::Group(label, help) => (label, help),
-            VarHelp::InGroup => continue,
-        };
-        out.push_str(&format!("  {label:<31} {help}\n"));
+        let VarHelp::Line(help) = var.help;
+        out.push_str(&format!("  {:<31} {help}\n", var.name));
     }
     out.push_str("\nWith -dev and no consul address given, the agent watches its own dev KV and ignores CONSUL_*.\n");
     out
@@ -259,13 +262,11 @@ mod tests {
     use super::*;
 
     #[test]
-    fn every_variable_with_a_line_starts_one() {
+    fn every_variable_starts_a_line() {
         let text = usage();
         for var in VARIABLES {
-            if let VarHelp::Line(_) = var.help {
-                let line = format!("\n  {:<31} ", var.name);
-                assert!(text.contains(&line), "{}", var.name);
-            }
+            let line = format!("\n  {:<31} ", var.name);
+            assert!(text.contains(&line), "{}", var.name);
         }
     }
 

@@ -1,13 +1,16 @@
 //! Command line and environment -> validated [`Config`], in two steps like
 //! ripgrep's low/high args: `lex` turns argv and the environment into
 //! `LowArgs`, one typed field of raw text per setting; `validate` checks and
-//! types each one. Pure except for reading the token file and
-//! resolving a hostname once, both in step two.
+//! types each one. Pure except for reading the token file, the TLS
+//! certificate and key files, and resolving a hostname once, all in step
+//! two.
 //!
 //! - `flags.rs`: the table of every flag and variable, and the usage text;
 //! - `lex.rs`: step one, argv walk and the one read of the environment;
 //! - `addr.rs`: listener and consul address forms (and the DNS lookup);
-//! - `validate.rs`: step two, into [`Config`] (and the token file read).
+//! - `validate.rs`: step two, into [`Config`] (and the token file read);
+//! - `tls.rs`: the consul TLS settings, into a rustls configuration (the
+//!   certificate and key files read, the system's roots when needed).
 //!
 //! What always holds:
 //! - every flag `-name` may also come from `GITLAB_HAPROXY_AGENT_<NAME>`; the
@@ -19,22 +22,29 @@
 //!   token or password;
 //! - with `-dev` and no `-consul-addr` (nor its variable) the agent watches its
 //!   own dev KV, and the consul client environment (`CONSUL_*`) is ignored:
-//!   it describes a real consul. Otherwise settings that need TLS are
-//!   refused. `CONSUL_HTTP_SSL_VERIFY` is ignored: it only matters with TLS.
+//!   it describes a real consul (and a `-consul-*` TLS flag is refused);
+//! - each consul TLS setting comes from its flag, else its
+//!   `GITLAB_HAPROXY_AGENT_*` variable, else consul's `CONSUL_*` variable
+//!   (the address's precedence); its files are read once, in step two
+//!   (`tls.rs`).
 
 mod addr;
 mod flags;
 mod lex;
+mod tls;
 mod validate;
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tls_tests;
 
 use std::net::SocketAddr;
 use std::time::Duration;
 
 pub use addr::{loopback_if_unspecified, ConsulEndpoint, ListenAddr};
 pub use flags::usage;
+pub use tls::{ConsulTls, SharedConfig};
 
 /// Everything the consul client needs, validated.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -55,6 +65,8 @@ pub struct ConsulConfig {
     pub namespace: Option<String>,
     /// `CONSUL_PARTITION`: same characters as `namespace`.
     pub partition: Option<String>,
+    /// TLS on the connection (`https://`, `CONSUL_HTTP_SSL`), or `None`.
+    pub tls: Option<ConsulTls>,
     /// Blocking-query wait, 1s..=10m.
     pub wait: Duration,
     pub max_body_bytes: usize,

@@ -13,16 +13,15 @@ use std::time::Duration;
 
 use base64::Engine as _;
 
-use super::addr::{
-    dev_connect_addr, parse_consul_addr, parse_listen_addr, ConsulAddr, ListenAddr, NO_TLS,
-};
+use super::addr::{dev_connect_addr, parse_consul_addr, parse_listen_addr, ConsulAddr, ListenAddr};
 use super::flags::{LowArgs, Raw};
+use super::tls::consul_tls;
 use super::{usage_error, Config, ConsulConfig, ConsulEndpoint, LogFormat, UsageError};
 use crate::decimal::parse_uint;
 use crate::gocompat::{parse_go_bool, parse_signed_duration};
 
 impl Raw {
-    fn invalid(&self, reason: impl std::fmt::Display) -> UsageError {
+    pub(super) fn invalid(&self, reason: impl std::fmt::Display) -> UsageError {
         usage_error(format!(
             "invalid value {:?} for {}: {reason}",
             self.value, self.source
@@ -203,6 +202,7 @@ fn consul_config(
         basic_auth: None,
         namespace: None,
         partition: None,
+        tls: None,
         wait,
         max_body_bytes,
     };
@@ -214,10 +214,13 @@ fn consul_config(
         (Some(raw), _) => consul_addr(raw)?,
         (None, Some(dev)) => {
             let addr = dev_connect_addr(dev);
+            refuse_tls_flags(low)?;
             return Ok(at(ConsulAddr {
                 endpoint: ConsulEndpoint::Tcp(addr),
                 host_header: addr.to_string(),
                 path_prefix: String::new(),
+                https: false,
+                host: addr.ip().to_string(),
             }));
         }
         (None, None) => consul_addr(
@@ -226,8 +229,9 @@ fn consul_config(
                 .unwrap_or_else(|| low.consul_addr.value()),
         )?,
     };
-    refuse_tls(low)?;
+    let tls = consul_tls(low, &addr, warnings)?;
     Ok(ConsulConfig {
+        tls,
         token: token(low, warnings)?,
         basic_auth: low
             .consul_http_auth
@@ -239,28 +243,22 @@ fn consul_config(
     })
 }
 
-/// Settings that need TLS fail at start, never silently.
-/// `CONSUL_HTTP_SSL_VERIFY` is not read: it only matters with TLS.
-fn refuse_tls(low: &LowArgs) -> Result<(), UsageError> {
-    if let Some(raw) = &low.consul_http_ssl {
-        // Go's client warns about an unparsable value and leaves TLS off; so do we.
-        if parse_go_bool(&raw.value) == Some(true) {
-            return Err(usage_error(format!(
-                "{}={:?} asks for https, but {NO_TLS}",
-                raw.source, raw.value
-            )));
-        }
-    }
-    let tls_files = [
-        &low.consul_cacert,
-        &low.consul_capath,
+/// With `-dev` watching its own (plain HTTP) KV, a TLS flag would be
+/// ignored: refused instead, never silently dropped. (Consul's `CONSUL_*`
+/// variables describe a real consul and are ignored in that mode.)
+fn refuse_tls_flags(low: &LowArgs) -> Result<(), UsageError> {
+    let flags = [
+        &low.consul_http_ssl,
+        &low.consul_http_ssl_verify,
+        &low.consul_ca_cert,
+        &low.consul_ca_path,
         &low.consul_client_cert,
         &low.consul_client_key,
         &low.consul_tls_server_name,
     ];
-    match tls_files.into_iter().flatten().next() {
+    match flags.into_iter().find_map(|f| f.explicit()) {
         Some(raw) => Err(usage_error(format!(
-            "{} is set, but {NO_TLS}; unset it",
+            "{} is set, but with -dev the agent watches its own plain-HTTP KV: give -consul-addr too, or unset it",
             raw.source
         ))),
         None => Ok(()),

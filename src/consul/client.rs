@@ -15,14 +15,18 @@
 //! so no phase can touch a connection or a buffer that is not there.
 //!
 //! The client is generic over how it connects ([`Connect`]): the loop gives
-//! it sockets ([`SocketConnector`]), tests and the fuzzer an in-memory
-//! stream ([`crate::consul::memstream`]) and a virtual clock.
+//! it sockets ([`SocketConnector`]), plain or under TLS
+//! ([`crate::consul::tls`]), tests and the fuzzer an in-memory stream
+//! ([`crate::consul::memstream`]) and a virtual clock. A transport with
+//! records of its own to send (TLS) adds writable to what a phase waits
+//! for.
 //!
 //! | phase | waits for | on event | next |
 //! |---|---|---|---|
 //! | `Idle` | the start time (rate limit, backoff) | time | `Sending` (kept connection) or `Connecting` |
 //! | `Idle` | its kept connection, readable | EOF or bytes | `Idle` without it (closed quietly) |
-//! | `Connecting` | writable, connect deadline | connected | `Sending`; error, time: backoff |
+//! | `Connecting` | writable, connect deadline | connected | `Handshaking`; error, time: backoff |
+//! | `Handshaking` | what TLS needs (readable, or writable), handshake deadline | handshake done (at once without TLS) | `Sending`; error, time: backoff (`tls`) |
 //! | `Sending` | writable, response deadline | request written | `ExpectHead` |
 //! | `ExpectHead` | readable, response deadline | interim 1xx head | `ExpectHead` |
 //! | `ExpectHead` | | final head | `ExpectBody` |
@@ -35,16 +39,22 @@
 //! once at once on a fresh one.
 
 use std::io::{self, Read, Write};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use mio::Interest;
+use rustls_pki_types::ServerName;
 
 use crate::config::{ConsulConfig, ConsulEndpoint};
+use crate::consul::tls::{TlsError, TlsStream};
 use crate::consul::watch::{Decoding, ErrorReason, Failure, Response, Update, Watch, DECODE_SLICE};
 use crate::http::{parse_response_head, BodyDecoder, BodyError, Parse, ResponseHead};
 
 /// Connecting must succeed within this.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// The TLS handshake must be done within this after the connect (consul's
+/// own `https_handshake_timeout`).
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
 /// Headroom on top of the longest hold consul may apply (wait × 17/16).
 pub const RESPONSE_SLACK: Duration = Duration::from_secs(5);
 const MAX_HEAD_BYTES: usize = 64 * 1024;
@@ -53,11 +63,23 @@ const READ_CHUNK: usize = 64 * 1024;
 /// in one go holds every answer for milliseconds).
 pub const READ_BUDGET: usize = 1024 * 1024;
 
-/// A byte stream to consul: nonblocking reads and writes, and the end of a
-/// nonblocking connect.
+/// A byte stream to consul: nonblocking reads and writes, the end of a
+/// nonblocking connect, and a handshake of its own (TLS) after it.
 pub trait Transport: Read + Write {
     /// `Ok(true)` once connected, `Ok(false)` while still connecting.
     fn connected(&mut self) -> io::Result<bool>;
+
+    /// Drives the transport's own handshake on a connected stream:
+    /// `Ok(true)` once done. A plain stream has none.
+    fn handshake(&mut self) -> io::Result<bool> {
+        Ok(true)
+    }
+
+    /// Bytes of the transport's own wait for the stream to take them (TLS
+    /// records): wait for writable too, whatever the phase waits for.
+    fn wants_write(&self) -> bool {
+        false
+    }
 }
 
 /// Opens connections to consul.
@@ -67,19 +89,19 @@ pub trait Connect {
     fn connect(&mut self) -> io::Result<Self::Stream>;
 }
 
-/// The socket to consul.
-pub enum Stream {
+/// A socket to consul.
+pub enum Socket {
     Tcp(mio::net::TcpStream),
     Unix(mio::net::UnixStream),
 }
 
-impl Transport for Stream {
+impl Transport for Socket {
     /// Finishes a nonblocking connect per mio's docs: `take_error`, then
     /// `peer_addr` (NotConnected means "not yet").
     fn connected(&mut self) -> io::Result<bool> {
         let (err, peer) = match self {
-            Stream::Tcp(s) => (s.take_error()?, s.peer_addr().map(|_| ())),
-            Stream::Unix(s) => (s.take_error()?, s.peer_addr().map(|_| ())),
+            Socket::Tcp(s) => (s.take_error()?, s.peer_addr().map(|_| ())),
+            Socket::Unix(s) => (s.take_error()?, s.peer_addr().map(|_| ())),
         };
         if let Some(e) = err {
             return Err(e);
@@ -92,30 +114,20 @@ impl Transport for Stream {
     }
 }
 
-impl Stream {
-    /// The socket, for the loop to register.
-    pub fn source(&mut self) -> &mut dyn mio::event::Source {
-        match self {
-            Stream::Tcp(s) => s,
-            Stream::Unix(s) => s,
-        }
-    }
-}
-
-impl Read for Stream {
+impl Read for Socket {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         match self {
-            Stream::Tcp(s) => s.read(buf),
-            Stream::Unix(s) => s.read(buf),
+            Socket::Tcp(s) => s.read(buf),
+            Socket::Unix(s) => s.read(buf),
         }
     }
 }
 
-impl Write for Stream {
+impl Write for Socket {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
         match self {
-            Stream::Tcp(s) => s.write(buf),
-            Stream::Unix(s) => s.write(buf),
+            Socket::Tcp(s) => s.write(buf),
+            Socket::Unix(s) => s.write(buf),
         }
     }
 
@@ -124,21 +136,104 @@ impl Write for Stream {
     }
 }
 
-/// Connects sockets to the configured endpoint.
-pub struct SocketConnector(pub ConsulEndpoint);
+/// The connection to consul: a socket, or TLS over it.
+pub enum Stream {
+    Plain(Socket),
+    Tls(Box<TlsStream<Socket>>),
+}
+
+impl Stream {
+    /// The socket, for the loop to register.
+    pub fn source(&mut self) -> &mut dyn mio::event::Source {
+        let socket = match self {
+            Stream::Plain(s) => s,
+            Stream::Tls(t) => t.socket(),
+        };
+        match socket {
+            Socket::Tcp(s) => s,
+            Socket::Unix(s) => s,
+        }
+    }
+
+    fn transport(&mut self) -> &mut dyn Transport {
+        match self {
+            Stream::Plain(s) => s,
+            Stream::Tls(t) => &mut **t,
+        }
+    }
+}
+
+impl Transport for Stream {
+    fn connected(&mut self) -> io::Result<bool> {
+        self.transport().connected()
+    }
+
+    fn handshake(&mut self) -> io::Result<bool> {
+        self.transport().handshake()
+    }
+
+    fn wants_write(&self) -> bool {
+        match self {
+            Stream::Plain(_) => false,
+            Stream::Tls(t) => t.wants_write(),
+        }
+    }
+}
+
+impl Read for Stream {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        self.transport().read(buf)
+    }
+}
+
+impl Write for Stream {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.transport().write(buf)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Connects sockets to the configured endpoint, under TLS when configured.
+pub struct SocketConnector {
+    endpoint: ConsulEndpoint,
+    tls: Option<(Arc<rustls::ClientConfig>, ServerName<'static>)>,
+}
+
+impl SocketConnector {
+    pub fn new(config: &ConsulConfig) -> SocketConnector {
+        SocketConnector {
+            endpoint: config.endpoint.clone(),
+            tls: config
+                .tls
+                .as_ref()
+                .map(|t| (Arc::clone(&t.config.0), t.server_name.clone())),
+        }
+    }
+}
 
 impl Connect for SocketConnector {
     type Stream = Stream;
 
     fn connect(&mut self) -> io::Result<Stream> {
-        match &self.0 {
+        let socket = match &self.endpoint {
             ConsulEndpoint::Tcp(addr) => {
                 let s = mio::net::TcpStream::connect(*addr)?;
                 s.set_nodelay(true)?;
-                Ok(Stream::Tcp(s))
+                Socket::Tcp(s)
             }
-            ConsulEndpoint::Unix(path) => Ok(Stream::Unix(mio::net::UnixStream::connect(path)?)),
-        }
+            ConsulEndpoint::Unix(path) => Socket::Unix(mio::net::UnixStream::connect(path)?),
+        };
+        Ok(match &self.tls {
+            None => Stream::Plain(socket),
+            Some((config, name)) => Stream::Tls(Box::new(TlsStream::new(
+                socket,
+                Arc::clone(config),
+                name.clone(),
+            )?)),
+        })
     }
 }
 
@@ -195,6 +290,12 @@ enum Phase<S> {
         request: Vec<u8>,
         deadline: Instant,
     },
+    /// Connected; the transport's handshake (TLS) in progress.
+    Handshaking {
+        conn: Conn<S>,
+        request: Vec<u8>,
+        deadline: Instant,
+    },
     Sending {
         conn: Conn<S>,
         request: Vec<u8>,
@@ -221,6 +322,7 @@ impl<S> Phase<S> {
         match self {
             Phase::Idle { .. } => "idle",
             Phase::Connecting { .. } => "connecting",
+            Phase::Handshaking { .. } => "handshaking",
             Phase::Sending { .. } => "sending",
             Phase::ExpectHead { .. } => "awaiting_head",
             Phase::ExpectBody { .. } => "reading_body",
@@ -336,7 +438,9 @@ impl<C: Connect> Client<C> {
     pub fn request_deadline(&self) -> Option<Instant> {
         match &self.phase {
             Phase::Idle { .. } | Phase::Decoding { .. } => None,
-            Phase::Connecting { deadline, .. } | Phase::Sending { deadline, .. } => Some(*deadline),
+            Phase::Connecting { deadline, .. }
+            | Phase::Handshaking { deadline, .. }
+            | Phase::Sending { deadline, .. } => Some(*deadline),
             Phase::ExpectHead { rx } | Phase::ExpectBody { rx, .. } => Some(rx.deadline),
         }
     }
@@ -350,10 +454,16 @@ impl<C: Connect> Client<C> {
                 (conn.as_mut()?, Interest::READABLE)
             }
             Phase::Connecting { conn, .. } => (conn, Interest::READABLE | Interest::WRITABLE),
+            Phase::Handshaking { conn, .. } => (conn, Interest::READABLE),
             Phase::Sending { conn, .. } => (conn, Interest::WRITABLE),
             Phase::ExpectHead { rx } | Phase::ExpectBody { rx, .. } => {
                 (&mut rx.conn, Interest::READABLE)
             }
+        };
+        let interest = if conn.stream.wants_write() {
+            interest | Interest::WRITABLE
+        } else {
+            interest
         };
         Some((&mut conn.stream, conn.id, interest))
     }
@@ -370,6 +480,10 @@ impl<C: Connect> Client<C> {
         if self.request_deadline().is_some_and(|d| now >= d) {
             let failure = match self.phase {
                 Phase::Connecting { .. } => Failure::new(ErrorReason::Connect, "connect timed out"),
+                Phase::Handshaking { .. } => Failure::new(
+                    ErrorReason::Tls,
+                    format!("TLS: handshake not done within {HANDSHAKE_TIMEOUT:?} of the connect"),
+                ),
                 _ => Failure::new(
                     ErrorReason::Timeout,
                     format!("no complete response within {:?}", self.response_within()),
@@ -429,7 +543,9 @@ impl<C: Connect> Client<C> {
     fn take_conn(&mut self) -> Option<Conn<C::Stream>> {
         match std::mem::replace(&mut self.phase, Phase::Idle { conn: None }) {
             Phase::Idle { conn } | Phase::Decoding { conn, .. } => conn,
-            Phase::Connecting { conn, .. } | Phase::Sending { conn, .. } => Some(conn),
+            Phase::Connecting { conn, .. }
+            | Phase::Handshaking { conn, .. }
+            | Phase::Sending { conn, .. } => Some(conn),
             Phase::ExpectHead { rx } | Phase::ExpectBody { rx, .. } => Some(rx.conn),
         }
     }
@@ -519,7 +635,12 @@ impl<C: Connect> Client<C> {
                     conn,
                     request,
                     deadline,
-                } => connect_step(conn, request, deadline, now + self.response_within()),
+                } => connect_step(conn, request, deadline, now + HANDSHAKE_TIMEOUT),
+                Phase::Handshaking {
+                    conn,
+                    request,
+                    deadline,
+                } => handshake_step(conn, request, deadline, now + self.response_within()),
                 Phase::Sending {
                     conn,
                     request,
@@ -735,19 +856,18 @@ fn receiving<S>(rx: Rx<S>, body: Option<Body>) -> Phase<S> {
     }
 }
 
-/// `response_deadline`: the deadline of the response if connected now.
+/// `handshake_deadline`: the deadline of the handshake if connected now.
 fn connect_step<S: Transport>(
     mut conn: Conn<S>,
     request: Vec<u8>,
     deadline: Instant,
-    response_deadline: Instant,
+    handshake_deadline: Instant,
 ) -> Next<S> {
     match conn.stream.connected() {
-        Ok(true) => Next::Go(Phase::Sending {
+        Ok(true) => Next::Go(Phase::Handshaking {
             conn,
             request,
-            written: 0,
-            deadline: response_deadline,
+            deadline: handshake_deadline,
         }),
         Ok(false) => Next::Wait(Phase::Connecting {
             conn,
@@ -759,6 +879,30 @@ fn connect_step<S: Transport>(
             failure: Failure::new(ErrorReason::Connect, e.to_string()),
             retry_fresh: false,
         },
+    }
+}
+
+/// `response_deadline`: the deadline of the response if the handshake is
+/// done now.
+fn handshake_step<S: Transport>(
+    mut conn: Conn<S>,
+    request: Vec<u8>,
+    deadline: Instant,
+    response_deadline: Instant,
+) -> Next<S> {
+    match conn.stream.handshake() {
+        Ok(true) => Next::Go(Phase::Sending {
+            conn,
+            request,
+            written: 0,
+            deadline: response_deadline,
+        }),
+        Ok(false) => Next::Wait(Phase::Handshaking {
+            conn,
+            request,
+            deadline,
+        }),
+        Err(e) => Next::fail(conn, io_failure(&e)),
     }
 }
 
@@ -812,6 +956,9 @@ fn is_reset(e: &io::Error) -> bool {
 }
 
 fn io_failure(e: &io::Error) -> Failure {
+    if let Some(tls) = TlsError::of(e) {
+        return Failure::new(ErrorReason::Tls, tls.to_string());
+    }
     let reason = match e.kind() {
         io::ErrorKind::TimedOut => ErrorReason::Timeout,
         io::ErrorKind::ConnectionRefused => ErrorReason::Connect,

@@ -136,6 +136,18 @@ impl Transport for MemStream {
     }
 }
 
+/// A scripted connection, as [`pump`] sees it.
+pub trait Scripted {
+    /// Whether a read now would find something (bytes, FIN or RST).
+    fn pending(&mut self) -> bool;
+}
+
+impl Scripted for MemStream {
+    fn pending(&mut self) -> bool {
+        !self.0.borrow().script.is_empty()
+    }
+}
+
 /// Hands out the prepared peers in order; refuses once they are used up.
 #[derive(Debug, Default)]
 pub struct MemConnector {
@@ -165,6 +177,7 @@ pub fn config(max_body_bytes: usize) -> ConsulConfig {
         basic_auth: None,
         namespace: None,
         partition: None,
+        tls: None,
         wait: Duration::from_secs(1),
         max_body_bytes,
     }
@@ -176,12 +189,15 @@ pub fn config(max_body_bytes: usize) -> ConsulConfig {
 /// takes `tick`, and when the connection has nothing more to say the clock
 /// jumps to the client's next time. Stops after the first update, or when
 /// the clock passes `limit` (returns `None`).
-pub fn pump(
-    client: &mut Client<MemConnector>,
+pub fn pump<C: Connect>(
+    client: &mut Client<C>,
     now: &mut Instant,
     limit: Duration,
     tick: Duration,
-) -> Option<Update> {
+) -> Option<Update>
+where
+    C::Stream: Scripted,
+{
     let end = *now + limit;
     let mut out = Vec::new();
     while *now <= end {
@@ -197,9 +213,7 @@ pub fn pump(
         // Drop what the loop would close.
         client.retired().for_each(drop);
         // Nothing for the socket to say: sleep until the client's time.
-        let readable = client
-            .wants()
-            .is_some_and(|(s, _, _)| !s.0.borrow().script.is_empty());
+        let readable = client.wants().is_some_and(|(s, _, _)| s.pending());
         if !readable {
             *now = (*now).max(client.poll_at(*now) - tick);
         }

@@ -1,10 +1,12 @@
 //! The consul side: KV JSON decoding ([`kv`], pure), the watch logic (index
 //! rules, rate limit, backoff: [`watch`], pure) and the nonblocking HTTP/1.1
-//! client connection that runs it inside the loop ([`client`]); the
+//! client connection that runs it inside the loop ([`client`]), under TLS
+//! when configured ([`tls`]); the
 //! watch's health as operators see it: outages, the last error ([`health`]).
 
 pub mod client;
 pub mod health;
 pub mod kv;
 pub mod memstream;
+pub mod tls;
 pub mod watch;

@@ -43,6 +43,7 @@ label_enum! {
         BadIndex => "bad_index",
         BadBody => "bad_body",
         TooLarge => "too_large",
+        Tls => "tls",
     }
 }
 

@@ -206,7 +206,7 @@ impl EventLoop {
             last_pool_warning: [None; Role::ALL.len()],
             client: Client::new(
                 consul,
-                SocketConnector(consul.endpoint.clone()),
+                SocketConnector::new(consul),
                 &config.kv_prefix,
                 seed,
             ),

@@ -494,3 +494,4 @@ pub fn free_port() -> u16 {
 }
 pub mod haproxy;
 pub mod proxy;
+pub mod tls;
