@@ -609,3 +609,88 @@ fn kv_write_to_reply_over_tls_beside_plaintext() {
     );
     assert!(t[n / 2] < q[n / 2] + 20.0, "{t:?} vs {q:?}");
 }
+
+/// Where a real consul is available (`CONSUL_BIN`, else `consul` on
+/// `PATH`: the GitLab CI image has one), the same cases against consul's
+/// own HTTPS listener, configured by `-hcl` (the `tls` stanza of consul
+/// 1.12+): the CA given (answers, follows a write), the wrong CA, the wrong
+/// name, and with `tls.https.verify_incoming` a client certificate given or
+/// missing. Without a consul it says so and checks nothing.
+#[test]
+fn a_real_consuls_https_listener() {
+    let Some(bin) = support::consul_bin() else {
+        eprintln!("skipped: no consul on PATH or in CONSUL_BIN");
+        return;
+    };
+    let pki = Pki::new("real_consul");
+    let server = pki.issue("ca", "IP:127.0.0.1,DNS:localhost", KeyKind::Pkcs8, false);
+    let client = pki.issue("ca", "DNS:agent.test", KeyKind::Pkcs8, false);
+    let ca = pki.ca("ca");
+    for verify_incoming in [false, true] {
+        let (http_port, https_port) = (support::free_port(), support::free_port());
+        let ports = format!("ports {{ https = {https_port} }}");
+        let tls = format!(
+            r#"tls {{ defaults {{ ca_file = "{ca}" cert_file = "{}" key_file = "{}" }} https {{ verify_incoming = {verify_incoming} }} }}"#,
+            server.cert(),
+            server.key()
+        );
+        let cmd = support::consul_command(&bin, http_port, &["-hcl", &ports, "-hcl", &tls]);
+        let _consul = support::Proc::spawn(cmd);
+        let kv = Kv {
+            addr: format!("127.0.0.1:{http_port}").parse().unwrap(),
+            proc: None,
+        };
+        support::wait_consul_leader(kv.addr);
+        let prefix = unique_prefix("real_consul");
+        kv.put(&format!("{prefix}/be/s1"), "drain");
+        let url = format!("https://127.0.0.1:{https_port}");
+        let agent = |args: &[&str], env: &[(&str, &str)]| {
+            let mut all = vec![
+                "-consul-addr",
+                url.as_str(),
+                "-kv-prefix",
+                prefix.as_str(),
+                "-consul-wait",
+                "1s",
+            ];
+            all.extend_from_slice(args);
+            Agent::start(&all, env)
+        };
+        if verify_incoming {
+            let given = agent(
+                &[
+                    "-consul-ca-cert",
+                    &ca,
+                    "-consul-client-cert",
+                    client.cert(),
+                    "-consul-client-key",
+                    client.key(),
+                ],
+                &[],
+            );
+            given.wait_reply("be/s1", "drain 100%", SYNC);
+            let missing = agent(&["-consul-ca-cert", &ca], &[]);
+            wait_for(SYNC, "a tls error without a client certificate", || {
+                (missing.metric(&errors("tls")) >= 1.0).then_some(())
+            });
+            assert_eq!(missing.check("be/s1\n"), None);
+        } else {
+            let good = agent(&[], &[("CONSUL_CACERT", &ca)]);
+            good.wait_reply("be/s1", "drain 100%", SYNC);
+            kv.put(&format!("{prefix}/be/s1"), "maint");
+            good.wait_reply("be/s1", "maint 100%", SYNC);
+            let wrong_ca = agent(&["-consul-ca-cert", &pki.ca("other")], &[]);
+            assert_refused(&wrong_ca, "unknown CA");
+            let wrong_name = agent(
+                &[
+                    "-consul-ca-cert",
+                    &ca,
+                    "-consul-tls-server-name",
+                    "consul.test",
+                ],
+                &[],
+            );
+            assert_refused(&wrong_name, "name mismatch");
+        }
+    }
+}

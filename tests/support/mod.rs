@@ -408,7 +408,7 @@ pub fn unique_prefix(test: &str) -> String {
     )
 }
 
-fn consul_bin() -> Option<std::path::PathBuf> {
+pub fn consul_bin() -> Option<std::path::PathBuf> {
     if let Some(p) = std::env::var_os("CONSUL_BIN").filter(|p| !p.is_empty()) {
         return Some(p.into());
     }
@@ -430,30 +430,7 @@ fn real_consul() -> Option<SocketAddr> {
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
             let port = free_port();
-            let mut cmd = Command::new(bin);
-            cmd.args([
-                "agent",
-                "-dev",
-                "-bind",
-                "127.0.0.1",
-                "-client",
-                "127.0.0.1",
-            ]); // dev mode keeps everything in memory
-            cmd.args([
-                "-http-port",
-                &port.to_string(),
-                "-grpc-port",
-                "-1",
-                "-dns-port",
-                "-1",
-            ]);
-            cmd.args([
-                "-serf-lan-port",
-                &free_port().to_string(),
-                "-serf-wan-port",
-                &free_port().to_string(),
-            ]);
-            cmd.args(["-server-port", &free_port().to_string()]);
+            let mut cmd = consul_command(&bin, port, &[]);
             // SAFETY: prctl(2) only, between fork and exec.
             unsafe {
                 use std::os::unix::process::CommandExt;
@@ -464,15 +441,7 @@ fn real_consul() -> Option<SocketAddr> {
             }
             let _proc = Proc::spawn(cmd);
             let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
-            wait_for(
-                Duration::from_secs(30),
-                "consul agent -dev to elect itself",
-                || {
-                    http(addr, "GET", "/v1/status/leader", b"")
-                        .filter(|(st, b)| *st == 200 && b.len() > 2)
-                        .map(|_| ())
-                },
-            );
+            wait_consul_leader(addr);
             let _ = tx.send(addr);
             // The death signal follows this thread: keep it for the binary's life.
             loop {
@@ -481,6 +450,41 @@ fn real_consul() -> Option<SocketAddr> {
         });
         Some(rx.recv().expect("consul agent -dev started"))
     })
+}
+
+/// `consul agent -dev` on loopback, its HTTP API on `http_port`, every
+/// other port free or off, plus `extra` arguments (`-hcl` settings).
+pub fn consul_command(bin: &std::path::Path, http_port: u16, extra: &[&str]) -> Command {
+    let mut cmd = Command::new(bin);
+    // Dev mode keeps everything in memory.
+    cmd.args([
+        "agent",
+        "-dev",
+        "-bind",
+        "127.0.0.1",
+        "-client",
+        "127.0.0.1",
+    ]);
+    cmd.args(["-http-port", &http_port.to_string()]);
+    cmd.args(["-grpc-port", "-1", "-dns-port", "-1"]);
+    cmd.args(["-serf-lan-port", &free_port().to_string()]);
+    cmd.args(["-serf-wan-port", &free_port().to_string()]);
+    cmd.args(["-server-port", &free_port().to_string()]);
+    cmd.args(extra);
+    cmd
+}
+
+/// Waits until the consul agent at `addr` (its HTTP API) has elected itself.
+pub fn wait_consul_leader(addr: SocketAddr) {
+    wait_for(
+        Duration::from_secs(30),
+        "consul agent -dev to elect itself",
+        || {
+            http(addr, "GET", "/v1/status/leader", b"")
+                .filter(|(st, b)| *st == 200 && b.len() > 2)
+                .map(|_| ())
+        },
+    );
 }
 
 /// A port free right now on 127.0.0.1 (for processes that cannot report
