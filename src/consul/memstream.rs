@@ -167,6 +167,8 @@ pub fn config(max_body_bytes: usize) -> ConsulConfig {
         partition: None,
         wait: Duration::from_secs(1),
         max_body_bytes,
+        gzip: crate::config::GzipMode::Auto,
+        max_stale: Duration::ZERO,
     }
 }
 

@@ -265,7 +265,7 @@ impl EventLoop {
     /// Answers a query that left [`crate::devkv::Parking`] (woken, or its
     /// wait over).
     pub(super) fn answer_parked(&mut self, key: usize, wait: &Wait, now: Instant) {
-        let (Some(kv), Some(slot)) = (self.devkv.as_ref(), self.https.get_mut(key)) else {
+        let (Some(kv), Some(slot)) = (self.devkv.as_mut(), self.https.get_mut(key)) else {
             return;
         };
         let progress = slot
