@@ -192,9 +192,18 @@ struct Body {
     decoder: BodyDecoder,
     /// The body as decoded (inflated, for a gzip body).
     bytes: Vec<u8>,
-    /// For a gzip body: the inflater, and the gzip bytes framed but not
-    /// yet inflated (the step of a turn ran out).
-    gzip: Option<(Box<Inflater>, Vec<u8>)>,
+    gzip: Option<Box<Gzip>>,
+}
+
+/// A gzip body on its way through the inflater.
+struct Gzip {
+    inflater: Inflater,
+    /// Framed bytes not inflated yet (the step of a turn ran out).
+    coded: Vec<u8>,
+    /// A framing error (or a close mid-body) met after these bytes: it is
+    /// reported once they are inflated, so that an error inside them comes
+    /// first, as it came first on the wire, however the bytes were split.
+    framing_error: Option<BodyError>,
 }
 
 /// How far a body got with what was buffered.
@@ -208,6 +217,33 @@ enum Absorbed {
 }
 
 impl Body {
+    /// The body of `head`, decoded as its framing and coding say.
+    fn new(head: ResponseHead, max_body: usize) -> Result<Body, Failure> {
+        let encodings = head
+            .headers
+            .iter()
+            .filter(|(name, _)| name == "content-encoding")
+            .map(|(_, v)| v.as_slice());
+        let gzip = match content_coding(encodings) {
+            Ok(Coding::Identity) => None,
+            Ok(Coding::Gzip) => Some(Box::new(Gzip {
+                inflater: Inflater::new(max_body),
+                coded: Vec::new(),
+                framing_error: None,
+            })),
+            Err(why) => return Err(Failure::new(ErrorReason::BadBody, why)),
+        };
+        // A gzip body is bounded once inflated (and on the wire), not as
+        // framed: bytes that do not compress grow a little.
+        let framed_bound = if gzip.is_some() { usize::MAX } else { max_body };
+        Ok(Body {
+            decoder: BodyDecoder::new(head.framing, framed_bound),
+            head,
+            bytes: Vec::new(),
+            gzip,
+        })
+    }
+
     /// Takes the framed body bytes at the front of `inbuf` and inflates
     /// them (a gzip body), counting what was inflated against `budget`.
     fn absorb(
@@ -216,35 +252,56 @@ impl Body {
         budget: &mut usize,
         max_body: usize,
     ) -> Result<Absorbed, Failure> {
-        let framed = match &mut self.gzip {
-            None => &mut self.bytes,
-            Some((_, coded)) => coded,
+        let Some(gz) = &mut self.gzip else {
+            let used = self
+                .decoder
+                .feed(inbuf, &mut self.bytes)
+                .map_err(|e| body_failure(e, max_body))?;
+            inbuf.drain(..used);
+            return Ok(match self.decoder.is_done() {
+                true => Absorbed::Complete,
+                false => Absorbed::NeedInput,
+            });
         };
-        let used = self
-            .decoder
-            .feed(inbuf, framed)
-            .map_err(|e| body_failure(e, max_body))?;
-        inbuf.drain(..used);
-        if let Some((inflater, coded)) = &mut self.gzip {
-            let before = self.bytes.len();
-            let used = inflater
-                .feed(coded, &mut self.bytes, *budget)
-                .map_err(|e| inflate_failure(e, max_body))?;
-            coded.drain(..used);
-            *budget -= self.bytes.len() - before;
-            if *budget == 0 {
-                return Ok(Absorbed::Spent);
+        if gz.framing_error.is_none() {
+            match self.decoder.feed(inbuf, &mut gz.coded) {
+                Ok(used) => drop(inbuf.drain(..used)),
+                Err(e) => gz.framing_error = Some(e),
             }
+        }
+        let before = self.bytes.len();
+        let used = gz
+            .inflater
+            .feed(&gz.coded, &mut self.bytes, *budget)
+            .map_err(|e| inflate_failure(e, max_body))?;
+        gz.coded.drain(..used);
+        *budget -= self.bytes.len() - before;
+        if *budget == 0 {
+            return Ok(Absorbed::Spent);
+        }
+        if let Some(e) = gz.framing_error {
+            return Err(body_failure(e, max_body));
         }
         if !self.decoder.is_done() {
             return Ok(Absorbed::NeedInput);
         }
-        if let Some((inflater, _)) = &mut self.gzip {
-            inflater
-                .finish()
-                .map_err(|e| inflate_failure(e, max_body))?;
-        }
+        gz.inflater
+            .finish()
+            .map_err(|e| inflate_failure(e, max_body))?;
         Ok(Absorbed::Complete)
+    }
+
+    /// The peer closed: a close-delimited body is complete; anything else
+    /// is truncated (for a gzip body, reported after what came before).
+    fn eof(&mut self) -> Result<(), BodyError> {
+        match (self.decoder.eof(), &mut self.gzip) {
+            (Ok(()), _) => Ok(()),
+            (Err(e), Some(gz)) => {
+                gz.framing_error.get_or_insert(e);
+                Ok(())
+            }
+            (Err(e), None) => Err(e),
+        }
     }
 }
 
@@ -753,7 +810,7 @@ impl<C: Connect> Client<C> {
             };
         };
         let max_body = self.spec.max_body_bytes;
-        if let Err(e) = b.decoder.eof() {
+        if let Err(e) = b.eof() {
             return Next::fail(rx.conn, body_failure(e, max_body));
         }
         // A close-delimited body is complete now; a gzip one may still
@@ -860,22 +917,7 @@ fn take_final_head(inbuf: &mut Vec<u8>, max_body: usize) -> Result<Option<Body>,
         )),
         Parse::Done(head, used) => {
             inbuf.drain(..used);
-            let encodings = head
-                .headers
-                .iter()
-                .filter(|(name, _)| name == "content-encoding")
-                .map(|(_, v)| v.as_slice());
-            let gzip = match content_coding(encodings) {
-                Ok(Coding::Identity) => None,
-                Ok(Coding::Gzip) => Some((Box::new(Inflater::new(max_body)), Vec::new())),
-                Err(why) => return Err(Failure::new(ErrorReason::BadBody, why)),
-            };
-            Ok(Some(Body {
-                decoder: BodyDecoder::new(head.framing, max_body),
-                head,
-                bytes: Vec::new(),
-                gzip,
-            }))
+            Body::new(head, max_body).map(Some)
         }
     }
 }
@@ -1663,6 +1705,47 @@ mod tests {
             seen(pump(&mut c, &mut now, Duration::from_secs(5), TURN)),
             Seen::Swap { index: 9, keys: 30 }
         );
+    }
+
+    /// Regression (fuzz `consul_gzip`): the framed gzip bytes were bounded
+    /// by -consul-max-body-bytes too, and all of a read was framed before
+    /// any was inflated: 200 bytes that are not gzip, close-delimited under
+    /// a 64-byte bound, were `too_large` in one read and `bad_body` (bad
+    /// magic) byte by byte. Errors now come in the order of the bytes.
+    #[test]
+    fn gzip_errors_come_in_stream_order_whatever_the_split() {
+        use crate::consul::memstream::{answer_once, Outcome};
+        let not_gzip = vec![b'N'; 200];
+        let mut bomb_then_bad_chunk = crate::http::gzip(&vec![b' '; 4096]);
+        bomb_then_bad_chunk.truncate(bomb_then_bad_chunk.len() - 4);
+        let cases = [
+            (
+                Framing::CloseDelimited,
+                not_gzip.clone(),
+                ErrorReason::BadBody,
+            ),
+            (Framing::Length, not_gzip, ErrorReason::BadBody),
+            // Inflates past 64 bytes before the stream is cut short.
+            (
+                Framing::Length,
+                bomb_then_bad_chunk.clone(),
+                ErrorReason::TooLarge,
+            ),
+            (Framing::Chunked, bomb_then_bad_chunk, ErrorReason::TooLarge),
+        ];
+        for (framing, body, reason) in cases {
+            let mut w = wire_with(framing, 9, GZIP, &body);
+            if framing == Framing::Chunked {
+                // A bad chunk after the data: framing fails late.
+                let end = w.len() - 5;
+                w.truncate(end);
+                w.extend_from_slice(b"zz\r\n");
+            }
+            let whole = answer_once(&w, &[], &Act::Fin, 64);
+            let bytewise = answer_once(&w, &vec![1; w.len()], &Act::Fin, 64);
+            assert_eq!(whole.0, Outcome::Failed(reason), "{framing:?}");
+            assert_eq!(whole, bytewise, "{framing:?}");
+        }
     }
 
     /// The request head the client wrote first.
