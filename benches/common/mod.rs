@@ -760,19 +760,22 @@ pub fn stop(child: &mut Child) {
     let _ = child.wait();
 }
 
+/// The agent under test: `-dev` on loopback port 0, no monitoring or pprof.
+pub const DEV_ARGS: [&str; 9] = [
+    "-dev",
+    "-listen-addr",
+    "127.0.0.1:0",
+    "-dev-kv-addr",
+    "127.0.0.1:0",
+    "-monitoring-addr",
+    "",
+    "-pprof-addr",
+    "",
+];
+
 impl Agent {
     pub fn start(extra: &[&str]) -> Agent {
-        let mut args = vec![
-            "-dev",
-            "-listen-addr",
-            "127.0.0.1:0",
-            "-dev-kv-addr",
-            "127.0.0.1:0",
-            "-monitoring-addr",
-            "",
-            "-pprof-addr",
-            "",
-        ];
+        let mut args = DEV_ARGS.to_vec();
         args.extend_from_slice(extra);
         let (child, line) = spawn_agent(&args);
         let (addr, kv) = (addr_in(&line, "listen_addr"), addr_in(&line, "dev_kv_addr"));
