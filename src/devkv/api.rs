@@ -12,9 +12,10 @@
 //! comes from [`crate::gocompat`].
 //!
 //! Like consul's gzip handler, a response of at least 1,400 bytes to a
-//! request that accepts gzip is gzipped (a fleet of agents asks for the
-//! same listing at the same index after every write: the last rendering
-//! is kept and served again until the store changes).
+//! request that accepts gzip is gzipped. A fleet of agents asks for the
+//! same listing at the same index after every write: the parked queries a
+//! write (or a wait's end) answers together share one rendering, kept
+//! until the loop calls [`DevKv::forget_rendered`] after the batch.
 //!
 //! Deliberate differences from a real `consul agent -dev`: JSON is compact
 //! unless `?pretty` is given (a real dev agent always pretty-prints);
@@ -56,9 +57,9 @@ pub struct DevKv {
     jitter: bool,
     /// xorshift64* state for the wait stagger (never 0).
     rng: Jitter,
-    /// The last read rendered: (store generation and the read's index,
-    /// which a tombstone reaped can move alone; the read; gzipped; the
-    /// response).
+    /// The last parked read rendered, until [`DevKv::forget_rendered`]:
+    /// (store generation and the read's index, which a tombstone reaped can
+    /// move alone; the read; gzipped; the response).
     rendered: Option<((u64, u64), Read, bool, Response)>,
 }
 
@@ -197,14 +198,20 @@ impl DevKv {
         self.read_index(&wait.read) > wait.index
     }
 
-    /// The response for a parked query (woken or timed out).
+    /// The response for a parked query (woken or timed out), rendered
+    /// (and gzipped when asked and worth it) once for every query of a
+    /// batch that asks the same.
     pub fn answer(&mut self, wait: &Wait) -> Response {
         self.render_once(&wait.read, wait.gzip)
     }
 
-    /// The read rendered (and gzipped when asked and worth it), once per
-    /// store generation: every agent of a fleet asks for the same listing
-    /// after a write.
+    /// A batch of parked queries was answered: the rendering kept for it
+    /// is freed (it is not kept between batches, so an idle KV holds no
+    /// copy of a listing).
+    pub fn forget_rendered(&mut self) {
+        self.rendered = None;
+    }
+
     fn render_once(&mut self, read: &Read, gzip: bool) -> Response {
         let generation = (self.generation(), self.read_index(read));
         if let Some((g, r, z, resp)) = &self.rendered {
@@ -298,7 +305,7 @@ impl DevKv {
             pretty: params.has("pretty"),
         };
         if min_index == 0 || self.read_index(&read) > min_index {
-            return Ok(Handled::Respond(self.render_once(&read, gzip)));
+            return Ok(Handled::Respond(encode(self.render(&read), gzip)));
         }
         let timeout = clamp_wait(wait);
         let deadline = now + timeout + self.stagger(timeout);
@@ -839,6 +846,9 @@ mod tests {
         assert_eq!(header(&p, "Content-Encoding"), None);
         assert_eq!(inflated(&z), p.body);
         assert_eq!(t.kv.answer(&zipped), z, "the same answer again");
+        assert!(t.kv.rendered.is_some());
+        t.kv.forget_rendered();
+        assert!(t.kv.rendered.is_none(), "no copy kept between batches");
         // A write renders anew.
         t.put("/v1/kv/app/srv2", b"drain");
         assert_ne!(inflated(&t.kv.answer(&zipped)), p.body);

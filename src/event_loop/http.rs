@@ -260,6 +260,15 @@ impl EventLoop {
         for (key, wait) in self.parking.woken(kv) {
             self.answer_parked(key, &wait, now);
         }
+        self.forget_rendered();
+    }
+
+    /// A batch of parked queries is answered: the dev KV frees the
+    /// rendering they shared.
+    pub(super) fn forget_rendered(&mut self) {
+        if let Some(kv) = self.devkv.as_mut() {
+            kv.forget_rendered();
+        }
     }
 
     /// Answers a query that left [`crate::devkv::Parking`] (woken, or its

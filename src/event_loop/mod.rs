@@ -350,6 +350,7 @@ impl EventLoop {
         for (key, wait) in self.parking.expired(now) {
             self.answer_parked(key, &wait, now);
         }
+        self.forget_rendered();
         if self.client.poll_at(now) <= now {
             self.client.on_timer(now, &mut self.updates);
             self.sync_consul(now);
