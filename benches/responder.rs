@@ -212,20 +212,7 @@ fn allocations_per_check() {
     use gitlab_haproxy_agent::config::{self, Command};
     use gitlab_haproxy_agent::event_loop::{bind, EventLoop, Listeners};
 
-    let args: Vec<std::ffi::OsString> = [
-        "-dev",
-        "-listen-addr",
-        "127.0.0.1:0",
-        "-dev-kv-addr",
-        "127.0.0.1:0",
-        "-monitoring-addr",
-        "",
-        "-pprof-addr",
-        "",
-    ]
-    .iter()
-    .map(Into::into)
-    .collect();
+    let args: Vec<std::ffi::OsString> = DEV_ARGS.iter().map(Into::into).collect();
     let Ok(Command::Run(mut cfg)) = config::parse(args, &|_| None) else {
         panic!("config");
     };

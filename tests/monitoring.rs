@@ -183,6 +183,17 @@ fn scrape_after_real_traffic_passes_promtool_and_counts_each_outcome() {
     assert_eq!(value(&after, &format!("{P}open_connections")), 0.0);
     assert!(value(&after, &format!("{P}consul_index")) > 0.0);
     assert!(value(&after, &format!("{P}consul_requests_total")) >= 1.0);
+    // The dev KV answers as a leader does.
+    assert!(value(&after, &format!("{P}consul_received_bytes_total")) > 100.0);
+    assert_eq!(
+        value(&after, &format!("{P}consul_last_contact_seconds")),
+        0.0
+    );
+    assert_eq!(value(&after, &format!("{P}consul_known_leader")), 1.0);
+    assert_eq!(
+        value(&after, &format!("{P}consul_stale_reasked_total")),
+        0.0
+    );
     assert!(value(&after, &format!("{P}state_swaps_total")) >= 1.0);
     assert!(value(&after, &format!("{P}state_last_change_timestamp_seconds")) > 1.6e9);
     assert_eq!(value(&after, &format!("{P}poll_errors_total")), 0.0);

@@ -700,53 +700,85 @@ pub fn agent_bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_gitlab-haproxy-agent"))
 }
 
-impl Agent {
-    pub fn start(extra: &[&str]) -> Agent {
-        let mut child = Command::new(agent_bin())
-            .args([
-                "-dev",
-                "-listen-addr",
-                "127.0.0.1:0",
-                "-dev-kv-addr",
-                "127.0.0.1:0",
-            ])
-            .args(["-monitoring-addr", "", "-pprof-addr", ""])
-            .args(extra)
-            .env("GITLAB_LOG_LEVEL", "info")
-            .env("GITLAB_LOG_FORMAT", "json")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("start the agent binary");
-        let stderr = child.stderr.take().expect("stderr");
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let mut tx = Some(tx);
-            for line in BufReader::new(stderr).lines() {
-                let Ok(line) = line else { break };
-                if line.contains("\"msg\":\"listening\"") {
-                    if let Some(tx) = tx.take() {
-                        let _ = tx.send(line);
-                    }
+/// Starts the agent binary with exactly `args` (JSON logs at info, stderr
+/// drained by a thread) and waits for its `listening` line, which names
+/// the addresses it bound ([`addr_in`]).
+pub fn spawn_agent(args: &[&str]) -> (Child, String) {
+    let mut child = Command::new(agent_bin())
+        .args(args)
+        .env("GITLAB_LOG_LEVEL", "info")
+        .env("GITLAB_LOG_FORMAT", "json")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start the agent binary");
+    let stderr = child.stderr.take().expect("stderr");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut tx = Some(tx);
+        for line in BufReader::new(stderr).lines() {
+            let Ok(line) = line else { break };
+            if line.contains("\"msg\":\"listening\"") {
+                if let Some(tx) = tx.take() {
+                    let _ = tx.send(line);
                 }
             }
-        });
-        let line = rx
-            .recv_timeout(Duration::from_secs(10))
-            .expect("agent logged \"listening\"");
-        let find = |name: &str| -> SocketAddrV4 {
-            let at = line
-                .find(&format!("{name}="))
-                .unwrap_or_else(|| panic!("{name} in {line}"));
-            let rest = &line[at + name.len() + 1..];
-            let end = rest.find([' ', '"']).unwrap_or(rest.len());
-            match rest[..end].parse::<SocketAddr>() {
-                Ok(SocketAddr::V4(a)) => a,
-                other => panic!("{name}: {other:?}"),
-            }
-        };
-        let (addr, kv) = (find("listen_addr"), find("dev_kv_addr"));
+        }
+    });
+    let line = rx
+        .recv_timeout(Duration::from_secs(10))
+        .expect("agent logged \"listening\"");
+    (child, line)
+}
+
+/// An address named in the `listening` line (`listen_addr`, ...).
+pub fn addr_in(line: &str, name: &str) -> SocketAddrV4 {
+    let at = line
+        .find(&format!("{name}="))
+        .unwrap_or_else(|| panic!("{name} in {line}"));
+    let rest = &line[at + name.len() + 1..];
+    let end = rest.find([' ', '"']).unwrap_or(rest.len());
+    match rest[..end].parse::<SocketAddr>() {
+        Ok(SocketAddr::V4(a)) => a,
+        other => panic!("{name}: {other:?}"),
+    }
+}
+
+/// SIGTERM, then SIGKILL after 5 s.
+pub fn stop(child: &mut Child) {
+    // SAFETY: signalling our own child by its PID.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while Instant::now() < deadline {
+        if let Ok(Some(_)) = child.try_wait() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+/// The agent under test: `-dev` on loopback port 0, no monitoring or pprof.
+pub const DEV_ARGS: [&str; 9] = [
+    "-dev",
+    "-listen-addr",
+    "127.0.0.1:0",
+    "-dev-kv-addr",
+    "127.0.0.1:0",
+    "-monitoring-addr",
+    "",
+    "-pprof-addr",
+    "",
+];
+
+impl Agent {
+    pub fn start(extra: &[&str]) -> Agent {
+        let mut args = DEV_ARGS.to_vec();
+        args.extend_from_slice(extra);
+        let (child, line) = spawn_agent(&args);
+        let (addr, kv) = (addr_in(&line, "listen_addr"), addr_in(&line, "dev_kv_addr"));
         Agent { child, addr, kv }
     }
 
@@ -757,17 +789,7 @@ impl Agent {
 
 impl Drop for Agent {
     fn drop(&mut self) {
-        // SAFETY: signalling our own child by its PID.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        stop(&mut self.child);
     }
 }
 

@@ -14,73 +14,11 @@
 //! never what decides).
 #![no_main]
 
-use std::time::{Duration, Instant};
-
-use gitlab_haproxy_agent::consul::client::Client;
-use gitlab_haproxy_agent::consul::memstream::{config, pump, Act, MemConnector, MemStream};
-use gitlab_haproxy_agent::consul::watch::{ErrorReason, Update};
+use gitlab_haproxy_agent::consul::memstream::{answer_once as run, Act};
 use libfuzzer_sys::fuzz_target;
 
 const BODY_BOUNDS: [usize; 8] = [0, 1, 5, 64, 2048, 4096, 1 << 20, usize::MAX];
 const MAX_WIRE: usize = 64 * 1024;
-
-/// Everything the loop would act on.
-#[derive(Debug, PartialEq, Eq)]
-enum Outcome {
-    Swap { index: u64, keys: usize, invalid: usize },
-    Unchanged,
-    Reset { from: u64, to: u64 },
-    Failed(ErrorReason),
-}
-
-/// One run: the wire in `pieces` (a pause between each), then `ending`.
-fn run(wire: &[u8], pieces: &[usize], ending: &Act, max_body: usize) -> (Outcome, bool) {
-    let mut script = Vec::new();
-    let mut at = 0;
-    for &len in pieces {
-        let end = (at + len).min(wire.len());
-        script.push(Act::Data(wire[at..end].to_vec()));
-        script.push(Act::Pause);
-        at = end;
-    }
-    script.push(Act::Data(wire[at..].to_vec()));
-    script.push(ending.clone());
-    let peer = MemStream::answering([script]);
-    let connector = MemConnector {
-        peers: [peer.clone()].into(),
-        connects: 0,
-    };
-    let mut client = Client::new(&config(max_body), connector, "gitlab-haproxy-agent/state", 1);
-    let t0 = Instant::now();
-    let mut now = t0;
-    let update = pump(
-        &mut client,
-        &mut now,
-        Duration::from_secs(60),
-        Duration::from_millis(1),
-    )
-    .expect("an outcome within the response deadline");
-    // 1 s × 17/16 + 5 s, and the turns it took to get there.
-    assert!(now - t0 < Duration::from_secs(8), "took {:?}", now - t0);
-    let outcome = match update {
-        Update::Swap(s) => Outcome::Swap {
-            index: s.index(),
-            keys: s.len(),
-            invalid: s.invalid().len(),
-        },
-        Update::Unchanged => Outcome::Unchanged,
-        Update::Reset { from, to } => Outcome::Reset { from, to },
-        Update::Failed(f) => Outcome::Failed(f.reason),
-    };
-    // Let the client see the rest of the script (a decode finishes first).
-    let mut out = Vec::new();
-    for _ in 0..pieces.len() + 4 {
-        client.on_event(now, &mut out);
-    }
-    assert!(out.is_empty(), "a second outcome: {out:?}");
-    assert_eq!(peer.requests(), 1);
-    (outcome, client.wants().is_some())
-}
 
 fuzz_target!(|data: &[u8]| {
     let Some((&ctl, rest)) = data.split_first() else {

@@ -198,7 +198,9 @@ settings! {
         max_line_bytes: "max-line-bytes", Int, "256", "longest request line accepted, 1..65536";
         max_connections: "max-connections", Int, "20000", "open agent connections before accepting pauses";
         consul_wait: "consul-wait", Duration, "5m", "consul blocking-query wait, 1s..10m";
-        consul_max_body_bytes: "consul-max-body-bytes", Int, "67108864", "largest consul response body accepted, at least 1024";
+        consul_max_body_bytes: "consul-max-body-bytes", Int, "67108864", "largest consul response body accepted (inflated, for a gzip body), at least 1024";
+        consul_gzip: "consul-gzip", Text, "auto", "ask consul for gzip bodies: auto (unless consul is on loopback or a unix socket), true or false";
+        consul_max_stale: "consul-max-stale", Duration, "0", "let any consul server answer (?stale) if it heard from the leader within this (Go duration); 0: the leader answers";
         state_file: "state-file", Text, "", "file keeping the last consul state across restarts (written after every change, answered from at start until consul answers); empty disables";
         state_max_age: "state-max-age", Duration, "24h", "oldest state file answered from at start";
         dev: "dev", Bool, "false", "also serve an in-memory consul-compatible KV on -dev-kv-addr and watch it; never for production";

@@ -70,6 +70,20 @@ pub struct ConsulConfig {
     /// Blocking-query wait, 1s..=10m.
     pub wait: Duration,
     pub max_body_bytes: usize,
+    /// `-consul-gzip`: whether to ask for gzip ([`ConsulConfig::asks_gzip`]).
+    pub gzip: GzipMode,
+    /// `-consul-max-stale`: zero is off (the leader answers).
+    pub max_stale: Duration,
+}
+
+/// `-consul-gzip`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GzipMode {
+    /// Ask unless consul is on a loopback address or a unix socket, where
+    /// compressing only costs both sides CPU.
+    Auto,
+    Always,
+    Never,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -144,6 +158,16 @@ pub fn parse(
 }
 
 impl ConsulConfig {
+    /// Whether requests carry `Accept-Encoding: gzip`.
+    pub fn asks_gzip(&self) -> bool {
+        match (self.gzip, &self.endpoint) {
+            (GzipMode::Always, _) => true,
+            (GzipMode::Never, _) => false,
+            (GzipMode::Auto, ConsulEndpoint::Unix(_)) => false,
+            (GzipMode::Auto, ConsulEndpoint::Tcp(addr)) => !addr.ip().to_canonical().is_loopback(),
+        }
+    }
+
     /// Points the client at `bound`, the address the dev KV listener really
     /// bound (needed when `-dev-kv-addr` has port 0). An unspecified address
     /// (`0.0.0.0`, `[::]`) becomes the loopback of its family.

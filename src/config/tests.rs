@@ -103,6 +103,9 @@ const ALL_FLAGS: &[&str] = &[
     "1m30s",
     "-consul-max-body-bytes",
     "2048",
+    "-consul-gzip=false",
+    "--consul-max-stale",
+    "2s",
     "-state-file",
     "/var/lib/x/state.json",
     "-state-max-age=90m",
@@ -131,6 +134,8 @@ fn assert_all_flags(c: &Config) {
     assert_eq!(c.max_connections, 7);
     assert_eq!(c.consul.wait, Duration::from_secs(90));
     assert_eq!(c.consul.max_body_bytes, 2048);
+    assert_eq!(c.consul.gzip, GzipMode::Never);
+    assert_eq!(c.consul.max_stale, Duration::from_secs(2));
     assert_eq!(c.state_file, Some("/var/lib/x/state.json".into()));
     assert_eq!(c.state_max_age, Duration::from_secs(5400));
     assert_eq!(
@@ -150,6 +155,8 @@ const ALL_ENV: &[(&str, &str)] = &[
     ("GITLAB_HAPROXY_AGENT_MAX_CONNECTIONS", "8"),
     ("GITLAB_HAPROXY_AGENT_CONSUL_WAIT", "2m"),
     ("GITLAB_HAPROXY_AGENT_CONSUL_MAX_BODY_BYTES", "4096"),
+    ("GITLAB_HAPROXY_AGENT_CONSUL_GZIP", "true"),
+    ("GITLAB_HAPROXY_AGENT_CONSUL_MAX_STALE", "1m"),
     ("GITLAB_HAPROXY_AGENT_STATE_FILE", "env-state.json"),
     ("GITLAB_HAPROXY_AGENT_STATE_MAX_AGE", "1h"),
     ("GITLAB_HAPROXY_AGENT_DEV", "true"),
@@ -183,6 +190,8 @@ fn every_flag_from_the_environment() {
     assert_eq!(c.max_connections, 8);
     assert_eq!(c.consul.wait, Duration::from_secs(120));
     assert_eq!(c.consul.max_body_bytes, 4096);
+    assert_eq!(c.consul.gzip, GzipMode::Always);
+    assert_eq!(c.consul.max_stale, Duration::from_secs(60));
     assert_eq!(c.state_file, Some("env-state.json".into()));
     assert_eq!(c.state_max_age, Duration::from_secs(3600));
     assert_eq!(
@@ -368,6 +377,9 @@ fn bad_values_name_the_flag() {
         (&["-consul-wait", "x"], "invalid value \"x\" for flag -consul-wait: not a duration (use Go syntax like 5s, 100ms, 1m30s)"),
         (&["-consul-max-body-bytes", "1023"], "invalid value \"1023\" for flag -consul-max-body-bytes: must be at least 1024"),
         (&["-consul-max-body-bytes", ""], "invalid value \"\" for flag -consul-max-body-bytes: not a whole number"),
+        (&["-consul-gzip", "yes"], "invalid value \"yes\" for flag -consul-gzip: use auto, true or false"),
+        (&["-consul-max-stale", "-1s"], "invalid value \"-1s\" for flag -consul-max-stale: must not be negative"),
+        (&["-consul-max-stale", "5"], "invalid value \"5\" for flag -consul-max-stale: not a duration (use Go syntax like 5s, 100ms, 1m30s)"),
         (&["-kv-prefix", "///"], "invalid value \"///\" for flag -kv-prefix: must not be empty (that would watch the whole KV store)"),
         (&["-kv-prefix", ""], "invalid value \"\" for flag -kv-prefix: must not be empty (that would watch the whole KV store)"),
         (&["-kv-prefix", "a\nb"], "invalid value \"a\\nb\" for flag -kv-prefix: holds a control character"),
@@ -481,6 +493,40 @@ fn empty_listen_addresses_disable() {
         &[("GITLAB_HAPROXY_AGENT_LISTEN_ADDR", "")],
     );
     assert_eq!(c.listen_addr, Some(ListenAddr::AnyDualStack(5)));
+}
+
+#[test]
+fn consul_gzip_auto_asks_unless_consul_is_on_loopback_or_a_unix_socket() {
+    let asks = |args: &[&str]| ok(args, &[]).consul.asks_gzip();
+    // Defaults: auto, 127.0.0.1:8500.
+    assert_eq!(ok(&[], &[]).consul.gzip, GzipMode::Auto);
+    assert!(!asks(&[]));
+    for (addr, remote) in [
+        ("10.0.0.1:8500", true),
+        ("http://[2001:db8::1]:8500", true),
+        ("127.0.0.2:8500", false),
+        ("[::1]:8500", false),
+        ("[::ffff:127.0.0.1]:8500", false),
+        ("unix:///run/consul.sock", false),
+    ] {
+        assert_eq!(asks(&["-consul-addr", addr]), remote, "{addr}");
+        assert!(
+            asks(&["-consul-addr", addr, "-consul-gzip", "true"]),
+            "{addr}"
+        );
+        assert!(
+            !asks(&["-consul-addr", addr, "-consul-gzip", "0"]),
+            "{addr}"
+        );
+        assert_eq!(
+            asks(&["-consul-addr", addr, "-consul-gzip", "AUTO"]),
+            remote,
+            "{addr}"
+        );
+    }
+    // -dev watches its own KV on loopback.
+    assert!(!asks(&["-dev"]));
+    assert_eq!(ok(&[], &[]).consul.max_stale, Duration::ZERO);
 }
 
 #[test]

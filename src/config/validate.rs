@@ -16,7 +16,7 @@ use base64::Engine as _;
 use super::addr::{dev_connect_addr, parse_consul_addr, parse_listen_addr, ConsulAddr, ListenAddr};
 use super::flags::{LowArgs, Raw};
 use super::tls::consul_tls;
-use super::{usage_error, Config, ConsulConfig, ConsulEndpoint, LogFormat, UsageError};
+use super::{usage_error, Config, ConsulConfig, ConsulEndpoint, GzipMode, LogFormat, UsageError};
 use crate::decimal::parse_uint;
 use crate::gocompat::{parse_go_bool, parse_signed_duration};
 
@@ -44,10 +44,14 @@ pub(super) fn config(low: &LowArgs) -> Result<Config, UsageError> {
         .filter(|p| !p.is_empty())
         .map(std::path::PathBuf::from);
     let state_max_age = positive_duration(&low.state_max_age.value())?;
+    let gzip = gzip_mode(&low.consul_gzip.value())?;
+    let max_stale = duration(&low.consul_max_stale.value())?;
     let dev_kv_addr = dev_kv_addr(low)?;
     let mut warnings = Vec::new();
     let limits = (wait, max_body_bytes);
-    let consul = consul_config(low, dev_kv_addr.as_ref(), limits, &mut warnings)?;
+    let mut consul = consul_config(low, dev_kv_addr.as_ref(), limits, &mut warnings)?;
+    consul.gzip = gzip;
+    consul.max_stale = max_stale;
     let (log_format, log_level) = log_settings(low)?;
     Ok(Config {
         listen_addr,
@@ -102,6 +106,18 @@ fn consul_wait(raw: &Raw) -> Result<Duration, UsageError> {
         return Err(raw.invalid("must be between 1s and 10m"));
     }
     Ok(d)
+}
+
+/// `-consul-gzip`: `auto`, or a Go bool.
+fn gzip_mode(raw: &Raw) -> Result<GzipMode, UsageError> {
+    if raw.value.eq_ignore_ascii_case("auto") {
+        return Ok(GzipMode::Auto);
+    }
+    match parse_go_bool(&raw.value) {
+        Some(true) => Ok(GzipMode::Always),
+        Some(false) => Ok(GzipMode::Never),
+        None => Err(raw.invalid("use auto, true or false")),
+    }
 }
 
 fn number(raw: &Raw, min: usize, max: usize) -> Result<usize, UsageError> {
@@ -205,6 +221,8 @@ fn consul_config(
         tls: None,
         wait,
         max_body_bytes,
+        gzip: GzipMode::Auto,
+        max_stale: Duration::ZERO,
     };
     let explicit = low.consul_addr.explicit();
     if let Some(raw) = explicit.filter(|raw| raw.value.is_empty()) {

@@ -48,7 +48,10 @@ use rustls_pki_types::ServerName;
 use crate::config::{ConsulConfig, ConsulEndpoint};
 use crate::consul::tls::{TlsError, TlsStream};
 use crate::consul::watch::{Decoding, ErrorReason, Failure, Response, Update, Watch, DECODE_SLICE};
-use crate::http::{parse_response_head, BodyDecoder, BodyError, Parse, ResponseHead};
+use crate::http::{
+    content_coding, parse_response_head, BodyDecoder, BodyError, Coding, InflateError, Inflater,
+    Parse, ResponseHead,
+};
 
 /// Connecting must succeed within this.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -59,9 +62,14 @@ pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
 pub const RESPONSE_SLACK: Duration = Duration::from_secs(5);
 const MAX_HEAD_BYTES: usize = 64 * 1024;
 const READ_CHUNK: usize = 64 * 1024;
-/// Read at most this much of a response per call (a 13 MB listing read
-/// in one go holds every answer for milliseconds).
+/// Read (and inflate) at most this much of a response per call (a 13 MB
+/// listing read in one go holds every answer for milliseconds).
 pub const READ_BUDGET: usize = 1024 * 1024;
+/// A kept connection that fails this soon after its request started, before
+/// any byte of the answer, was closed while idle (the close crossed our
+/// request): retried at once. Later, the close came while consul held the
+/// request (a restart): a drop, retried after the jittered backoff.
+pub const IDLE_CLOSE_RACE: Duration = Duration::from_secs(1);
 
 /// A byte stream to consul: nonblocking reads and writes, the end of a
 /// nonblocking connect, and a handshake of its own (TLS) after it.
@@ -277,7 +285,119 @@ impl<S: Read> Rx<S> {
 struct Body {
     head: ResponseHead,
     decoder: BodyDecoder,
+    /// The body as decoded (inflated, for a gzip body).
     bytes: Vec<u8>,
+    gzip: Option<Box<Gzip>>,
+}
+
+/// A gzip body on its way through the inflater.
+struct Gzip {
+    inflater: Inflater,
+    /// Framed bytes not inflated yet (the step of a turn ran out).
+    coded: Vec<u8>,
+    /// A framing error (or a close mid-body) met after these bytes: it is
+    /// reported once they are inflated, so that an error inside them comes
+    /// first, as it came first on the wire, however the bytes were split.
+    framing_error: Option<BodyError>,
+}
+
+/// How far a body got with what was buffered.
+enum Absorbed {
+    /// The whole body is in (and inflated).
+    Complete,
+    /// More bytes are needed from the socket.
+    NeedInput,
+    /// The turn's budget ran out with work left: come back next turn.
+    Spent,
+}
+
+impl Body {
+    /// The body of `head`, decoded as its framing and coding say.
+    fn new(head: ResponseHead, max_body: usize) -> Result<Body, Failure> {
+        let encodings = head
+            .headers
+            .iter()
+            .filter(|(name, _)| name == "content-encoding")
+            .map(|(_, v)| v.as_slice());
+        let gzip = match content_coding(encodings) {
+            Ok(Coding::Identity) => None,
+            Ok(Coding::Gzip) => Some(Box::new(Gzip {
+                inflater: Inflater::new(max_body),
+                coded: Vec::new(),
+                framing_error: None,
+            })),
+            Err(why) => return Err(Failure::new(ErrorReason::BadBody, why)),
+        };
+        // A gzip body is bounded once inflated (and on the wire), not as
+        // framed: bytes that do not compress grow a little.
+        let framed_bound = if gzip.is_some() { usize::MAX } else { max_body };
+        Ok(Body {
+            decoder: BodyDecoder::new(head.framing, framed_bound),
+            head,
+            bytes: Vec::new(),
+            gzip,
+        })
+    }
+
+    /// Takes the framed body bytes at the front of `inbuf` and inflates
+    /// them (a gzip body), counting what was inflated against `budget`.
+    fn absorb(
+        &mut self,
+        inbuf: &mut Vec<u8>,
+        budget: &mut usize,
+        max_body: usize,
+    ) -> Result<Absorbed, Failure> {
+        let Some(gz) = &mut self.gzip else {
+            let used = self
+                .decoder
+                .feed(inbuf, &mut self.bytes)
+                .map_err(|e| body_failure(e, max_body))?;
+            inbuf.drain(..used);
+            return Ok(match self.decoder.is_done() {
+                true => Absorbed::Complete,
+                false => Absorbed::NeedInput,
+            });
+        };
+        if gz.framing_error.is_none() {
+            match self.decoder.feed(inbuf, &mut gz.coded) {
+                Ok(used) => drop(inbuf.drain(..used)),
+                Err(e) => gz.framing_error = Some(e),
+            }
+        }
+        let before = self.bytes.len();
+        let used = gz
+            .inflater
+            .feed(&gz.coded, &mut self.bytes, *budget)
+            .map_err(|e| inflate_failure(e, max_body))?;
+        gz.coded.drain(..used);
+        *budget -= self.bytes.len() - before;
+        if *budget == 0 {
+            return Ok(Absorbed::Spent);
+        }
+        if let Some(e) = gz.framing_error {
+            return Err(body_failure(e, max_body));
+        }
+        if !self.decoder.is_done() {
+            return Ok(Absorbed::NeedInput);
+        }
+        gz.inflater
+            .finish()
+            .map_err(|e| inflate_failure(e, max_body))?;
+        Ok(Absorbed::Complete)
+    }
+
+    /// The peer closed: a close-delimited body is complete; anything else
+    /// is truncated (for a gzip body, reported after what came before).
+    fn eof(&mut self) -> Result<(), BodyError> {
+        match (self.decoder.eof(), &mut self.gzip) {
+            (Ok(()), _) => Ok(()),
+            (Err(e), Some(gz)) => {
+                gz.framing_error.get_or_insert(e);
+                Ok(())
+            }
+            (Err(e), None) => Err(e),
+        }
+    }
 }
 
 /// What the client waits for; see the table in the module docs.
@@ -369,6 +489,21 @@ struct RequestSpec {
     partition: Option<String>,
     wait: Duration,
     max_body_bytes: usize,
+    /// Send `Accept-Encoding: gzip`.
+    gzip: bool,
+}
+
+/// What the client saw of consul, for the metrics (read when scraped).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Traffic {
+    /// Bytes read from consul connections (before any inflating).
+    pub bytes_received: u64,
+    /// `X-Consul-LastContact` of the last response that carried it.
+    pub last_contact: Option<Duration>,
+    /// `X-Consul-KnownLeader` of the last response that carried it.
+    pub known_leader: Option<bool>,
+    /// Answers discarded as too stale and asked again without `stale`.
+    pub stale_reasks: u64,
 }
 
 /// The consul client: how to connect, the watch logic, and the phase.
@@ -381,6 +516,7 @@ pub struct Client<C: Connect> {
     retired: Vec<(u64, C::Stream)>,
     next_conn_id: u64,
     requests: u64,
+    traffic: Traffic,
 }
 
 impl<C: Connect> Client<C> {
@@ -396,12 +532,14 @@ impl<C: Connect> Client<C> {
                 partition: config.partition.clone(),
                 wait: config.wait,
                 max_body_bytes: config.max_body_bytes,
+                gzip: config.asks_gzip(),
             },
-            watch: Watch::new(prefix, seed),
+            watch: Watch::new(prefix, seed, config.max_stale),
             phase: Phase::Idle { conn: None },
             retired: Vec::new(),
             next_conn_id: 0,
             requests: 0,
+            traffic: Traffic::default(),
         }
     }
 
@@ -416,6 +554,15 @@ impl<C: Connect> Client<C> {
     /// Requests started so far.
     pub fn requests(&self) -> u64 {
         self.requests
+    }
+
+    /// Bytes received, what the last response said of the cluster, stale
+    /// answers asked again.
+    pub fn traffic(&self) -> Traffic {
+        Traffic {
+            stale_reasks: self.watch.stale_reasks(),
+            ..self.traffic
+        }
     }
 
     /// When the loop must call [`Client::on_timer`] next (`now`: work is
@@ -615,6 +762,9 @@ impl<C: Connect> Client<C> {
             r.push_str(a);
             r.push_str("\r\n");
         }
+        if c.gzip {
+            r.push_str("Accept-Encoding: gzip\r\n");
+        }
         r.push_str("\r\n");
         r.into_bytes()
     }
@@ -676,7 +826,8 @@ impl<C: Connect> Client<C> {
             match conn.stream.read(&mut probe) {
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Some(conn),
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                _ => {
+                r => {
+                    self.traffic.bytes_received += *r.as_ref().unwrap_or(&0) as u64;
                     self.retire(conn);
                     return None;
                 }
@@ -684,7 +835,8 @@ impl<C: Connect> Client<C> {
         }
     }
 
-    /// Reads and parses the response, at most [`READ_BUDGET`] bytes.
+    /// Reads, parses and inflates the response, at most [`READ_BUDGET`]
+    /// bytes read and inflated.
     fn receive(
         &mut self,
         mut rx: Rx<C::Stream>,
@@ -705,16 +857,15 @@ impl<C: Connect> Client<C> {
                 }
             }
             if let Some(mut b) = body.take() {
-                match b.decoder.feed(&rx.inbuf, &mut b.bytes) {
-                    Ok(used) => {
-                        rx.inbuf.drain(..used);
+                match b.absorb(&mut rx.inbuf, &mut budget, max_body) {
+                    Ok(Absorbed::Complete) => return self.complete(rx, b, now),
+                    Ok(Absorbed::NeedInput) => body = Some(b),
+                    Ok(Absorbed::Spent) => {
+                        rx.more = true;
+                        return Next::Wait(Phase::ExpectBody { rx, body: b });
                     }
-                    Err(e) => return body_fail(rx.conn, e, max_body),
+                    Err(failure) => return Next::fail(rx.conn, failure),
                 }
-                if b.decoder.is_done() {
-                    return self.complete(rx, b, now);
-                }
-                body = Some(b);
             }
             if rx.received > max_wire {
                 let failure = Failure::new(
@@ -727,8 +878,12 @@ impl<C: Connect> Client<C> {
                 rx.more = true;
                 return Next::Wait(receiving(rx, body));
             }
-            match rx.read_some(READ_CHUNK.min(budget)) {
-                Ok(0) => return self.on_eof(rx, body, now),
+            let read = rx.read_some(READ_CHUNK.min(budget));
+            if let Ok(n) = read {
+                self.traffic.bytes_received += n as u64;
+            }
+            match read {
+                Ok(0) => return self.on_eof(rx, body, budget, now),
                 Ok(n) => budget -= n,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                     rx.more = false;
@@ -736,21 +891,38 @@ impl<C: Connect> Client<C> {
                 }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => {
-                    let retry_fresh = rx.conn.reused && rx.received == 0;
+                    let retry_fresh = self.closed_while_idle(&rx, now) && is_reset(&e);
                     return Next::Fail {
                         conn: Some(rx.conn),
                         failure: io_failure(&e),
-                        retry_fresh: retry_fresh && is_reset(&e),
+                        retry_fresh,
                     };
                 }
             }
         }
     }
 
-    fn on_eof(&mut self, rx: Rx<C::Stream>, body: Option<Body>, now: Instant) -> Next<C::Stream> {
+    /// A kept connection failed before any byte of the answer, so soon
+    /// after the request that the close must have crossed it: consul (or a
+    /// proxy) closed the connection while it was idle. A close while
+    /// consul held the request (a consul restart, seen by every agent at
+    /// once) is a drop like any other.
+    fn closed_while_idle(&self, rx: &Rx<C::Stream>, now: Instant) -> bool {
+        let started = rx.deadline - self.response_within();
+        rx.conn.reused && rx.received == 0 && now < started + IDLE_CLOSE_RACE
+    }
+
+    /// The peer closed; `budget` is what is left of the turn's.
+    fn on_eof(
+        &mut self,
+        mut rx: Rx<C::Stream>,
+        body: Option<Body>,
+        mut budget: usize,
+        now: Instant,
+    ) -> Next<C::Stream> {
         let Some(mut b) = body else {
             return Next::Fail {
-                retry_fresh: rx.conn.reused && rx.received == 0,
+                retry_fresh: self.closed_while_idle(&rx, now),
                 conn: Some(rx.conn),
                 failure: Failure::new(
                     ErrorReason::Reset,
@@ -758,9 +930,20 @@ impl<C: Connect> Client<C> {
                 ),
             };
         };
-        match b.decoder.eof() {
-            Ok(()) => self.complete(rx, b, now),
-            Err(e) => body_fail(rx.conn, e, self.spec.max_body_bytes),
+        let max_body = self.spec.max_body_bytes;
+        if let Err(e) = b.eof() {
+            return Next::fail(rx.conn, body_failure(e, max_body));
+        }
+        // A close-delimited body is complete now; a gzip one may still
+        // have inflating left, a budget per turn (the socket is only read
+        // again, for EOF, once it is all inflated).
+        match b.absorb(&mut rx.inbuf, &mut budget, max_body) {
+            Ok(Absorbed::Complete) => self.complete(rx, b, now),
+            Ok(_) => {
+                rx.more = true;
+                Next::Wait(Phase::ExpectBody { rx, body: b })
+            }
+            Err(failure) => Next::fail(rx.conn, failure),
         }
     }
 
@@ -780,13 +963,28 @@ impl<C: Connect> Client<C> {
             None
         };
         let Body { head, bytes, .. } = body;
-        let index = head.header("x-consul-index");
-        match self.watch.on_response(now, head.status, index, bytes) {
+        self.note_cluster(&head);
+        match self.watch.on_response(now, &head, bytes) {
             Response::Done(update) => Next::Done(Phase::Idle { conn }, update),
             Response::Decode(decoding) => Next::Wait(Phase::Decoding {
                 conn,
                 decoding: Box::new(decoding),
             }),
+        }
+    }
+
+    /// What a response says of the cluster (kept for the metrics when it
+    /// says it).
+    fn note_cluster(&mut self, head: &ResponseHead) {
+        let text = |name| {
+            let v = head.header(name)?;
+            std::str::from_utf8(v).ok().map(str::trim)
+        };
+        if let Some(ms) = text("x-consul-lastcontact").and_then(|v| v.parse().ok()) {
+            self.traffic.last_contact = Some(Duration::from_millis(ms));
+        }
+        if let Some(v) = text("x-consul-knownleader") {
+            self.traffic.known_leader = Some(v.eq_ignore_ascii_case("true"));
         }
     }
 
@@ -840,11 +1038,7 @@ fn take_final_head(inbuf: &mut Vec<u8>, max_body: usize) -> Result<Option<Body>,
         )),
         Parse::Done(head, used) => {
             inbuf.drain(..used);
-            Ok(Some(Body {
-                decoder: BodyDecoder::new(head.framing, max_body),
-                head,
-                bytes: Vec::new(),
-            }))
+            Body::new(head, max_body).map(Some)
         }
     }
 }
@@ -967,8 +1161,8 @@ fn io_failure(e: &io::Error) -> Failure {
     Failure::new(reason, e.to_string())
 }
 
-fn body_fail<S>(conn: Conn<S>, e: BodyError, max: usize) -> Next<S> {
-    let failure = match e {
+fn body_failure(e: BodyError, max: usize) -> Failure {
+    match e {
         BodyError::TooLarge => Failure::new(
             ErrorReason::TooLarge,
             format!("response over -consul-max-body-bytes ({max})"),
@@ -978,15 +1172,25 @@ fn body_fail<S>(conn: Conn<S>, e: BodyError, max: usize) -> Next<S> {
             ErrorReason::BadBody,
             "connection closed mid-body (truncated body)",
         ),
-    };
-    Next::fail(conn, failure)
+    }
+}
+
+fn inflate_failure(e: InflateError, max: usize) -> Failure {
+    match e {
+        InflateError::TooLarge => Failure::new(
+            ErrorReason::TooLarge,
+            format!("gzip body inflates past -consul-max-body-bytes ({max})"),
+        ),
+        e => Failure::new(ErrorReason::BadBody, e.to_string()),
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::GzipMode;
     use crate::consul::memstream::{config, pump, Act, MemConnector, MemStream};
-    use crate::consul::watch::CONFIG_ERROR_DELAY;
+    use crate::consul::watch::{CONFIG_ERROR_DELAY, MIN_GAP as MIN_GAP_FOR_TESTS};
 
     const PREFIX: &str = "p";
     /// One loop turn on the virtual clock.
@@ -1052,9 +1256,14 @@ mod tests {
     }
 
     fn wire(framing: Framing, index: u64, body: &[u8]) -> Vec<u8> {
+        wire_with(framing, index, "", body)
+    }
+
+    /// A response with these extra header lines (each ending in CRLF).
+    fn wire_with(framing: Framing, index: u64, headers: &str, body: &[u8]) -> Vec<u8> {
         let head = |version: &str, extra: &str| {
             format!(
-                "{version} 200 OK\r\nContent-Type: application/json\r\nX-Consul-Index: {index}\r\n{extra}\r\n"
+                "{version} 200 OK\r\nContent-Type: application/json\r\nX-Consul-Index: {index}\r\n{headers}{extra}\r\n"
             )
             .into_bytes()
         };
@@ -1106,6 +1315,7 @@ mod tests {
         Swap { index: u64, keys: usize },
         Unchanged,
         Reset { from: u64, to: u64 },
+        TooStale,
         Failed(ErrorReason),
         Nothing,
     }
@@ -1118,6 +1328,7 @@ mod tests {
             },
             Some(Update::Unchanged) => Seen::Unchanged,
             Some(Update::Reset { from, to }) => Seen::Reset { from, to },
+            Some(Update::TooStale { .. }) => Seen::TooStale,
             Some(Update::Failed(f)) => Seen::Failed(f.reason),
             None => Seen::Nothing,
         }
@@ -1141,7 +1352,12 @@ mod tests {
     /// the connection was kept, and that the second request goes out and
     /// is applied (on the same connection when kept, else on a new one).
     fn run(framing: Framing, ending: Ending, body: &[u8], keys: usize, at: usize) {
-        let first = wire(framing, 9, body);
+        run_wire(framing, ending, &wire(framing, 9, body), keys, at);
+    }
+
+    /// As [`run`], with the first response's bytes given (`framing` as
+    /// they are framed).
+    fn run_wire(framing: Framing, ending: Ending, first: &[u8], keys: usize, at: usize) {
         let mut script = vec![
             Act::Data(first[..at].to_vec()),
             Act::Pause,
@@ -1158,7 +1374,10 @@ mod tests {
         let b = MemStream::answering([second]);
         let mut c = client(vec![a.clone(), b.clone()]);
         let mut now = Instant::now();
-        let what = format!("{framing:?} {ending:?} {keys} keys split at {at}");
+        let what = format!(
+            "{framing:?} {ending:?} {keys} keys split at {at} of {}",
+            first.len()
+        );
         let got = seen(pump(&mut c, &mut now, Duration::from_secs(30), TURN));
         assert_eq!(got, expected(framing, ending, keys), "{what}");
         // The ending is seen by the next reads (readiness events).
@@ -1417,5 +1636,496 @@ mod tests {
         );
         assert!(c.next_request_at(now).expect("idle") > now);
         assert_eq!(c.watch().request_index(), 0);
+    }
+
+    // ---- gzip ----
+
+    const GZIP: &str = "Content-Encoding: gzip\r\n";
+
+    fn gzip_wire(framing: Framing, index: u64, body: &[u8]) -> Vec<u8> {
+        wire_with(framing, index, GZIP, &crate::http::gzip(body))
+    }
+
+    fn gzip_split_at_every_byte(framing: Framing) {
+        let body = listing(10);
+        let first = gzip_wire(framing, 9, &body);
+        for ending in ENDINGS {
+            for at in 0..=first.len() {
+                run_wire(framing, ending, &first, 10, at);
+            }
+        }
+    }
+
+    #[test]
+    fn gzip_content_length_split_at_every_byte_then_every_ending() {
+        gzip_split_at_every_byte(Framing::Length);
+    }
+
+    #[test]
+    fn gzip_chunked_split_at_every_byte_then_every_ending() {
+        gzip_split_at_every_byte(Framing::Chunked);
+    }
+
+    #[test]
+    fn gzip_close_delimited_split_at_every_byte_then_every_ending() {
+        gzip_split_at_every_byte(Framing::CloseDelimited);
+    }
+
+    #[test]
+    fn gzip_other_framings_split_at_every_byte_then_every_ending() {
+        for framing in [
+            Framing::Http10,
+            Framing::ConnectionClose,
+            Framing::InterimFirst,
+        ] {
+            gzip_split_at_every_byte(framing);
+        }
+    }
+
+    /// Past the budget of a turn the body is inflated over several turns,
+    /// under every framing and ending, whatever the split.
+    #[test]
+    fn a_large_gzip_listing_is_inflated_a_budget_per_turn_under_every_framing() {
+        let body = listing(12_000);
+        assert!(body.len() > READ_BUDGET, "{}", body.len());
+        for framing in FRAMINGS {
+            let w = gzip_wire(framing, 9, &body);
+            // The final head ends at the first blank line after its index.
+            let index = w
+                .windows(14)
+                .position(|x| x == b"X-Consul-Index")
+                .unwrap_or(0);
+            let head = index
+                + w[index..]
+                    .windows(4)
+                    .position(|x| x == b"\r\n\r\n")
+                    .unwrap_or(0)
+                + 4;
+            for ending in ENDINGS {
+                for at in [
+                    0,
+                    head - 1,
+                    head,
+                    head + 10,
+                    w.len() / 2,
+                    w.len() - 1,
+                    w.len(),
+                ] {
+                    run_wire(framing, ending, &w, 12_000, at);
+                }
+            }
+        }
+        // One turn reads and inflates at most the budget, then comes back.
+        let peer = MemStream::answering([vec![Act::Data(gzip_wire(Framing::Chunked, 9, &body))]]);
+        let mut c = client(vec![peer]);
+        let now = Instant::now();
+        let mut out = Vec::new();
+        c.on_timer(now, &mut out);
+        assert!(out.is_empty());
+        assert_eq!(c.phase_name(), "reading_body");
+        assert_eq!(c.poll_at(now), now, "more to inflate: come back at once");
+        let mut turns = 1;
+        while out.is_empty() {
+            c.on_timer(now, &mut out);
+            turns += 1;
+        }
+        assert!(matches!(out[0], Update::Swap(_)), "{:?}", out[0]);
+        let decode_turns = body.len().div_ceil(READ_BUDGET);
+        assert!(
+            turns >= decode_turns,
+            "{turns} turns for {} bytes",
+            body.len()
+        );
+    }
+
+    /// The first request's response is `first`, cut at `at`, then the
+    /// peer closes; the client must fail with `reason` (keeping nothing),
+    /// and the next request, on a new connection, is applied.
+    fn fails_then_recovers(
+        first: &[u8],
+        at: usize,
+        max_body: usize,
+        reason: ErrorReason,
+    ) -> Instant {
+        let script = vec![
+            Act::Data(first[..at].to_vec()),
+            Act::Pause,
+            Act::Data(first[at..].to_vec()),
+            Act::Fin,
+        ];
+        let a = MemStream::answering([script]);
+        let b = MemStream::answering([vec![Act::Data(wire(Framing::Length, 10, &listing(2)))]]);
+        let mut c = client_with(vec![a, b.clone()], max_body);
+        let t0 = Instant::now();
+        let mut now = t0;
+        let got = seen(pump(&mut c, &mut now, Duration::from_secs(30), TURN));
+        assert_eq!(
+            got,
+            Seen::Failed(reason),
+            "split at {at} of {}",
+            first.len()
+        );
+        let failed_at = now;
+        assert!(c.wants().is_none(), "connection closed");
+        let next = seen(pump(&mut c, &mut now, Duration::from_secs(30), TURN));
+        assert_eq!(next, Seen::Swap { index: 10, keys: 2 }, "next request");
+        assert_eq!(b.requests(), 1);
+        failed_at
+    }
+
+    #[test]
+    fn a_gzip_bomb_is_too_large_under_every_framing_and_memory_stays_bounded() {
+        // 64 MiB of JSON-ish spaces: about 64 KiB on the wire.
+        let mut bomb = vec![b' '; 64 << 20];
+        bomb[0] = b'[';
+        let max_body = 1 << 20;
+        for framing in FRAMINGS {
+            let w = wire_with(framing, 9, GZIP, &crate::http::gzip(&bomb));
+            assert!(w.len() < 128 << 10, "{}", w.len());
+            for at in [0, w.len() / 3, w.len()] {
+                let t0 = Instant::now();
+                let failed_at = fails_then_recovers(&w, at, max_body, ErrorReason::TooLarge);
+                // Cut as soon as the bound is passed: a turn or two, not
+                // the 64 turns inflating it all would take.
+                assert!(failed_at - t0 < Duration::from_millis(20), "{framing:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn corrupt_truncated_and_unknown_encodings_are_bad_body() {
+        let body = listing(30);
+        let z = crate::http::gzip(&body);
+        let mut flipped = z.clone();
+        let n = flipped.len();
+        flipped[n - 6] ^= 0x40; // the CRC
+        let cases: Vec<(&str, Vec<u8>)> = vec![
+            (
+                "gzip header on plain JSON",
+                wire_with(Framing::Chunked, 9, GZIP, &body),
+            ),
+            ("bad CRC", wire_with(Framing::Length, 9, GZIP, &flipped)),
+            (
+                "cut short, chunked",
+                wire_with(Framing::Chunked, 9, GZIP, &z[..n - 9]),
+            ),
+            (
+                "cut short, length",
+                wire_with(Framing::Length, 9, GZIP, &z[..n / 2]),
+            ),
+            (
+                "cut short, close-delimited",
+                wire_with(Framing::CloseDelimited, 9, GZIP, &z[..n - 1]),
+            ),
+            (
+                "br",
+                wire_with(Framing::Length, 9, "Content-Encoding: br\r\n", &body),
+            ),
+            (
+                "gzip twice",
+                wire_with(
+                    Framing::Length,
+                    9,
+                    "Content-Encoding: gzip\r\nContent-Encoding: gzip\r\n",
+                    &z,
+                ),
+            ),
+        ];
+        for (what, w) in cases {
+            for at in [0, w.len() / 2, w.len()] {
+                let failure = std::panic::catch_unwind(|| {
+                    fails_then_recovers(&w, at, 64 << 20, ErrorReason::BadBody);
+                });
+                assert!(failure.is_ok(), "{what}, split at {at}");
+            }
+        }
+        // `identity`, or an empty value, is no coding at all.
+        let plain = wire_with(
+            Framing::Length,
+            9,
+            "Content-Encoding: identity\r\nContent-Encoding:\r\n",
+            &body,
+        );
+        let mut c = client(vec![MemStream::answering([vec![Act::Data(plain)]])]);
+        let mut now = Instant::now();
+        assert_eq!(
+            seen(pump(&mut c, &mut now, Duration::from_secs(5), TURN)),
+            Seen::Swap { index: 9, keys: 30 }
+        );
+    }
+
+    /// Regression (fuzz `consul_gzip`): the framed gzip bytes were bounded
+    /// by -consul-max-body-bytes too, and all of a read was framed before
+    /// any was inflated: 200 bytes that are not gzip, close-delimited under
+    /// a 64-byte bound, were `too_large` in one read and `bad_body` (bad
+    /// magic) byte by byte. Errors now come in the order of the bytes.
+    #[test]
+    fn gzip_errors_come_in_stream_order_whatever_the_split() {
+        use crate::consul::memstream::{answer_once, Outcome};
+        let not_gzip = vec![b'N'; 200];
+        let mut bomb_then_bad_chunk = crate::http::gzip(&vec![b' '; 4096]);
+        bomb_then_bad_chunk.truncate(bomb_then_bad_chunk.len() - 4);
+        let cases = [
+            (
+                Framing::CloseDelimited,
+                not_gzip.clone(),
+                ErrorReason::BadBody,
+            ),
+            (Framing::Length, not_gzip, ErrorReason::BadBody),
+            // Inflates past 64 bytes before the stream is cut short.
+            (
+                Framing::Length,
+                bomb_then_bad_chunk.clone(),
+                ErrorReason::TooLarge,
+            ),
+            (Framing::Chunked, bomb_then_bad_chunk, ErrorReason::TooLarge),
+        ];
+        for (framing, body, reason) in cases {
+            let mut w = wire_with(framing, 9, GZIP, &body);
+            if framing == Framing::Chunked {
+                // A bad chunk after the data: framing fails late.
+                let end = w.len() - 5;
+                w.truncate(end);
+                w.extend_from_slice(b"zz\r\n");
+            }
+            let whole = answer_once(&w, &[], &Act::Fin, 64);
+            let bytewise = answer_once(&w, &vec![1; w.len()], &Act::Fin, 64);
+            assert_eq!(whole.0, Outcome::Failed(reason), "{framing:?}");
+            assert_eq!(whole, bytewise, "{framing:?}");
+        }
+    }
+
+    /// The request head the client wrote first.
+    fn first_request(peer: &MemStream) -> String {
+        let written = peer.0.borrow().written.clone();
+        let end = written
+            .windows(4)
+            .position(|w| w == b"\r\n\r\n")
+            .expect("a request")
+            + 4;
+        String::from_utf8_lossy(&written[..end]).into_owned()
+    }
+
+    #[test]
+    fn gzip_is_asked_for_only_when_configured_and_counted_compressed() {
+        let body = listing(500);
+        let answer = gzip_wire(Framing::Chunked, 9, &body);
+        for (mode, asks) in [
+            (GzipMode::Always, true),
+            (GzipMode::Never, false),
+            // The scripted peer is at 127.0.0.1: loopback.
+            (GzipMode::Auto, false),
+        ] {
+            let peer = MemStream::answering([vec![Act::Data(answer.clone())]]);
+            let config = ConsulConfig {
+                gzip: mode,
+                ..config(64 << 20)
+            };
+            let connector = MemConnector {
+                peers: [peer.clone()].into(),
+                connects: 0,
+            };
+            let mut c = Client::new(&config, connector, PREFIX, 7);
+            let mut now = Instant::now();
+            let got = seen(pump(&mut c, &mut now, Duration::from_secs(5), TURN));
+            assert_eq!(
+                got,
+                Seen::Swap {
+                    index: 9,
+                    keys: 500
+                },
+                "{mode:?}"
+            );
+            let head = first_request(&peer);
+            assert_eq!(
+                head.contains("\r\nAccept-Encoding: gzip\r\n"),
+                asks,
+                "{mode:?}: {head}"
+            );
+            assert_eq!(
+                c.traffic().bytes_received,
+                answer.len() as u64,
+                "wire bytes, not inflated ones"
+            );
+        }
+    }
+
+    #[test]
+    fn last_contact_and_known_leader_are_read_from_each_response_that_says_them() {
+        let leader = "X-Consul-Knownleader: true\r\nX-Consul-Lastcontact: 0\r\n";
+        let follower = "X-Consul-KnownLeader: false\r\nX-Consul-LastContact: 1500\r\n";
+        let a = MemStream::answering([
+            vec![Act::Data(wire_with(
+                Framing::Length,
+                9,
+                leader,
+                &listing(1),
+            ))],
+            vec![Act::Data(wire_with(
+                Framing::Length,
+                10,
+                follower,
+                &listing(1),
+            ))],
+            vec![Act::Data(wire(Framing::Length, 11, &listing(1)))],
+        ]);
+        let mut c = client(vec![a]);
+        let mut now = Instant::now();
+        assert_eq!(c.traffic(), Traffic::default());
+        pump(&mut c, &mut now, Duration::from_secs(5), TURN);
+        let t = c.traffic();
+        assert_eq!(
+            (t.last_contact, t.known_leader),
+            (Some(Duration::ZERO), Some(true))
+        );
+        pump(&mut c, &mut now, Duration::from_secs(5), TURN);
+        let t = c.traffic();
+        assert_eq!(
+            (t.last_contact, t.known_leader),
+            (Some(Duration::from_millis(1500)), Some(false))
+        );
+        // A response without them leaves what the last one said.
+        pump(&mut c, &mut now, Duration::from_secs(5), TURN);
+        assert_eq!(c.traffic().last_contact, Some(Duration::from_millis(1500)));
+    }
+
+    #[test]
+    fn a_too_stale_answer_is_asked_again_at_once_of_the_leader() {
+        let stale = "X-Consul-Lastcontact: 9000\r\nX-Consul-Knownleader: true\r\n";
+        let fresh = "X-Consul-Lastcontact: 10\r\n";
+        let a = MemStream::answering([
+            vec![Act::Data(wire_with(Framing::Length, 9, fresh, &listing(3)))],
+            vec![Act::Data(wire_with(
+                Framing::Length,
+                12,
+                stale,
+                &listing(5),
+            ))],
+            vec![Act::Data(wire(Framing::Length, 12, &listing(5)))],
+        ]);
+        let config = ConsulConfig {
+            max_stale: Duration::from_secs(2),
+            ..config(64 << 20)
+        };
+        let connector = MemConnector {
+            peers: [a.clone()].into(),
+            connects: 0,
+        };
+        let mut c = Client::new(&config, connector, PREFIX, 7);
+        let mut now = Instant::now();
+        let step = |c: &mut Client<MemConnector>, now: &mut Instant| {
+            seen(pump(c, now, Duration::from_secs(5), TURN))
+        };
+        assert_eq!(step(&mut c, &mut now), Seen::Swap { index: 9, keys: 3 });
+        assert_eq!(step(&mut c, &mut now), Seen::TooStale);
+        let before = now;
+        assert_eq!(c.watch().index(), 9);
+        assert_eq!(step(&mut c, &mut now), Seen::Swap { index: 12, keys: 5 });
+        assert!(
+            now - before <= MIN_GAP_FOR_TESTS + Duration::from_millis(10),
+            "{:?}",
+            now - before
+        );
+        let written = String::from_utf8_lossy(&a.0.borrow().written).into_owned();
+        let targets: Vec<&str> = written.lines().filter(|l| l.starts_with("GET ")).collect();
+        assert_eq!(
+            targets,
+            [
+                "GET /v1/kv/p/?recurse=&stale= HTTP/1.1",
+                "GET /v1/kv/p/?recurse=&index=9&wait=1000ms&stale= HTTP/1.1",
+                "GET /v1/kv/p/?recurse=&index=9&wait=1000ms HTTP/1.1",
+            ]
+        );
+        assert_eq!(c.traffic().stale_reasks, 1);
+    }
+
+    // ---- reconnects after a consul restart ----
+
+    /// A client synced at index 9 with its blocking request held by consul
+    /// since `t0`; returns it, its peer, and the peer of its next
+    /// connection (silent).
+    fn held(seed: u64, t0: Instant) -> (Client<MemConnector>, MemStream, MemStream) {
+        let peer = MemStream::answering([
+            vec![Act::Data(wire(Framing::Length, 9, &listing(2)))],
+            vec![],
+        ]);
+        let spare = MemStream::answering([vec![]]);
+        let connector = MemConnector {
+            peers: [peer.clone(), spare.clone()].into(),
+            connects: 0,
+        };
+        let mut c = Client::new(&config(64 << 20), connector, PREFIX, seed);
+        let mut out = Vec::new();
+        c.on_timer(t0, &mut out);
+        assert!(matches!(out.pop(), Some(Update::Swap(_))));
+        let next = c.next_request_at(t0).expect("idle");
+        c.on_timer(next, &mut out);
+        assert_eq!((peer.requests(), c.phase_name()), (2, "awaiting_head"));
+        (c, peer, spare)
+    }
+
+    #[test]
+    fn a_consul_restart_while_requests_are_held_spreads_the_fleets_reconnects_over_the_backoff() {
+        const FLEET: u64 = 1000;
+        let t0 = Instant::now();
+        for ending in [Act::Fin, Act::Reset] {
+            let restart = t0 + Duration::from_secs(120);
+            let mut delays = Vec::new();
+            for seed in 1..=FLEET {
+                let (mut c, peer, spare) = held(seed, t0);
+                peer.0.borrow_mut().script.push_back(ending.clone());
+                let mut out = Vec::new();
+                c.on_event(restart, &mut out);
+                assert!(
+                    matches!(out.as_slice(), [Update::Failed(f)] if f.reason == ErrorReason::Reset),
+                    "{out:?}"
+                );
+                // Not retried on the spot: nothing connected yet.
+                assert!(c.wants().is_none());
+                assert_eq!(spare.requests(), 0);
+                delays.push(c.next_request_at(restart).expect("idle") - restart);
+            }
+            // Over the whole first interval (250 ms) ...
+            let first = Duration::from_millis(250);
+            assert!(delays.iter().all(|&d| d <= first), "{ending:?}");
+            let mut tenths = [0; 10];
+            let mut per_ms = [0; 251];
+            for d in &delays {
+                tenths[((d.as_micros() * 10 / first.as_micros()) as usize).min(9)] += 1;
+                per_ms[d.as_millis() as usize] += 1;
+            }
+            assert!(
+                tenths.iter().all(|&n| (60..=140).contains(&n)),
+                "{ending:?}: {tenths:?}"
+            );
+            // ... so no millisecond sees more than about 1 % of the fleet
+            // (4 on average), where all 1,000 came back at once before.
+            let busiest = per_ms.iter().max().copied().unwrap_or(0);
+            assert!(
+                busiest <= 12,
+                "{ending:?}: {busiest} reconnects in one millisecond"
+            );
+        }
+    }
+
+    #[test]
+    fn a_close_right_after_the_request_is_an_idle_close_and_retried_at_once() {
+        // The same close 10 ms after the blocking request went out: it
+        // crossed the request (consul or a proxy closed the idle
+        // connection), so a fresh connection goes at once, no error.
+        let t0 = Instant::now();
+        let (mut c, peer, spare) = held(3, t0);
+        let sent = t0 + MIN_GAP_FOR_TESTS;
+        peer.0.borrow_mut().script.push_back(Act::Fin);
+        let mut out = Vec::new();
+        c.on_event(sent + Duration::from_millis(10), &mut out);
+        assert!(out.is_empty(), "{out:?}");
+        assert_eq!(spare.requests(), 1, "a fresh connection at once");
+        // And one past the window is a drop.
+        let (mut c, peer, spare) = held(3, t0);
+        peer.0.borrow_mut().script.push_back(Act::Fin);
+        c.on_event(sent + IDLE_CLOSE_RACE + Duration::from_millis(1), &mut out);
+        assert!(matches!(out.as_slice(), [Update::Failed(_)]), "{out:?}");
+        assert_eq!(spare.requests(), 0);
     }
 }

@@ -4,9 +4,10 @@
 //!
 //! In: the acts of the peer (bytes, "nothing yet", FIN, RST), one script
 //! per request it answers. Out: what the client wrote, how often it
-//! connected, and the updates it reported. Always holds: a read never
-//! blocks (an empty script is `WouldBlock`); FIN and RST stay in effect
-//! once reached, as on a socket.
+//! connected, and the updates it reported ([`pump`]), or one response's
+//! [`Outcome`] ([`answer_once`], the fuzz targets' driver). Always holds: a
+//! read never blocks (an empty script is `WouldBlock`); FIN and RST stay in
+//! effect once reached, as on a socket.
 
 use std::cell::RefCell;
 use std::collections::VecDeque;
@@ -16,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use crate::config::{ConsulConfig, ConsulEndpoint};
 use crate::consul::client::{Client, Connect, Transport};
-use crate::consul::watch::Update;
+use crate::consul::watch::{ErrorReason, Update};
 
 /// One thing the peer does, as seen by the client's reads.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -180,6 +181,8 @@ pub fn config(max_body_bytes: usize) -> ConsulConfig {
         tls: None,
         wait: Duration::from_secs(1),
         max_body_bytes,
+        gzip: crate::config::GzipMode::Auto,
+        max_stale: Duration::ZERO,
     }
 }
 
@@ -219,4 +222,91 @@ where
         }
     }
     None
+}
+
+/// What one response came to, reduced to what the loop acts on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    Swap {
+        index: u64,
+        keys: usize,
+        invalid: usize,
+    },
+    Unchanged,
+    Reset {
+        from: u64,
+        to: u64,
+    },
+    TooStale,
+    Failed(ErrorReason),
+}
+
+impl Outcome {
+    pub fn of(update: Update) -> Outcome {
+        match update {
+            Update::Swap(s) => Outcome::Swap {
+                index: s.index(),
+                keys: s.len(),
+                invalid: s.invalid().len(),
+            },
+            Update::Unchanged => Outcome::Unchanged,
+            Update::Reset { from, to } => Outcome::Reset { from, to },
+            Update::TooStale { .. } => Outcome::TooStale,
+            Update::Failed(f) => Outcome::Failed(f.reason),
+        }
+    }
+}
+
+/// A fresh client (`-consul-wait 1s`, `max_body`) answered `wire` in
+/// `pieces` (a pause after each), then the rest, then `ending`: its one
+/// outcome and whether it kept the connection. Panics when it comes to no
+/// outcome within its response deadline, to a second one, or when it sends
+/// a second request.
+pub fn answer_once(
+    wire: &[u8],
+    pieces: &[usize],
+    ending: &Act,
+    max_body: usize,
+) -> (Outcome, bool) {
+    let mut script = Vec::new();
+    let mut at = 0;
+    for &len in pieces {
+        let end = (at + len).min(wire.len());
+        script.push(Act::Data(wire[at..end].to_vec()));
+        script.push(Act::Pause);
+        at = end;
+    }
+    script.push(Act::Data(wire[at..].to_vec()));
+    script.push(ending.clone());
+    let peer = MemStream::answering([script]);
+    let connector = MemConnector {
+        peers: [peer.clone()].into(),
+        connects: 0,
+    };
+    let mut client = Client::new(
+        &config(max_body),
+        connector,
+        "gitlab-haproxy-agent/state",
+        1,
+    );
+    let t0 = Instant::now();
+    let mut now = t0;
+    let update = pump(
+        &mut client,
+        &mut now,
+        Duration::from_secs(60),
+        Duration::from_millis(1),
+    )
+    .expect("an outcome within the response deadline");
+    // 1 s × 17/16 + 5 s, and the turns it took to get there.
+    assert!(now - t0 < Duration::from_secs(8), "took {:?}", now - t0);
+    let outcome = Outcome::of(update);
+    // Let the client see the rest of the script (a decode finishes first).
+    let mut out = Vec::new();
+    for _ in 0..pieces.len() + 4 {
+        client.on_event(now, &mut out);
+    }
+    assert!(out.is_empty(), "a second outcome: {out:?}");
+    assert_eq!(peer.requests(), 1);
+    (outcome, client.wants().is_some())
 }

@@ -3,16 +3,22 @@
 //!
 //! In: the outcome of each request (a response head and body, or an error)
 //! and the time. Out: the next request's index and start time, and either a
-//! new [`Snapshot`] to swap in, "no change", or an error reason. Always
-//! holds: requests start at least [`MIN_GAP`] apart and no faster than the
-//! token bucket allows; after any error the next read is non-blocking
-//! (index 0) and swaps in what it reads; an index that goes backwards resets
-//! to 0; an equal index on a blocking read never swaps; errors back off
-//! 250 ms doubling to 30 s with jitter, reset on success.
+//! new [`Snapshot`] to swap in, "no change", "too stale", or an error
+//! reason. Always holds: requests start at least [`MIN_GAP`] apart and no
+//! faster than the token bucket allows; after any error the next read is
+//! non-blocking (index 0) and swaps in what it reads; an index that goes
+//! backwards resets to 0; an equal index on a blocking read never swaps;
+//! errors back off 250 ms doubling to 30 s with jitter (the first retry
+//! anywhere in its 250 ms, so a fleet dropped at once reconnects spread
+//! out), reset on success; with `-consul-max-stale` set, requests carry
+//! `stale`, and an answer whose `X-Consul-LastContact` is past the bound (or
+//! missing) is never applied and never moves the index: the next request,
+//! at once, goes without `stale` (to the leader).
 
 use std::time::{Duration, Instant};
 
 use crate::consul::kv::{DecodeError, KvPair, ListDecoder};
+use crate::http::ResponseHead;
 use crate::jitter::Jitter;
 use crate::labels::label_enum;
 use crate::state::{Snapshot, SnapshotBuilder};
@@ -101,6 +107,12 @@ pub enum Update {
         from: u64,
         to: u64,
     },
+    /// A `stale` answer from a server out of touch with the leader for
+    /// longer than `-consul-max-stale` (`None`: it did not say): discarded,
+    /// asked again at once without `stale`.
+    TooStale {
+        last_contact: Option<Duration>,
+    },
     Failed(Failure),
 }
 
@@ -162,12 +174,21 @@ pub struct Watch {
     rng: Jitter,
     /// Entries in the last listing decoded (to size the next one).
     last_entries: usize,
+    /// `-consul-max-stale` (`None`: off, the leader answers).
+    max_stale: Option<Duration>,
+    /// The request in flight carries `stale`.
+    asked_stale: bool,
+    /// The last answer was too stale: ask the leader next.
+    consistent_next: bool,
+    /// Answers discarded as too stale and asked again.
+    stale_reasks: u64,
 }
 
 impl Watch {
     /// `prefix` without leading/trailing `/`; `seed` feeds the backoff
-    /// jitter (any value; tests pass a fixed one).
-    pub fn new(prefix: &str, seed: u64) -> Watch {
+    /// jitter (any value; tests pass a fixed one); `max_stale` is
+    /// `-consul-max-stale` (zero: off).
+    pub fn new(prefix: &str, seed: u64, max_stale: Duration) -> Watch {
         Watch {
             prefix: prefix.to_owned(),
             index: 0,
@@ -179,6 +200,10 @@ impl Watch {
             not_before: None,
             rng: Jitter::new(seed),
             last_entries: 0,
+            max_stale: (!max_stale.is_zero()).then_some(max_stale),
+            asked_stale: false,
+            consistent_next: false,
+            stale_reasks: 0,
         }
     }
 
@@ -199,6 +224,16 @@ impl Watch {
     /// Consecutive failures so far (0 after a success).
     pub fn failures(&self) -> u32 {
         self.failures
+    }
+
+    /// Answers discarded as too stale (each asked again without `stale`).
+    pub fn stale_reasks(&self) -> u64 {
+        self.stale_reasks
+    }
+
+    /// The next request carries `stale`.
+    fn stale_next(&self) -> bool {
+        self.max_stale.is_some() && !self.consistent_next
     }
 
     /// The earliest time the next request may start.
@@ -233,11 +268,13 @@ impl Watch {
         self.tokens_at = Some(now);
         self.last_start = Some(now);
         self.not_before = None;
+        self.asked_stale = self.stale_next();
     }
 
     /// The request target: `/v1/kv/<prefix>/?recurse&index=N&wait=Ws`
     /// (`path_prefix` from `http://host/prefix`, `ns`/`partition` only when
-    /// set).
+    /// set; `stale` when `-consul-max-stale` is set, unless the last answer
+    /// was too stale).
     pub fn target(
         &self,
         path_prefix: &str,
@@ -255,6 +292,9 @@ impl Watch {
         if index > 0 {
             t.push_str(&format!("&index={index}&wait={}ms", wait.as_millis()));
         }
+        if self.stale_next() {
+            t.push_str("&stale=");
+        }
         if let Some(ns) = ns {
             t.push_str("&ns=");
             t.push_str(&encode_path(ns));
@@ -266,18 +306,20 @@ impl Watch {
         t
     }
 
-    /// A complete response arrived: `status`, the raw `X-Consul-Index`
-    /// value, and the body. Applies the index rules and decodes.
-    pub fn on_response(
-        &mut self,
-        now: Instant,
-        status: u16,
-        index_header: Option<&[u8]>,
-        body: Vec<u8>,
-    ) -> Response {
-        if let Some(f) = Failure::of_status(status, &body) {
+    /// A complete response arrived: its head and its (decoded) body.
+    /// Applies the staleness bound and the index rules, and decodes.
+    pub fn on_response(&mut self, now: Instant, head: &ResponseHead, body: Vec<u8>) -> Response {
+        let asked_stale = std::mem::take(&mut self.asked_stale);
+        self.consistent_next = false;
+        if let Some(f) = Failure::of_status(head.status, &body) {
             return Response::Done(self.fail(now, f));
         }
+        if asked_stale {
+            if let Some(update) = self.too_stale(head.header("x-consul-lastcontact")) {
+                return Response::Done(update);
+            }
+        }
+        let index_header = head.header("x-consul-index");
         let Some(new_index) = index_header.and_then(parse_index) else {
             let shown = index_header.map(|v| crate::logging::escape(v, 32));
             let detail = match shown {
@@ -307,7 +349,7 @@ impl Watch {
             self.succeeded();
             return Response::Done(Update::Unchanged);
         }
-        if status == 404 {
+        if head.status == 404 {
             let empty = Snapshot::build(&self.prefix, new_index, Vec::new());
             return Response::Done(self.on_decoded(now, Ok(empty)));
         }
@@ -330,6 +372,22 @@ impl Watch {
             Some(result) => Response::Done(self.on_decoded(now, result)),
             None => Response::Decode(decoding),
         }
+    }
+
+    /// A `stale` answer past `-consul-max-stale` (or not saying how stale
+    /// it is): discarded whatever it holds, the index untouched, the next
+    /// request at once and to the leader.
+    fn too_stale(&mut self, last_contact: Option<&[u8]>) -> Option<Update> {
+        let max = self.max_stale?;
+        let last_contact = last_contact
+            .and_then(parse_index)
+            .map(Duration::from_millis);
+        if last_contact.is_some_and(|lc| lc <= max) {
+            return None;
+        }
+        self.consistent_next = true;
+        self.stale_reasks += 1;
+        Some(Update::TooStale { last_contact })
     }
 
     /// A decode started by [`Watch::on_response`] finished.
@@ -360,6 +418,8 @@ impl Watch {
     fn fail(&mut self, now: Instant, failure: Failure) -> Update {
         self.failures = self.failures.saturating_add(1);
         self.nonblocking_next = true;
+        self.asked_stale = false;
+        self.consistent_next = false;
         let mut delay = self.backoff_delay();
         if failure.configuration {
             delay = delay.max(CONFIG_ERROR_DELAY);
@@ -368,18 +428,26 @@ impl Watch {
         Update::Failed(failure)
     }
 
-    /// 250 ms doubling per consecutive failure, capped at 30 s, then a
-    /// random point in its upper half (so a fleet of agents spreads out).
+    /// 250 ms doubling per consecutive failure, capped at 30 s. The first
+    /// retry is anywhere in its 250 ms: every agent of a fleet sees a
+    /// consul restart at the same instant, and their reconnects must not
+    /// arrive together. Later ones are a random point in the upper half of
+    /// theirs (spread out, and still backing off).
     fn backoff_delay(&mut self) -> Duration {
         let exp = self.failures.saturating_sub(1).min(16);
         let full = BACKOFF_FIRST.saturating_mul(1 << exp).min(BACKOFF_CAP);
-        let half = full / 2;
-        let r = self.rng.below(half.as_micros() as u64 + 1);
-        half + Duration::from_micros(r)
+        let floor = if self.failures <= 1 {
+            Duration::ZERO
+        } else {
+            full / 2
+        };
+        let span = (full - floor).as_micros() as u64;
+        floor + Duration::from_micros(self.rng.below(span + 1))
     }
 }
 
-/// `X-Consul-Index`: a decimal u64, surrounding whitespace allowed.
+/// `X-Consul-Index` (and `X-Consul-LastContact`): a decimal u64,
+/// surrounding whitespace allowed.
 fn parse_index(v: &[u8]) -> Option<u64> {
     let s = std::str::from_utf8(v).ok()?.trim();
     if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
@@ -412,6 +480,24 @@ mod tests {
         Instant::now()
     }
 
+    /// A response head with this status, `X-Consul-Index` and
+    /// `X-Consul-LastContact`.
+    fn head(status: u16, index: Option<&[u8]>, last_contact: Option<&str>) -> ResponseHead {
+        let mut headers = Vec::new();
+        if let Some(i) = index {
+            headers.push(("x-consul-index".to_owned(), i.to_vec()));
+        }
+        if let Some(lc) = last_contact {
+            headers.push(("x-consul-lastcontact".to_owned(), lc.as_bytes().to_vec()));
+        }
+        ResponseHead {
+            status,
+            framing: crate::http::Framing::Length(0),
+            keep_alive: true,
+            headers,
+        }
+    }
+
     /// A response, decoded to the end whatever its size.
     fn respond(
         w: &mut Watch,
@@ -420,7 +506,7 @@ mod tests {
         index: Option<&[u8]>,
         body: &[u8],
     ) -> Update {
-        match w.on_response(now, status, index, body.to_vec()) {
+        match w.on_response(now, &head(status, index, None), body.to_vec()) {
             Response::Done(u) => u,
             Response::Decode(mut d) => loop {
                 if let Some(result) = d.step(DECODE_SLICE) {
@@ -440,7 +526,7 @@ mod tests {
     #[test]
     fn first_request_is_nonblocking_then_blocks_on_the_index() {
         let now = t0();
-        let mut w = Watch::new("p", 1);
+        let mut w = Watch::new("p", 1, Duration::ZERO);
         assert_eq!(w.request_index(), 0);
         assert_eq!(
             w.target("", Duration::from_secs(300), None, None),
@@ -464,7 +550,7 @@ mod tests {
     #[test]
     fn equal_index_does_not_swap() {
         let now = t0();
-        let mut w = Watch::new("p", 1);
+        let mut w = Watch::new("p", 1, Duration::ZERO);
         swap(respond(&mut w, now, 200, Some(b"7"), BODY));
         assert!(matches!(
             respond(&mut w, now, 200, Some(b"7"), BODY),
@@ -476,7 +562,7 @@ mod tests {
     #[test]
     fn lower_index_resets_to_zero_and_rereads_at_once() {
         let now = t0();
-        let mut w = Watch::new("p", 1);
+        let mut w = Watch::new("p", 1, Duration::ZERO);
         swap(respond(&mut w, now, 200, Some(b"70"), BODY));
         match respond(&mut w, now, 200, Some(b"9"), BODY) {
             Update::Reset { from: 70, to: 9 } => {}
@@ -492,7 +578,7 @@ mod tests {
 
     #[test]
     fn index_zero_is_treated_as_one() {
-        let mut w = Watch::new("p", 1);
+        let mut w = Watch::new("p", 1, Duration::ZERO);
         let s = swap(respond(&mut w, t0(), 404, Some(b"0"), b""));
         assert_eq!(s.index(), 1);
         assert_eq!(w.request_index(), 1);
@@ -500,7 +586,7 @@ mod tests {
 
     #[test]
     fn not_found_is_a_valid_empty_state() {
-        let mut w = Watch::new("p", 1);
+        let mut w = Watch::new("p", 1, Duration::ZERO);
         let s = swap(respond(&mut w, t0(), 404, Some(b"12"), b""));
         assert!(s.is_empty());
         assert_eq!(s.reply(b"be/s1"), b"ready 100%\n");
@@ -515,7 +601,7 @@ mod tests {
             Some(b"-1"),
             Some(b"99999999999999999999999"),
         ] {
-            let mut w = Watch::new("p", 1);
+            let mut w = Watch::new("p", 1, Duration::ZERO);
             match respond(&mut w, t0(), 200, h, BODY) {
                 Update::Failed(f) => assert_eq!(f.reason, ErrorReason::BadIndex, "{h:?}"),
                 other => panic!("{h:?}: {other:?}"),
@@ -527,7 +613,7 @@ mod tests {
     #[test]
     fn http_errors_keep_the_state_and_make_the_next_read_nonblocking() {
         let now = t0();
-        let mut w = Watch::new("p", 1);
+        let mut w = Watch::new("p", 1, Duration::ZERO);
         swap(respond(&mut w, now, 200, Some(b"7"), BODY));
         match respond(&mut w, now, 500, Some(b"7"), b"No cluster leader") {
             Update::Failed(f) => {
@@ -557,7 +643,7 @@ mod tests {
         // data; the re-read after the outage was taken as "unchanged" and
         // the new data was never applied.
         let now = t0();
-        let mut w = Watch::new("p", 1);
+        let mut w = Watch::new("p", 1, Duration::ZERO);
         swap(respond(&mut w, now, 200, Some(b"7"), BODY));
         assert!(matches!(
             w.on_failure(now, Failure::new(ErrorReason::Connect, "refused")),
@@ -577,7 +663,7 @@ mod tests {
 
     #[test]
     fn garbage_body_is_bad_body() {
-        let mut w = Watch::new("p", 1);
+        let mut w = Watch::new("p", 1, Duration::ZERO);
         match respond(&mut w, t0(), 200, Some(b"7"), b"[{\"Key\":") {
             Update::Failed(f) => assert_eq!(f.reason, ErrorReason::BadBody),
             other => panic!("{other:?}"),
@@ -587,7 +673,7 @@ mod tests {
     #[test]
     fn requests_are_at_least_min_gap_apart_and_bucket_limits_churn() {
         let now = t0();
-        let mut w = Watch::new("p", 1);
+        let mut w = Watch::new("p", 1, Duration::ZERO);
         assert_eq!(w.next_start(now), now);
         let mut t = now;
         let mut starts = Vec::new();
@@ -611,14 +697,17 @@ mod tests {
     #[test]
     fn backoff_doubles_with_jitter_capped_and_resets_on_success() {
         let now = t0();
-        let mut w = Watch::new("p", 42);
+        let mut w = Watch::new("p", 42, Duration::ZERO);
         let mut expected_full = BACKOFF_FIRST;
-        for _ in 0..12 {
+        for n in 0..12 {
             w.on_start(now);
             w.on_failure(now, Failure::new(ErrorReason::Connect, "refused"));
             let delay = w.next_start(now) - now;
+            // The first retry anywhere in its interval (here no sooner than
+            // the minimum gap), later ones in the upper half of theirs.
+            let floor = if n == 0 { MIN_GAP } else { expected_full / 2 };
             assert!(
-                delay >= expected_full / 2 && delay <= expected_full.max(MIN_GAP),
+                delay >= floor && delay <= expected_full.max(MIN_GAP),
                 "{delay:?} vs {expected_full:?}"
             );
             expected_full = (expected_full * 2).min(BACKOFF_CAP);
@@ -632,10 +721,144 @@ mod tests {
         );
     }
 
+    /// Retry times (after the failure) of `n` watches with seeds 1..=n,
+    /// each failing `failures` times in a row, the last one after a long
+    /// blocking request (so the minimum gap is not what decides).
+    fn retry_delays(n: u64, failures: u32) -> Vec<Duration> {
+        let t0 = t0();
+        (1..=n)
+            .map(|seed| {
+                let mut w = Watch::new("p", seed, Duration::ZERO);
+                let mut t = t0;
+                for _ in 0..failures {
+                    t = w.next_start(t);
+                    w.on_start(t);
+                    t += Duration::from_secs(300);
+                    w.on_failure(t, Failure::new(ErrorReason::Reset, "closed"));
+                }
+                w.next_start(t) - t
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_first_retry_spreads_over_its_whole_interval_and_later_ones_over_the_upper_half() {
+        let first = retry_delays(2000, 1);
+        assert!(first.iter().all(|&d| d <= BACKOFF_FIRST), "{first:?}");
+        // Ten buckets of 25 ms, each with about a tenth of the fleet.
+        let mut buckets = [0; 10];
+        for d in &first {
+            buckets[((d.as_micros() * 10 / BACKOFF_FIRST.as_micros()) as usize).min(9)] += 1;
+        }
+        assert!(
+            buckets.iter().all(|&b| (140..=260).contains(&b)),
+            "{buckets:?}"
+        );
+        let second = retry_delays(500, 2);
+        let full = BACKOFF_FIRST * 2;
+        assert!(
+            second.iter().all(|&d| d >= full / 2 && d <= full),
+            "{second:?}"
+        );
+    }
+
+    fn head_stale(
+        w: &mut Watch,
+        now: Instant,
+        index: &[u8],
+        lc: Option<&str>,
+        body: &[u8],
+    ) -> Update {
+        match w.on_response(now, &head(200, Some(index), lc), body.to_vec()) {
+            Response::Done(u) => u,
+            Response::Decode(_) => unreachable!("small bodies"),
+        }
+    }
+
+    #[test]
+    fn stale_reads_within_the_bound_apply_and_past_it_are_asked_again_of_the_leader() {
+        let mut now = t0();
+        let mut w = Watch::new("p", 1, Duration::from_secs(2));
+        let target = |w: &Watch| w.target("", Duration::from_secs(60), None, None);
+        assert_eq!(target(&w), "/v1/kv/p/?recurse=&stale=");
+        w.on_start(now);
+        swap(head_stale(&mut w, now, b"7", Some("2000"), BODY));
+        assert_eq!(target(&w), "/v1/kv/p/?recurse=&index=7&wait=60000ms&stale=");
+        now += Duration::from_secs(30);
+        w.on_start(now);
+        // A follower 2.5 s behind the leader answers a newer index: never
+        // applied, the index untouched, the leader asked at once.
+        let maint = br#"[{"Key":"p/be/s1","Value":"bWFpbnQ=","ModifyIndex":9}]"#;
+        match head_stale(&mut w, now, b"9", Some("2500"), maint) {
+            Update::TooStale { last_contact } => {
+                assert_eq!(last_contact, Some(Duration::from_millis(2500)))
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!((w.index(), w.request_index(), w.stale_reasks()), (7, 7, 1));
+        assert_eq!(w.failures(), 0);
+        now += Duration::from_secs(30);
+        assert_eq!(w.next_start(now), now, "asked again at once");
+        assert_eq!(target(&w), "/v1/kv/p/?recurse=&index=7&wait=60000ms");
+        w.on_start(now);
+        // The leader's answer (it sends LastContact 0, but is not asked
+        // stale: whatever it says is applied).
+        let s = swap(head_stale(&mut w, now, b"9", None, maint));
+        assert_eq!(s.reply(b"be/s1"), b"maint 100%\n");
+        // And back to stale reads.
+        assert_eq!(target(&w), "/v1/kv/p/?recurse=&index=9&wait=60000ms&stale=");
+    }
+
+    #[test]
+    fn a_stale_answer_that_does_not_say_how_stale_is_too_stale() {
+        let now = t0();
+        for lc in [None, Some(""), Some("soon"), Some("-1")] {
+            let mut w = Watch::new("p", 1, Duration::from_secs(5));
+            w.on_start(now);
+            assert!(
+                matches!(
+                    head_stale(&mut w, now, b"7", lc, BODY),
+                    Update::TooStale { last_contact: None }
+                ),
+                "{lc:?}"
+            );
+            // The first read was non-blocking: so is the re-ask.
+            assert_eq!(w.request_index(), 0);
+            assert_eq!(
+                w.target("", Duration::from_secs(1), None, None),
+                "/v1/kv/p/?recurse="
+            );
+        }
+    }
+
+    #[test]
+    fn errors_come_before_staleness_and_stale_reads_off_ignore_last_contact() {
+        let now = t0();
+        let mut w = Watch::new("p", 1, Duration::from_secs(1));
+        w.on_start(now);
+        match respond(&mut w, now, 500, Some(b"7"), b"No cluster leader") {
+            Update::Failed(f) => assert_eq!(f.reason, ErrorReason::Http5xx),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(w.stale_reasks(), 0);
+        // After an error the next read is stale again (and non-blocking).
+        assert_eq!(
+            w.target("", Duration::from_secs(1), None, None),
+            "/v1/kv/p/?recurse=&stale="
+        );
+        let mut off = Watch::new("p", 1, Duration::ZERO);
+        off.on_start(now);
+        swap(head_stale(&mut off, now, b"7", Some("999999"), BODY));
+        assert_eq!(
+            off.target("", Duration::from_secs(1), None, None),
+            "/v1/kv/p/?recurse=&index=7&wait=1000ms"
+        );
+    }
+
     #[test]
     fn forbidden_is_retried_slowly() {
         let now = t0();
-        let mut w = Watch::new("p", 1);
+        let mut w = Watch::new("p", 1, Duration::ZERO);
         w.on_start(now);
         match respond(&mut w, now, 403, None, b"ACL not found") {
             Update::Failed(f) => assert_eq!(f.detail, "HTTP 403: ACL not found"),
@@ -647,12 +870,13 @@ mod tests {
     #[test]
     fn a_large_listing_is_decoded_in_slices_and_commits_its_index_at_the_end() {
         let now = t0();
-        let mut w = Watch::new("p", 1);
+        let mut w = Watch::new("p", 1, Duration::ZERO);
         let entries: Vec<String> = (0..DECODE_SLICE * 2 + 10)
             .map(|i| format!(r#"{{"Key":"p/be/s{i}","Value":"ZHJhaW4=","ModifyIndex":{i}}}"#))
             .collect();
         let body = format!("[{}]", entries.join(",")).into_bytes();
-        let Response::Decode(mut d) = w.on_response(now, 200, Some(b"99"), body) else {
+        let Response::Decode(mut d) = w.on_response(now, &head(200, Some(b"99"), None), body)
+        else {
             panic!("expected a sliced decode");
         };
         assert!(d.step(DECODE_SLICE).is_none(), "second slice still to go");
@@ -667,7 +891,7 @@ mod tests {
     #[test]
     fn a_bad_entry_late_in_a_sliced_decode_fails_the_whole_listing() {
         let now = t0();
-        let mut w = Watch::new("p", 1);
+        let mut w = Watch::new("p", 1, Duration::ZERO);
         swap(respond(&mut w, now, 200, Some(b"7"), BODY));
         let mut entries: Vec<String> = (0..DECODE_SLICE + 5)
             .map(|i| format!(r#"{{"Key":"p/s{i}","Value":null,"ModifyIndex":1}}"#))
@@ -684,7 +908,7 @@ mod tests {
 
     #[test]
     fn prefix_is_percent_encoded_in_the_path() {
-        let w = Watch::new("a b/c%d", 1);
+        let w = Watch::new("a b/c%d", 1, Duration::ZERO);
         assert_eq!(
             w.target("", Duration::from_secs(1), None, None),
             "/v1/kv/a%20b/c%25d/?recurse="

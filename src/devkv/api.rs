@@ -11,6 +11,12 @@
 //! Go's own (path cleaning, the redirect, `strconv`, `url`, JSON escaping)
 //! comes from [`crate::gocompat`].
 //!
+//! Like consul's gzip handler, a response of at least 1,400 bytes to a
+//! request that accepts gzip is gzipped. A fleet of agents asks for the
+//! same listing at the same index after every write: the parked queries a
+//! write (or a wait's end) answers together share one rendering, kept
+//! until the loop calls [`DevKv::forget_rendered`] after the batch.
+//!
 //! Deliberate differences from a real `consul agent -dev`: JSON is compact
 //! unless `?pretty` is given (a real dev agent always pretty-prints);
 //! sessions do not exist, so `?acquire` fails like an unknown session; a
@@ -25,7 +31,9 @@ use super::store::Store;
 use crate::gocompat::{
     clean_path, go_encode_query, go_html_escape, go_quote, go_redirect, parse_go_duration,
 };
-use crate::http::{percent_decode, query_pairs, Method, RequestHead, Response};
+use crate::http::{
+    accepts_gzip, gzip, percent_decode, query_pairs, Method, RequestHead, Response, GZIP_MIN_SIZE,
+};
 use crate::jitter::Jitter;
 
 /// consul's `kv_max_value_size` default: larger PUT bodies get 413. The
@@ -49,6 +57,10 @@ pub struct DevKv {
     jitter: bool,
     /// xorshift64* state for the wait stagger (never 0).
     rng: Jitter,
+    /// The last parked read rendered, until [`DevKv::forget_rendered`]:
+    /// (store generation and the read's index, which a tombstone reaped can
+    /// move alone; the read; gzipped; the response).
+    rendered: Option<((u64, u64), Read, bool, Response)>,
 }
 
 /// What to do with one request.
@@ -71,6 +83,8 @@ pub struct Wait {
     read: Read,
     /// The `?index=` the client sent; ready once the read's index passes it.
     index: u64,
+    /// The request accepted gzip.
+    gzip: bool,
 }
 
 impl Wait {
@@ -134,6 +148,7 @@ impl DevKv {
             store: Store::new(),
             jitter,
             rng: Jitter::new(JITTER_SEED),
+            rendered: None,
         }
     }
 
@@ -160,6 +175,7 @@ impl DevKv {
     /// Handles one complete request (head + decoded body) at `now`.
     pub fn handle(&mut self, req: &RequestHead, body: &[u8], now: Instant) -> Handled {
         self.store.reap(now);
+        let gzip = accepts_gzip(req.header("accept-encoding"));
         if req.path == "/v1/status/leader" && req.method == Method::Get {
             // Tools (and test harnesses) poll this until a leader is elected;
             // the dev KV is its own leader from the start.
@@ -169,9 +185,9 @@ impl DevKv {
                 body: br#""127.0.0.1:8300""#.to_vec(),
             });
         }
-        match self.route(req, body, now) {
-            Ok(handled) => handled,
-            Err(resp) => Handled::Respond(resp),
+        match self.route(req, body, now, gzip) {
+            Ok(Handled::Respond(resp)) | Err(resp) => Handled::Respond(encode(resp, gzip)),
+            Ok(wait) => wait,
         }
     }
 
@@ -182,9 +198,30 @@ impl DevKv {
         self.read_index(&wait.read) > wait.index
     }
 
-    /// The response for a parked query (woken or timed out).
-    pub fn answer(&self, wait: &Wait) -> Response {
-        self.render(&wait.read)
+    /// The response for a parked query (woken or timed out), rendered
+    /// (and gzipped when asked and worth it) once for every query of a
+    /// batch that asks the same.
+    pub fn answer(&mut self, wait: &Wait) -> Response {
+        self.render_once(&wait.read, wait.gzip)
+    }
+
+    /// A batch of parked queries was answered: the rendering kept for it
+    /// is freed (it is not kept between batches, so an idle KV holds no
+    /// copy of a listing).
+    pub fn forget_rendered(&mut self) {
+        self.rendered = None;
+    }
+
+    fn render_once(&mut self, read: &Read, gzip: bool) -> Response {
+        let generation = (self.generation(), self.read_index(read));
+        if let Some((g, r, z, resp)) = &self.rendered {
+            if (*g, r, *z) == (generation, read, gzip) {
+                return resp.clone();
+            }
+        }
+        let resp = encode(self.render(read), gzip);
+        self.rendered = Some((generation, read.clone(), gzip, resp.clone()));
+        resp
     }
 
     /// Bumps on every write that changed the store; the loop re-checks
@@ -195,7 +232,14 @@ impl DevKv {
     }
 
     /// Every early answer is an `Err` so the steps read top to bottom.
-    fn route(&mut self, req: &RequestHead, body: &[u8], now: Instant) -> Result<Handled, Response> {
+    /// `gzip`: the request accepts gzip.
+    fn route(
+        &mut self,
+        req: &RequestHead,
+        body: &[u8],
+        now: Instant,
+        gzip: bool,
+    ) -> Result<Handled, Response> {
         let key = route_path(req)?;
         // `wrap`: a query Go's `url.ParseQuery` refuses is a bare 500.
         if req.query.contains(';') || percent_decode(&req.query).is_none() {
@@ -216,7 +260,7 @@ impl DevKv {
         let params = Params(query_pairs(&req.query).collect());
         let (min_index, wait) = parse_query_options(&params)?;
         match req.method {
-            Method::Get => Ok(self.get(key, &params, min_index, wait, now)?),
+            Method::Get => Ok(self.get(key, &params, (min_index, wait), now, gzip)?),
             Method::Put => Ok(Handled::Respond(self.put(key, &params, body)?)),
             _ => Ok(Handled::Respond(self.delete(key, &params, now)?)),
         }
@@ -226,9 +270,9 @@ impl DevKv {
         &mut self,
         key: String,
         params: &Params,
-        min_index: u64,
-        wait: Option<Duration>,
+        (min_index, wait): (u64, Option<Duration>),
         now: Instant,
+        gzip: bool,
     ) -> Result<Handled, Response> {
         let kind = if params.has("keys") {
             enterprise_meta(params)?;
@@ -261,7 +305,7 @@ impl DevKv {
             pretty: params.has("pretty"),
         };
         if min_index == 0 || self.read_index(&read) > min_index {
-            return Ok(Handled::Respond(self.render(&read)));
+            return Ok(Handled::Respond(encode(self.render(&read), gzip)));
         }
         let timeout = clamp_wait(wait);
         let deadline = now + timeout + self.stagger(timeout);
@@ -269,6 +313,7 @@ impl DevKv {
             deadline,
             read,
             index: min_index,
+            gzip,
         }))
     }
 
@@ -626,6 +671,22 @@ fn wrapped(status: u16, mut headers: Vec<(&'static str, String)>, body: Vec<u8>)
     }
 }
 
+/// consul's gzip handler: a body of at least [`GZIP_MIN_SIZE`] bytes to a
+/// request that accepts gzip goes gzipped (then framed like any body:
+/// `Content-Length` up to 2 KiB, else chunked).
+fn encode(mut resp: Response, gzip_ok: bool) -> Response {
+    if !gzip_ok
+        || resp.body.len() < GZIP_MIN_SIZE
+        || resp.headers.iter().any(|(n, _)| *n == "Content-Encoding")
+    {
+        return resp;
+    }
+    resp.body = gzip(&resp.body);
+    resp.headers.push(("Content-Encoding", "gzip".to_owned()));
+    sort_headers(&mut resp.headers);
+    resp
+}
+
 fn sort_headers(headers: &mut [(&'static str, String)]) {
     headers.sort_by_key(|(name, _)| *name);
 }
@@ -710,6 +771,87 @@ mod tests {
 
     fn json(r: &Response) -> serde_json::Value {
         serde_json::from_slice(&r.body).unwrap()
+    }
+
+    /// A GET with `Accept-Encoding: gzip`.
+    fn gzip_get(t: &mut T, target: &str) -> Handled {
+        let mut r = req("GET", target);
+        r.headers
+            .push(("accept-encoding".to_owned(), b"deflate, gzip".to_vec()));
+        t.kv.handle(&r, b"", t.now)
+    }
+
+    fn inflated(r: &Response) -> Vec<u8> {
+        let mut inf = crate::http::Inflater::new(1 << 24);
+        let mut out = Vec::new();
+        assert_eq!(inf.feed(&r.body, &mut out, 1 << 24), Ok(r.body.len()));
+        inf.finish().unwrap();
+        out
+    }
+
+    #[test]
+    fn gzip_when_asked_like_consuls_handler_from_1400_bytes() {
+        let mut t = T::new();
+        for i in 0..40 {
+            t.put(&format!("/v1/kv/app/srv{i}"), b"drain");
+        }
+        let plain = t.get("/v1/kv/app/?recurse");
+        assert!(plain.body.len() >= GZIP_MIN_SIZE, "{}", plain.body.len());
+        assert_eq!(header(&plain, "Content-Encoding"), None);
+        let Handled::Respond(z) = gzip_get(&mut t, "/v1/kv/app/?recurse&stale") else {
+            panic!("blocked");
+        };
+        assert_eq!(header(&z, "Content-Encoding"), Some("gzip"));
+        assert_eq!(header(&z, "Vary"), Some("Accept-Encoding"));
+        assert_eq!(header(&z, "X-Consul-Lastcontact"), Some("0"));
+        assert_eq!(header(&z, "X-Consul-Knownleader"), Some("true"));
+        assert!(z.body.len() * 4 < plain.body.len());
+        assert_eq!(inflated(&z), plain.body);
+        // Headers stay in Go's (sorted) order.
+        let names: Vec<&str> = z.headers.iter().map(|(n, _)| *n).collect();
+        let mut sorted = names.clone();
+        sorted.sort_unstable();
+        assert_eq!(names, sorted);
+        // Small bodies (and 404s) go as they are, asked or not.
+        let Handled::Respond(small) = gzip_get(&mut t, "/v1/kv/app/srv1") else {
+            panic!("blocked");
+        };
+        assert_eq!(header(&small, "Content-Encoding"), None);
+        let Handled::Respond(missing) = gzip_get(&mut t, "/v1/kv/none/?recurse") else {
+            panic!("blocked");
+        };
+        assert_eq!(
+            (missing.status, header(&missing, "Content-Encoding")),
+            (404, None)
+        );
+    }
+
+    #[test]
+    fn a_parked_query_is_answered_gzipped_if_it_asked_and_each_answer_is_rendered_once() {
+        let mut t = T::new();
+        for i in 0..40 {
+            t.put(&format!("/v1/kv/app/srv{i}"), b"maint");
+        }
+        let at = index(&t.get("/v1/kv/app/?recurse"));
+        let target = format!("/v1/kv/app/?recurse&index={at}&wait=1m&stale");
+        let Handled::Wait(zipped) = gzip_get(&mut t, &target) else {
+            panic!("answered at once");
+        };
+        let plain = t.wait(&target);
+        t.put("/v1/kv/app/srv1", b"drain");
+        assert!(t.kv.is_ready(&zipped) && t.kv.is_ready(&plain));
+        let z = t.kv.answer(&zipped);
+        let p = t.kv.answer(&plain);
+        assert_eq!(header(&z, "Content-Encoding"), Some("gzip"));
+        assert_eq!(header(&p, "Content-Encoding"), None);
+        assert_eq!(inflated(&z), p.body);
+        assert_eq!(t.kv.answer(&zipped), z, "the same answer again");
+        assert!(t.kv.rendered.is_some());
+        t.kv.forget_rendered();
+        assert!(t.kv.rendered.is_none(), "no copy kept between batches");
+        // A write renders anew.
+        t.put("/v1/kv/app/srv2", b"drain");
+        assert_ne!(inflated(&t.kv.answer(&zipped)), p.body);
     }
 
     #[test]

@@ -260,12 +260,21 @@ impl EventLoop {
         for (key, wait) in self.parking.woken(kv) {
             self.answer_parked(key, &wait, now);
         }
+        self.forget_rendered();
+    }
+
+    /// A batch of parked queries is answered: the dev KV frees the
+    /// rendering they shared.
+    pub(super) fn forget_rendered(&mut self) {
+        if let Some(kv) = self.devkv.as_mut() {
+            kv.forget_rendered();
+        }
     }
 
     /// Answers a query that left [`crate::devkv::Parking`] (woken, or its
     /// wait over).
     pub(super) fn answer_parked(&mut self, key: usize, wait: &Wait, now: Instant) {
-        let (Some(kv), Some(slot)) = (self.devkv.as_ref(), self.https.get_mut(key)) else {
+        let (Some(kv), Some(slot)) = (self.devkv.as_mut(), self.https.get_mut(key)) else {
             return;
         };
         let progress = slot

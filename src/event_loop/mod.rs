@@ -39,7 +39,7 @@ mod table;
 use std::io;
 use std::time::{Duration, Instant, SystemTime};
 
-use log::{error, info, warn};
+use log::{debug, error, info, warn};
 use mio::net::TcpListener;
 use mio::{Events, Interest, Poll, Token};
 
@@ -369,6 +369,7 @@ impl EventLoop {
         for (key, wait) in self.parking.expired(now) {
             self.answer_parked(key, &wait, now);
         }
+        self.forget_rendered();
         if self.client.poll_at(now) <= now {
             self.client.on_timer(now, &mut self.updates);
             self.sync_consul(now);
@@ -435,6 +436,11 @@ impl EventLoop {
             Update::Reset { from, to } => {
                 self.metrics.consul_index_resets += 1;
                 self.health.index_reset(from, to);
+            }
+            Update::TooStale { last_contact } => {
+                // Counted by the watch; routine when a follower lags.
+                let ms = last_contact.map(|d| d.as_millis() as u64);
+                debug!(last_contact_ms = ms; "consul answer too stale (-consul-max-stale): discarded, asking the leader");
             }
             Update::Failed(f) => {
                 self.metrics.count_consul_error(f.reason);
@@ -506,6 +512,7 @@ impl EventLoop {
                 index: watch.index(),
                 failures: watch.failures(),
                 requests: self.client.requests(),
+                traffic: self.client.traffic(),
                 last_error: self.health.last_error(),
                 next_request_in,
                 request_deadline_in,

@@ -10,11 +10,15 @@
 //! how the bytes were split.
 
 mod body;
+mod coding;
 mod head;
 mod query;
 mod render;
 
 pub use body::{BodyDecoder, BodyError};
+pub use coding::{
+    accepts_gzip, content_coding, gzip, Coding, InflateError, Inflater, GZIP_MIN_SIZE,
+};
 pub use head::{
     parse_request_head, parse_response_head, Framing, Method, RequestHead, ResponseHead,
 };

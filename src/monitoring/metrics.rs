@@ -7,6 +7,7 @@ use std::fmt::Write as _;
 use std::time::{Duration, Instant, SystemTime};
 
 use crate::agent::Outcome;
+use crate::consul::client::Traffic;
 use crate::consul::watch::ErrorReason;
 use crate::labels::label_enum;
 use crate::monitoring::server::Role;
@@ -107,6 +108,8 @@ pub struct View<'a> {
     pub consul_failures: u32,
     /// Requests sent to consul so far.
     pub consul_requests: u64,
+    /// Bytes from consul, what it said of its cluster, stale re-asks.
+    pub consul_traffic: Traffic,
     /// Answering from a complete consul read (not nothing, not the file).
     pub synced: bool,
     /// Answering from the state file, until consul answers.
@@ -294,6 +297,32 @@ fn consul(o: &mut Exposition, v: &View<'_>) {
         "Seconds since the last successful consul read (-1 before the first); grows up to -consul-wait between reads when nothing changes.",
         m.last_success
             .map_or(-1.0, |t| v.now.saturating_duration_since(t).as_secs_f64()),
+    );
+    consul_cluster(o, &v.consul_traffic);
+}
+
+/// What consul sent and said of its cluster (fleet scale: bytes per write,
+/// stale reads).
+fn consul_cluster(o: &mut Exposition, t: &Traffic) {
+    o.counter(
+        "consul_received_bytes_total",
+        "Bytes received from consul on the wire (gzip bodies counted compressed).",
+        t.bytes_received,
+    );
+    o.gauge(
+        "consul_last_contact_seconds",
+        "X-Consul-LastContact of the last consul response that carried it: how long the answering server had not heard from the leader (0 on the leader; -1 before any).",
+        t.last_contact.map_or(-1.0, |d| d.as_secs_f64()),
+    );
+    o.counter(
+        "consul_stale_reasked_total",
+        "Stale answers past -consul-max-stale (or not saying how stale) discarded and asked again of the leader.",
+        t.stale_reasks,
+    );
+    o.gauge(
+        "consul_known_leader",
+        "1 when the last consul response that said so knew a leader (X-Consul-KnownLeader: true), else 0 (also before any).",
+        if t.known_leader == Some(true) { 1.0 } else { 0.0 },
     );
 }
 
@@ -525,6 +554,7 @@ mod tests {
             max_connections: 10,
             consul_failures: 0,
             consul_requests: 0,
+            consul_traffic: Traffic::default(),
             synced: false,
             from_file: false,
             state_file_writes: 0,

@@ -16,6 +16,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use serde_json::json;
 
+use crate::consul::client::Traffic;
 use crate::http::{Method, RequestHead, Response};
 use crate::monitoring::metrics::{Metrics, View};
 use crate::state::{Snapshot, Source};
@@ -27,6 +28,8 @@ pub struct WatchStatus<'a> {
     pub failures: u32,
     /// Requests sent so far.
     pub requests: u64,
+    /// Bytes received, what consul said of its cluster, stale re-asks.
+    pub traffic: Traffic,
     pub last_error: Option<&'a str>,
     /// While idle: time until the next request may start (rate limit, or
     /// backoff after a failure). `None` while a request is in flight.
@@ -77,6 +80,7 @@ pub fn handle_monitoring(head: &RequestHead, st: &Status<'_>) -> Response {
                 max_connections: st.max_connections,
                 consul_failures: st.watch.failures,
                 consul_requests: st.watch.requests,
+                consul_traffic: st.watch.traffic,
                 synced: st.source == Some(Source::Consul),
                 from_file: matches!(st.source, Some(Source::File { .. })),
                 state_file_writes: st.state_file.as_ref().map_or(0, |f| f.writes),
@@ -251,6 +255,7 @@ mod tests {
                 index: snapshot.map_or(0, |s| s.index()),
                 failures: if idle { 2 } else { 0 },
                 requests: 3,
+                traffic: Traffic::default(),
                 last_error: idle.then_some("connection refused"),
                 next_request_in: idle.then_some(Duration::from_millis(500)),
                 request_deadline_in: (!idle).then_some(Duration::from_secs(300)),

@@ -23,7 +23,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use gitlab_haproxy_agent::http::{
-    parse_request_head, parse_response_head, render_response, BodyDecoder, Framing, Parse,
+    gzip, parse_request_head, parse_response_head, render_response, BodyDecoder, Framing, Parse,
     RequestHead, Response, ResponseHead,
 };
 
@@ -77,6 +77,15 @@ pub enum Mode {
     OversizeBody(usize),
     /// Forward the response framed this way, then do that.
     Reframe(Wire, After),
+    /// A 200 with an index above the real one and a gzip body (a few KiB)
+    /// that inflates to this many bytes: a gzip bomb.
+    GzipBomb(usize),
+    /// A 200 with an index above the real one and a gzip body whose CRC is
+    /// wrong.
+    CorruptGzip,
+    /// A 200 with an index above the real one, a JSON body, and this
+    /// `Content-Encoding`.
+    Encoding(&'static str),
 }
 
 /// How [`Mode::Reframe`] frames a forwarded response.
@@ -572,7 +581,39 @@ fn respond(shared: &Shared, client: &mut TcpStream, up: &Upstream) -> bool {
                 &body,
             )
         }
+        Mode::GzipBomb(_) | Mode::CorruptGzip | Mode::Encoding(_) => encoded(client, up, &mode),
     }
+}
+
+/// The body modes with a `Content-Encoding`.
+fn encoded(client: &mut TcpStream, up: &Upstream, mode: &Mode) -> bool {
+    let listing = b"[{\"Key\":\"x/y\",\"Value\":null}]";
+    let (coding, body) = match *mode {
+        Mode::GzipBomb(n) => {
+            let mut body = vec![b' '; n];
+            body[0] = b'[';
+            ("gzip", gzip(&body))
+        }
+        Mode::CorruptGzip => {
+            let mut body = gzip(listing);
+            let crc = body.len() - 8;
+            body[crc] ^= 0xff;
+            ("gzip", body)
+        }
+        Mode::Encoding(coding) => (coding, listing.to_vec()),
+        _ => unreachable!("not a body mode with a coding"),
+    };
+    let index = (up.index() + 1000).to_string();
+    send(
+        client,
+        200,
+        vec![
+            ("Content-Encoding", coding.into()),
+            ("Content-Type", "application/json".into()),
+            ("X-Consul-Index", index),
+        ],
+        &body,
+    )
 }
 
 /// The upstream headers worth forwarding, with `X-Consul-Index` replaced
@@ -582,6 +623,7 @@ fn forwarded_headers(up: &Upstream, index: Option<String>) -> Vec<(&'static str,
     for (name, value) in &up.head.headers {
         let name: &'static str = match name.as_str() {
             "content-type" => "Content-Type",
+            "content-encoding" => "Content-Encoding",
             "x-consul-knownleader" => "X-Consul-Knownleader",
             "x-consul-lastcontact" => "X-Consul-Lastcontact",
             _ => continue,

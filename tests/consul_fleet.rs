@@ -1,0 +1,531 @@
+//! A good citizen of consul at fleet scale (SPEC §5): gzip bodies asked
+//! for and inflated under every framing, the gzip bomb, corrupt and unknown
+//! codings, bounded stale reads (against the KV, and against a fake consul
+//! whose stale and consistent answers differ), and the metrics that show
+//! them. The reconnect spread after a consul restart is shown on a virtual
+//! clock with a thousand clients (`consul::client` unit tests): one process
+//! here could not show a fleet's spread.
+//!
+//! Every agent here runs with `-consul-wait 1s`, as in `consul_faults.rs`.
+
+mod support;
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use base64::Engine as _;
+use gitlab_haproxy_agent::http::{parse_request_head, render_response, Parse, Response};
+use support::proxy::{After, Mode, Proxy, Wire};
+use support::{unique_prefix, wait_for, Agent, Kv};
+
+const SYNC: Duration = Duration::from_secs(15);
+const BYTES: &str = "gitlab_haproxy_agent_consul_received_bytes_total";
+const LAST_CONTACT: &str = "gitlab_haproxy_agent_consul_last_contact_seconds";
+const KNOWN_LEADER: &str = "gitlab_haproxy_agent_consul_known_leader";
+const REASKED: &str = "gitlab_haproxy_agent_consul_stale_reasked_total";
+const SWAPS: &str = "gitlab_haproxy_agent_state_swaps_total";
+
+fn errors(reason: &str) -> String {
+    format!("gitlab_haproxy_agent_consul_errors_total{{reason=\"{reason}\"}}")
+}
+
+/// Keys `be/s0..n` under the prefix: 60 of them make a listing of about
+/// 6 KiB, past consul's 1,400-byte gzip threshold.
+const KEYS: usize = 60;
+
+/// Agent → proxy → KV, synced on [`KEYS`] keys (`be/sN` = drain).
+struct Rig {
+    agent: Agent,
+    proxy: Proxy,
+    kv: Kv,
+    prefix: String,
+}
+
+impl Rig {
+    fn new(test: &str, extra: &[&str]) -> Rig {
+        let kv = Kv::any();
+        let prefix = unique_prefix(test);
+        let keys = (0..KEYS).map(|i| (format!("{prefix}/be/s{i}"), "drain"));
+        assert_eq!(support::put_many(kv.addr, keys), KEYS);
+        let proxy = Proxy::start(kv.addr);
+        let mut args = vec!["-consul-wait", "1s"];
+        args.extend_from_slice(extra);
+        let agent = Agent::with_consul(proxy.addr, &prefix, &args);
+        agent.wait_reply("be/s1", "drain 100%", SYNC);
+        Rig {
+            agent,
+            proxy,
+            kv,
+            prefix,
+        }
+    }
+
+    fn put(&self, identity: &str, value: &str) {
+        self.kv.put(&format!("{}/{identity}", self.prefix), value);
+    }
+
+    fn metric(&self, series: &str) -> f64 {
+        self.agent.metric(series)
+    }
+
+    fn wait_metric(&self, series: &str, at_least: f64, limit: Duration) {
+        wait_for(limit, &format!("{series} >= {at_least}"), || {
+            (self.metric(series) >= at_least).then_some(())
+        });
+    }
+
+    /// Sets `mode` until `reason` is counted; the last state is still
+    /// answered and the agent ready; back to `Pass`, a write is applied.
+    fn fault_keeps_state(&self, mode: Mode, reason: &str) {
+        let before = self.metric(&errors(reason));
+        let swaps = self.metric(SWAPS);
+        self.proxy.set_mode(mode);
+        self.wait_metric(&errors(reason), before + 1.0, Duration::from_secs(10));
+        assert_eq!(self.agent.check("be/s1\n").as_deref(), Some("drain 100%"));
+        assert_eq!(self.agent.monitoring_get("/-/readiness").0, 200);
+        assert_eq!(self.metric(SWAPS), swaps, "nothing swapped in");
+        self.put("be/s1", "maint");
+        self.proxy.set_mode(Mode::Pass);
+        self.agent
+            .wait_reply("be/s1", "maint 100%", Duration::from_secs(20));
+    }
+
+    /// Whether every request the proxy saw carried `Accept-Encoding: gzip`
+    /// (`Some(true)`), none did (`Some(false)`), or some did.
+    fn asked_gzip(&self) -> Option<bool> {
+        let heads = self.proxy.request_heads();
+        let asked = |h: &String| {
+            h.lines()
+                .any(|l| l.eq_ignore_ascii_case("accept-encoding: gzip"))
+        };
+        match heads.iter().filter(|h| asked(h)).count() {
+            0 => Some(false),
+            n if n == heads.len() => Some(true),
+            _ => None,
+        }
+    }
+}
+
+/// Resident memory high-water mark of a process, KiB.
+fn peak_rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmHWM")
+}
+
+// ---- gzip ----
+
+#[test]
+fn gzip_is_asked_for_inflated_and_moves_a_fraction_of_the_bytes() {
+    let on = Rig::new("gzip_on", &["-consul-gzip", "true"]);
+    let off = Rig::new("gzip_off", &["-consul-gzip", "false"]);
+    assert_eq!(on.asked_gzip(), Some(true));
+    assert_eq!(off.asked_gzip(), Some(false));
+    // One write each, of the same size: the bytes it cost.
+    let (on0, off0) = (on.metric(BYTES), off.metric(BYTES));
+    on.put("be/s7", "maint");
+    off.put("be/s7", "maint");
+    on.agent
+        .wait_reply("be/s7", "maint 100%", Duration::from_secs(5));
+    off.agent
+        .wait_reply("be/s7", "maint 100%", Duration::from_secs(5));
+    let (on1, off1) = (on.metric(BYTES) - on0, off.metric(BYTES) - off0);
+    assert!(off1 > 5_000.0, "{off1}");
+    assert!(on1 * 4.0 < off1, "gzip {on1} bytes vs {off1}");
+    for rig in [&on, &off] {
+        assert_eq!(rig.metric("gitlab_haproxy_agent_state_keys"), KEYS as f64);
+        // The KV (dev or real, on -dev) is its own leader.
+        assert_eq!(rig.metric(KNOWN_LEADER), 1.0);
+        assert_eq!(rig.metric(LAST_CONTACT), 0.0);
+        assert_eq!(rig.metric(REASKED), 0.0);
+    }
+}
+
+#[test]
+fn gzip_auto_does_not_ask_a_consul_on_loopback() {
+    let rig = Rig::new("gzip_auto", &[]);
+    assert_eq!(rig.asked_gzip(), Some(false));
+}
+
+/// The large-state rows of `consul_faults.rs`, gzipped: every framing,
+/// then every ending, and each change is applied with no error counted.
+#[test]
+fn gzip_over_every_framing_then_every_ending() {
+    let rig = Rig::new("gzip_framings", &["-consul-gzip", "true"]);
+    let mut step = 0;
+    for wire in Wire::ALL {
+        let afters: &[After] = if wire == Wire::CloseDelimited {
+            &[After::Fin]
+        } else {
+            &[After::Keep, After::Fin, After::Reset, After::StrayByte]
+        };
+        for &after in afters {
+            step += 1;
+            let errors_before = rig.metric(&errors("bad_body")) + rig.metric(&errors("reset"));
+            rig.proxy.set_mode(Mode::Reframe(wire, after));
+            let value = ["maint", "50%", "drain"][step % 3];
+            let reply = ["maint 100%", "ready 50%", "drain 100%"][step % 3];
+            let identity = format!("be/s{}", step * 1000);
+            rig.put(&identity, value);
+            rig.agent
+                .wait_reply(&identity, reply, Duration::from_secs(15));
+            let errors_after = rig.metric(&errors("bad_body")) + rig.metric(&errors("reset"));
+            assert_eq!(errors_after, errors_before, "{wire:?} then {after:?}");
+        }
+    }
+    assert_eq!(rig.asked_gzip(), Some(true));
+}
+
+#[test]
+fn a_gzip_bomb_is_too_large_keeps_the_last_state_and_memory_bounded() {
+    let rig = Rig::new(
+        "gzip_bomb",
+        &["-consul-gzip", "true", "-consul-max-body-bytes", "1048576"],
+    );
+    // 256 MiB inflated, about 256 KiB on the wire.
+    rig.fault_keeps_state(Mode::GzipBomb(256 << 20), "too_large");
+    let pid = rig.agent.proc.pid();
+    let peak = peak_rss_kib(pid);
+    assert!(peak < 64 << 10, "peak RSS {peak} KiB");
+}
+
+#[test]
+fn corrupt_gzip_is_bad_body_and_keeps_the_last_state() {
+    let rig = Rig::new("gzip_corrupt", &["-consul-gzip", "true"]);
+    rig.fault_keeps_state(Mode::CorruptGzip, "bad_body");
+}
+
+#[test]
+fn an_unknown_content_encoding_is_bad_body_and_keeps_the_last_state() {
+    let rig = Rig::new("gzip_unknown", &["-consul-gzip", "true"]);
+    rig.fault_keeps_state(Mode::Encoding("br"), "bad_body");
+    let line = rig
+        .agent
+        .proc
+        .wait_log("unsupported Content-Encoding", Duration::from_secs(1));
+    assert!(line.contains("\"reason\":\"bad_body\""), "{line}");
+}
+
+#[test]
+fn dev_mode_with_gzip_watches_its_own_kv_through_the_same_path() {
+    let agent = Agent::start(
+        &[
+            "-dev",
+            "-dev-kv-addr",
+            "127.0.0.1:0",
+            "-consul-gzip",
+            "true",
+        ],
+        &[],
+    );
+    let kv = agent.dev_kv.expect("dev KV bound");
+    let prefix = "gitlab-haproxy-agent/state";
+    let keys = (0..KEYS).map(|i| (format!("{prefix}/be/s{i}"), "maint"));
+    assert_eq!(support::put_many(kv, keys), KEYS);
+    agent.wait_reply("be/s59", "maint 100%", SYNC);
+    let (status, headers, body) =
+        support::http_full(kv, "GET", &format!("/v1/kv/{prefix}/?recurse&stale"), b"")
+            .expect("dev KV answers");
+    assert_eq!(status, 200);
+    let header = |name: &str| {
+        headers
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| String::from_utf8_lossy(v).into_owned())
+    };
+    assert_eq!(header("x-consul-lastcontact").as_deref(), Some("0"));
+    assert_eq!(header("x-consul-knownleader").as_deref(), Some("true"));
+    // The agent read the listing gzipped: fewer bytes than one plain copy.
+    assert!(
+        agent.metric(BYTES) < body.len() as f64,
+        "{} vs {}",
+        agent.metric(BYTES),
+        body.len()
+    );
+    assert_eq!(agent.metric(KNOWN_LEADER), 1.0);
+}
+
+// ---- stale reads ----
+
+#[test]
+fn stale_reads_against_the_kv_carry_stale_and_apply_its_answers() {
+    let rig = Rig::new("stale_kv", &["-consul-max-stale", "2s"]);
+    rig.put("be/s3", "50%");
+    rig.agent
+        .wait_reply("be/s3", "ready 50%", Duration::from_secs(5));
+    let heads = rig.proxy.request_heads();
+    assert!(
+        heads
+            .iter()
+            .all(|h| h.lines().next().unwrap().contains("&stale=")),
+        "{heads:#?}"
+    );
+    assert_eq!(rig.metric(REASKED), 0.0, "the KV's LastContact is 0");
+}
+
+/// Whether a request target asks for a stale read.
+fn is_stale(target: &str) -> bool {
+    let query = target.split_once('?').map_or("", |(_, q)| q);
+    query
+        .split('&')
+        .any(|p| p == "stale" || p.starts_with("stale="))
+}
+
+/// What the fake consul serves, per consistency mode.
+#[derive(Clone)]
+struct Answer {
+    index: u64,
+    value: &'static str,
+    /// `X-Consul-LastContact` (`None`: not sent).
+    last_contact: Option<&'static str>,
+    known_leader: &'static str,
+}
+
+/// A consul whose servers disagree: `stale` requests are answered by a
+/// follower (its own index, value and `X-Consul-LastContact`),
+/// consistent ones by the leader. A blocking request at the index it would
+/// answer is held 300 ms (then answered: a wait that timed out).
+struct FakeConsul {
+    addr: SocketAddr,
+    /// Request lines received, in order.
+    targets: Arc<Mutex<Vec<String>>>,
+    stop: Arc<AtomicBool>,
+    acceptor: Option<JoinHandle<()>>,
+}
+
+impl FakeConsul {
+    fn start(prefix: &str, follower: Answer, leader: Answer) -> FakeConsul {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let addr = listener.local_addr().unwrap();
+        let targets = Arc::new(Mutex::new(Vec::new()));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (t, st, key) = (
+            Arc::clone(&targets),
+            Arc::clone(&stop),
+            format!("{prefix}/be/s1"),
+        );
+        let acceptor = std::thread::spawn(move || {
+            while !st.load(Ordering::Relaxed) {
+                match listener.accept() {
+                    Ok((conn, _)) => {
+                        let (t, st, key) = (Arc::clone(&t), Arc::clone(&st), key.clone());
+                        let (f, l) = (follower.clone(), leader.clone());
+                        std::thread::spawn(move || serve_fake(conn, &key, &f, &l, &t, &st));
+                    }
+                    Err(_) => std::thread::sleep(Duration::from_millis(5)),
+                }
+            }
+        });
+        FakeConsul {
+            addr,
+            targets,
+            stop,
+            acceptor: Some(acceptor),
+        }
+    }
+
+    fn targets(&self) -> Vec<String> {
+        self.targets.lock().unwrap().clone()
+    }
+}
+
+impl Drop for FakeConsul {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(a) = self.acceptor.take() {
+            let _ = a.join();
+        }
+    }
+}
+
+/// One connection of the fake consul: request after request.
+fn serve_fake(
+    mut conn: TcpStream,
+    key: &str,
+    follower: &Answer,
+    leader: &Answer,
+    targets: &Mutex<Vec<String>>,
+    stop: &AtomicBool,
+) {
+    conn.set_nonblocking(false).unwrap();
+    conn.set_read_timeout(Some(Duration::from_millis(50)))
+        .unwrap();
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 4096];
+    while !stop.load(Ordering::Relaxed) {
+        let head = match parse_request_head(&buf, 1 << 16) {
+            Parse::Done(head, used) => {
+                buf.drain(..used);
+                head
+            }
+            Parse::Invalid(_) => return,
+            Parse::Partial => match conn.read(&mut chunk) {
+                Ok(0) => return,
+                Ok(n) => {
+                    buf.extend_from_slice(&chunk[..n]);
+                    continue;
+                }
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    ) =>
+                {
+                    continue
+                }
+                Err(_) => return,
+            },
+        };
+        let stale = is_stale(&format!("?{}", head.query));
+        targets
+            .lock()
+            .unwrap()
+            .push(format!("{}?{}", head.path, head.query));
+        let a = if stale { follower } else { leader };
+        let asked: u64 = head
+            .query
+            .split('&')
+            .find_map(|p| p.strip_prefix("index="))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
+        if asked >= a.index {
+            std::thread::sleep(Duration::from_millis(300));
+        }
+        let value = base64::engine::general_purpose::STANDARD.encode(a.value);
+        let body = format!(
+            r#"[{{"LockIndex":0,"Key":"{key}","Flags":0,"Value":"{value}","CreateIndex":1,"ModifyIndex":{}}}]"#,
+            a.index
+        );
+        let mut headers = vec![
+            ("Content-Type", "application/json".to_owned()),
+            ("X-Consul-Index", a.index.to_string()),
+            ("X-Consul-Knownleader", a.known_leader.to_owned()),
+        ];
+        if let Some(lc) = a.last_contact {
+            headers.push(("X-Consul-Lastcontact", lc.to_owned()));
+        }
+        let mut out = Vec::new();
+        let resp = Response {
+            status: 200,
+            headers,
+            body: body.into_bytes(),
+        };
+        render_response(&mut out, &resp, true, Some(2048), false);
+        if conn.write_all(&out).is_err() {
+            return;
+        }
+    }
+}
+
+/// The follower is 5 s behind and a write ahead of what the leader says
+/// (its index is higher, its value `maint`); the leader says `drain`.
+fn split_brain(prefix: &str, follower_last_contact: Option<&'static str>) -> FakeConsul {
+    FakeConsul::start(
+        prefix,
+        Answer {
+            index: 20,
+            value: "maint",
+            last_contact: follower_last_contact,
+            known_leader: "false",
+        },
+        Answer {
+            index: 10,
+            value: "drain",
+            last_contact: Some("0"),
+            known_leader: "true",
+        },
+    )
+}
+
+#[test]
+fn a_stale_answer_past_the_bound_is_never_applied_and_asked_of_the_leader() {
+    let prefix = unique_prefix("stale_past");
+    let consul = split_brain(&prefix, Some("5000"));
+    let agent = Agent::with_consul(
+        consul.addr,
+        &prefix,
+        &["-consul-wait", "1s", "-consul-max-stale", "2s"],
+    );
+    agent.wait_reply("be/s1", "drain 100%", SYNC);
+    wait_for(
+        Duration::from_secs(10),
+        "three stale answers re-asked",
+        || (agent.metric(REASKED) >= 3.0).then_some(()),
+    );
+    // Never the follower's value, whatever its higher index.
+    let until = Instant::now() + Duration::from_secs(1);
+    while Instant::now() < until {
+        assert_eq!(agent.check("be/s1\n").as_deref(), Some("drain 100%"));
+    }
+    assert_eq!(agent.metric("gitlab_haproxy_agent_consul_index"), 10.0);
+    assert_eq!(agent.metric(&errors("bad_body")), 0.0);
+    // Each stale request is followed at once by a consistent one at the
+    // index of the state applied.
+    let targets = consul.targets();
+    let first_stale = targets.iter().position(|t| is_stale(t)).unwrap();
+    for pair in targets[first_stale..].windows(2) {
+        if is_stale(&pair[0]) {
+            assert!(!is_stale(&pair[1]), "{targets:#?}");
+            assert!(
+                pair[1].contains("index=10") || !pair[1].contains("index="),
+                "{targets:#?}"
+            );
+        }
+    }
+    // The gauges say what the last response said (the leader's).
+    assert_eq!(agent.metric(LAST_CONTACT), 0.0);
+    assert_eq!(agent.metric(KNOWN_LEADER), 1.0);
+}
+
+#[test]
+fn a_stale_answer_that_does_not_say_how_stale_is_too_stale() {
+    let prefix = unique_prefix("stale_unsaid");
+    let consul = split_brain(&prefix, None);
+    let agent = Agent::with_consul(
+        consul.addr,
+        &prefix,
+        &["-consul-wait", "1s", "-consul-max-stale", "1h"],
+    );
+    agent.wait_reply("be/s1", "drain 100%", SYNC);
+    wait_for(Duration::from_secs(10), "a stale answer re-asked", || {
+        (agent.metric(REASKED) >= 1.0).then_some(())
+    });
+    assert_eq!(agent.check("be/s1\n").as_deref(), Some("drain 100%"));
+}
+
+#[test]
+fn a_stale_answer_within_the_bound_is_applied() {
+    let prefix = unique_prefix("stale_within");
+    let consul = split_brain(&prefix, Some("5000"));
+    let agent = Agent::with_consul(
+        consul.addr,
+        &prefix,
+        &["-consul-wait", "1s", "-consul-max-stale", "10s"],
+    );
+    agent.wait_reply("be/s1", "maint 100%", SYNC);
+    assert_eq!(agent.metric(REASKED), 0.0);
+    assert_eq!(agent.metric(LAST_CONTACT), 5.0);
+    assert_eq!(agent.metric(KNOWN_LEADER), 0.0);
+    assert!(consul.targets().iter().all(|t| is_stale(t)));
+}
+
+#[test]
+fn without_max_stale_only_the_leader_is_asked() {
+    let prefix = unique_prefix("stale_off");
+    let consul = split_brain(&prefix, Some("5000"));
+    let agent = Agent::with_consul(consul.addr, &prefix, &["-consul-wait", "1s"]);
+    agent.wait_reply("be/s1", "drain 100%", SYNC);
+    std::thread::sleep(Duration::from_millis(700));
+    let targets = consul.targets();
+    assert!(targets.len() >= 2, "{targets:?}");
+    assert!(targets.iter().all(|t| !is_stale(t)), "{targets:?}");
+    assert_eq!(agent.check("be/s1\n").as_deref(), Some("drain 100%"));
+}
