@@ -14,4 +14,4 @@ chmod 777 "$work" # apt fetches as the _apt user
 (cd "$work" && apt-get download -qq prometheus >/dev/null)
 dpkg-deb -x "$work"/prometheus_*.deb "$work/root"
 install -D -m 0755 "$work/root/usr/bin/promtool" "$dir/promtool"
-"$dir/promtool" --version 2>&1 | head -1
+"$dir/promtool" --version 2>&1 | sed -n 1p

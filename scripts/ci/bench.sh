@@ -9,7 +9,7 @@ mkdir -p "$BENCH_RESULTS_DIR"
 {
   printf 'commit: %s\n' "$(git rev-parse HEAD 2>/dev/null || echo unknown)"
   printf 'rustc: %s\n' "$(rustc --version)"
-  printf 'cpu: %s\n' "$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1)"
+  printf 'cpu: %s\n' "$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | sed -n 1p)"
   printf 'cpus: %s\n' "$(nproc)"
 } > "$BENCH_RESULTS_DIR/environment.txt"
 cargo bench --locked "$@" 2>&1 | tee "$BENCH_RESULTS_DIR/cargo-bench.txt"
