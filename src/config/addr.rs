@@ -131,7 +131,7 @@ pub(super) fn resolve_host(host: &str, port: u16) -> Result<SocketAddr, String> 
 }
 
 /// `""` -> disabled, `:port` -> all interfaces, `host:port` -> that address.
-pub(super) fn parse_listen_addr(s: &str) -> Result<Option<ListenAddr>, String> {
+pub fn parse_listen_addr(s: &str) -> Result<Option<ListenAddr>, String> {
     if s.is_empty() {
         return Ok(None);
     }

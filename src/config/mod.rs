@@ -42,7 +42,7 @@ mod tls_tests;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-pub use addr::{loopback_if_unspecified, ConsulEndpoint, ListenAddr};
+pub use addr::{loopback_if_unspecified, parse_listen_addr, ConsulEndpoint, ListenAddr};
 pub use flags::usage;
 pub use tls::{ConsulTls, SharedConfig};
 
