@@ -85,7 +85,7 @@ pub fn open(config: &Config, path: &Path, state: &mut Swapper) -> io::Result<Sta
             let s = &l.snapshot;
             info!(path = shown.as_str(), age_seconds = l.age.as_secs(), keys = s.len(), invalid = s.invalid().len(), index = s.index();
                 "answering from the state file until consul answers");
-            state.load(l.snapshot, l.written);
+            state.load(l.snapshot, l.written, Instant::now());
         }
         Err(reason) if fs::symlink_metadata(path).is_err() => {
             info!(path = shown.as_str(), reason = reason.as_str(); "no state file yet: not answering until a first complete consul read");

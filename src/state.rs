@@ -13,8 +13,12 @@ use std::hash::{BuildHasherDefault, Hasher};
 use crate::consul::kv::KvPair;
 use crate::contract::{parse_identity, parse_value, Admin, Desired, InvalidValue};
 
+mod asked;
 pub mod file;
 mod swap;
+pub mod unasked;
+use asked::Asks;
+pub use asked::{Clock, Strangers, Tick};
 pub use swap::{Source, Swapped, Swapper};
 
 /// How much of an invalid value is kept for showing.
@@ -111,15 +115,31 @@ pub struct Snapshot {
     /// Every key's raw value as consul sent it, back to back (for the state
     /// file, which keeps what consul said, not what the agent made of it).
     raw: Vec<u8>,
+    /// When this snapshot began answering (its swap, or the state file's
+    /// load): since when an entry new in it is as it is.
+    born: Tick,
 }
 
 /// A map value: the entry and its reply bytes, looked up once at build time
-/// so that [`Snapshot::reply`] is one probe and nothing else.
-#[derive(Debug, Clone, Copy)]
+/// so that [`Snapshot::reply`] is one probe and nothing else, and what the
+/// identity's checks have asked.
+#[derive(Debug)]
 struct Slot {
     entry: Entry,
     reply: &'static [u8],
     raw: RawRef,
+    asks: Asks,
+}
+
+/// One diverted entry (its reply is not `ready 100%`) and its asks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Diverted<'a> {
+    pub identity: &'a str,
+    pub entry: Entry,
+    pub last_asked: Tick,
+    /// Since when the entry is as it is (the later of its write, as seen by
+    /// this agent, and the agent's start).
+    pub since: Tick,
 }
 
 impl Snapshot {
@@ -152,14 +172,47 @@ impl Snapshot {
         }
     }
 
-    /// The reply and the admin state answered for an identity, in one probe
-    /// (the hot path: [`Snapshot::reply`] and [`Snapshot::get`] together
-    /// would hash and compare the identity twice).
-    pub fn answer(&self, identity: &[u8]) -> (&'static [u8], Admin) {
-        match self.entries.get(identity) {
-            Some(slot) => (slot.reply, slot.entry.desired.admin()),
-            None => (Desired::READY.reply(), Admin::Ready),
-        }
+    /// The hot path: the reply and the admin state for an identity with a
+    /// key, recording the ask at `now`, in one probe; `None` without a key
+    /// (the caller answers `ready 100%` and records the ask itself).
+    pub fn answer(&self, identity: &[u8], now: Tick) -> Option<(&'static [u8], Admin)> {
+        let slot = self.entries.get(identity)?;
+        slot.asks.record(now);
+        Some((slot.reply, slot.entry.desired.admin()))
+    }
+
+    /// When a check last asked for an identity with a key (`None`: no key).
+    pub fn last_asked(&self, identity: &[u8]) -> Option<Tick> {
+        self.entries.get(identity).map(|slot| slot.asks.last())
+    }
+
+    /// Starts answering at `now`: entries new in this snapshot are as they
+    /// are since then.
+    pub fn set_born(&mut self, now: Tick) {
+        self.born = now;
+    }
+
+    /// Every entry whose reply is not `ready 100%`, with its asks, in no
+    /// particular order.
+    pub fn diverted(&self) -> impl Iterator<Item = Diverted<'_>> {
+        let ready = Desired::READY.reply();
+        self.entries
+            .iter()
+            .filter(move |(_, slot)| slot.reply != ready)
+            .map(|(k, slot)| Diverted {
+                identity: identity_str(k),
+                entry: slot.entry,
+                last_asked: slot.asks.last(),
+                since: slot.asks.since(self.born),
+            })
+    }
+
+    /// Every entry asked for since `after`, with its last ask.
+    pub fn asked_since(&self, after: Tick) -> impl Iterator<Item = (&str, Tick)> {
+        self.entries
+            .iter()
+            .map(|(k, slot)| (identity_str(k), slot.asks.last()))
+            .filter(move |(_, last)| *last >= after && !last.is_never())
     }
 
     /// The entry for an identity, if the KV holds a valid value for it.
@@ -216,7 +269,7 @@ impl Snapshot {
     pub fn changes_from<'a>(&'a self, old: &'a Snapshot) -> Vec<Change<'a>> {
         let mut changes = Vec::new();
         let mut scan = ChangeScan::default();
-        while !scan.step(self, old, usize::MAX, &mut changes) {}
+        while !scan.step(self, old, usize::MAX, &mut changes, None) {}
         changes.sort_unstable_by(|a, b| a.identity.cmp(b.identity));
         changes
     }
@@ -243,6 +296,12 @@ impl Snapshot {
 /// per-key change log of a 100,000-key swap never stalls the loop. Neither
 /// snapshot may change between steps (HashMap iteration order is stable
 /// while the map is not modified, which is what makes the position valid).
+///
+/// Given the asked identities without a key, the same pass carries the
+/// asks over: each new entry gets the later last ask of its old entry (or,
+/// for an identity that had no key, of the strangers' set), and keeps its
+/// old entry's `since` when it did not change; a removed entry's last ask
+/// goes to the strangers' set.
 #[derive(Debug, Default)]
 pub struct ChangeScan {
     /// Past the new snapshot's entries; now looking for removals in the old.
@@ -258,13 +317,24 @@ impl ChangeScan {
         old: &'a Snapshot,
         max: usize,
         out: &mut Vec<Change<'a>>,
+        mut carry: Option<&mut Strangers>,
     ) -> bool {
         let mut budget = max;
         if !self.in_old {
             for (k, slot) in new.entries.iter().skip(self.pos).take(budget) {
                 self.pos += 1;
                 budget -= 1;
-                let before = old.get(k);
+                let old_slot = old.entries.get(k);
+                let before = old_slot.map(|o| o.entry);
+                if let Some(strangers) = carry.as_deref() {
+                    match old_slot {
+                        Some(o) => slot.asks.carry(
+                            o.asks.last(),
+                            (o.entry == slot.entry).then(|| o.asks.since(old.born)),
+                        ),
+                        None => slot.asks.carry(strangers.last(k), None),
+                    }
+                }
                 if before != Some(slot.entry) {
                     out.push(Change {
                         identity: identity_str(k),
@@ -282,6 +352,9 @@ impl ChangeScan {
         for (k, slot) in old.entries.iter().skip(self.pos).take(budget) {
             self.pos += 1;
             if !new.entries.contains_key(&k[..]) {
+                if let Some(strangers) = carry.as_deref_mut() {
+                    strangers.carry(k, slot.asks.last());
+                }
                 out.push(Change {
                     identity: identity_str(k),
                     old: Some(slot.entry),
@@ -329,6 +402,7 @@ impl SnapshotBuilder {
                 entries,
                 invalid: Vec::new(),
                 raw: Vec::new(),
+                born: Tick::NEVER,
             },
         }
     }
@@ -355,6 +429,7 @@ impl SnapshotBuilder {
                     entry,
                     reply: desired.reply(),
                     raw,
+                    asks: Asks::default(),
                 };
                 s.entries.insert(Box::from(identity.as_bytes()), slot);
             }
@@ -488,7 +563,7 @@ mod tests {
         let mut sliced = Vec::new();
         let mut scan = ChangeScan::default();
         let mut steps = 0;
-        while !scan.step(&new, &old, 7, &mut sliced) {
+        while !scan.step(&new, &old, 7, &mut sliced, None) {
             steps += 1;
         }
         assert_eq!(steps, 100 / 7, "50 + 50 entries, 7 a step");
@@ -546,28 +621,36 @@ mod tests {
     }
 
     #[test]
-    fn answer_is_reply_and_admin_in_one_probe() {
+    fn answer_is_reply_and_admin_in_one_probe_and_records_the_ask() {
         let snap = snapshot(vec![
             at("be_web/srv1", b"drain", 10),
             at("be_web/srv2", b"maint", 11),
             at("be_web/srv3", b"50%", 12),
             at("be_web/srv4", b"bogus", 13),
         ]);
-        for id in [
-            "be_web/srv1",
-            "be_web/srv2",
-            "be_web/srv3",
-            "be_web/srv4",
-            "absent",
-        ] {
+        let now = Clock::new(std::time::Instant::now(), std::time::SystemTime::now())
+            .tick(std::time::Instant::now());
+        for id in ["be_web/srv1", "be_web/srv2", "be_web/srv3"] {
             let id = id.as_bytes();
-            let admin = snap.get(id).map_or(Admin::Ready, |e| e.desired.admin());
-            assert_eq!(snap.answer(id), (snap.reply(id), admin), "{id:?}");
+            let admin = snap.get(id).unwrap().desired.admin();
+            assert_eq!(snap.last_asked(id), Some(Tick::NEVER));
+            assert_eq!(
+                snap.answer(id, now),
+                Some((snap.reply(id), admin)),
+                "{id:?}"
+            );
+            assert_eq!(snap.last_asked(id), Some(now));
+        }
+        for id in ["be_web/srv4", "absent"] {
+            assert_eq!(snap.answer(id.as_bytes(), now), None, "no key: {id}");
+            assert_eq!(snap.last_asked(id.as_bytes()), None);
         }
         assert_eq!(
-            snap.answer(b"be_web/srv2"),
-            (&b"maint 100%\n"[..], Admin::Maint)
+            snap.answer(b"be_web/srv2", now),
+            Some((&b"maint 100%\n"[..], Admin::Maint))
         );
+        let diverted: Vec<_> = snap.diverted().map(|d| d.identity).collect();
+        assert_eq!(diverted.len(), 3, "drain, maint and 50% are diverted");
     }
 
     #[test]

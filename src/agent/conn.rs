@@ -1,8 +1,9 @@
 //! One agent-check connection: read one line, look it up, write
 //! the reply whole, close.
 //!
-//! In: readiness of the socket, the snapshot to answer from (`None` before
-//! the first consul read), and a scratch buffer owned by the loop. Out: a
+//! In: readiness of the socket, the lookup to answer with (which gives
+//! nothing before the first consul read), and a scratch buffer owned by the
+//! loop. Out: a
 //! [`Progress`]: done with an [`Outcome`] (the socket is closed when the
 //! connection is dropped), or what to wait for next. Always holds: at most
 //! `max_line_bytes + 1` bytes are ever buffered; a connection answers at most
@@ -21,7 +22,7 @@ use mio::net::TcpStream;
 
 use crate::agent::request::{self, Reject, Request};
 use crate::agent::Outcome;
-use crate::state::Snapshot;
+use crate::contract::Admin;
 
 /// What the loop should do with a connection after an event.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -70,11 +71,12 @@ impl AgentConn {
         &self.buf
     }
 
-    /// The socket is (or may be) readable. `scratch` must be at least
-    /// `max_line_bytes + 1` long.
+    /// The socket is (or may be) readable. `answer` looks an identity up
+    /// (`None`: no state to answer from yet); it is called at most once.
+    /// `scratch` must be at least `max_line_bytes + 1` long.
     pub fn on_readable(
         &mut self,
-        snapshot: Option<&Snapshot>,
+        answer: impl FnOnce(&[u8]) -> Option<(&'static [u8], Admin)>,
         max_line_bytes: usize,
         scratch: &mut [u8],
     ) -> Progress {
@@ -104,10 +106,9 @@ impl AgentConn {
                 }
                 Request::Reject(r) => return Progress::Done(reject_outcome(r)),
                 Request::Identity(id) => {
-                    let Some(snapshot) = snapshot else {
+                    let Some((reply, admin)) = answer(id) else {
                         return Progress::Done(Outcome::NotSynced);
                     };
-                    let (reply, admin) = snapshot.answer(id);
                     let outcome = admin.into();
                     self.phase = Phase::Replying {
                         reply,
@@ -178,6 +179,7 @@ mod tests {
 
     use super::*;
     use crate::consul::kv::KvPair;
+    use crate::state::{Snapshot, Tick};
 
     /// A connected pair: our mio end (as accepted) and the peer's std end.
     fn pair() -> (TcpStream, std::net::TcpStream) {
@@ -218,10 +220,16 @@ mod tests {
         let mut conn = AgentConn::new(ours);
         let mut scratch = vec![0; 257];
         let snap = snapshot();
+        let mut asked = Vec::new();
+        let answer = |id: &[u8]| {
+            asked.push(id.to_vec());
+            snap.answer(id, Tick::NEVER)
+        };
         assert_eq!(
-            conn.on_readable(Some(&snap), 256, &mut scratch),
+            conn.on_readable(answer, 256, &mut scratch),
             Progress::NeedWrite
         );
+        assert_eq!(asked, [b"be/s1".to_vec()], "looked up once");
         // The peer drains: the rest of the reply goes out on the next
         // writable event, whole and once.
         peer.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
@@ -252,7 +260,7 @@ mod tests {
         let mut conn = AgentConn::new(ours);
         let mut scratch = vec![0; 257];
         assert_eq!(
-            conn.on_readable(None, 256, &mut scratch),
+            conn.on_readable(|_| None, 256, &mut scratch),
             Progress::Done(Outcome::NotSynced)
         );
         drop(conn);

@@ -203,6 +203,8 @@ settings! {
         consul_max_stale: "consul-max-stale", Duration, "0", "let any consul server answer (?stale) if it heard from the leader within this (Go duration); 0: the leader answers";
         state_file: "state-file", Text, "", "file keeping the last consul state across restarts (written after every change, answered from at start until consul answers); empty disables";
         state_max_age: "state-max-age", Duration, "24h", "oldest state file answered from at start";
+        unasked_after: "unasked-after", Duration, "1m", "a diverted key no check asked for this long (since its write or the start) is reported unasked; at least 1s";
+        max_unknown_identities: "max-unknown-identities", Int, "65536", "asked identities without a key whose last ask is remembered; more are counted, not kept";
         dev: "dev", Bool, "false", "also serve an in-memory consul-compatible KV on -dev-kv-addr and watch it; never for production";
         dev_kv_addr: "dev-kv-addr", Addr, "127.0.0.1:8500", "dev KV listener (used only with -dev)";
     }

@@ -108,6 +108,10 @@ pub struct Config {
     /// `-state-file`: `None` when empty.
     pub state_file: Option<std::path::PathBuf>,
     pub state_max_age: Duration,
+    /// `-unasked-after`: at least a second.
+    pub unasked_after: Duration,
+    /// `-max-unknown-identities`: bound of the asked-without-a-key set.
+    pub max_unknown_identities: usize,
     /// `-dev`: serve the in-memory KV on this address too.
     pub dev_kv_addr: Option<ListenAddr>,
     pub log_format: LogFormat,

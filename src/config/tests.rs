@@ -79,6 +79,8 @@ fn defaults() {
     assert_eq!(c.max_connections, 20000);
     assert_eq!(c.state_file, None, "off unless asked for");
     assert_eq!(c.state_max_age, Duration::from_secs(86_400));
+    assert_eq!(c.unasked_after, Duration::from_secs(60));
+    assert_eq!(c.max_unknown_identities, 65_536);
     assert_eq!(c.dev_kv_addr, None);
     assert_eq!(c.log_format, LogFormat::Json);
     assert_eq!(c.log_level, log::LevelFilter::Info);
@@ -109,6 +111,9 @@ const ALL_FLAGS: &[&str] = &[
     "-state-file",
     "/var/lib/x/state.json",
     "-state-max-age=90m",
+    "-unasked-after",
+    "30s",
+    "--max-unknown-identities=10",
     "-dev",
     "-dev-kv-addr",
     "127.0.0.1:1005",
@@ -138,6 +143,8 @@ fn assert_all_flags(c: &Config) {
     assert_eq!(c.consul.max_stale, Duration::from_secs(2));
     assert_eq!(c.state_file, Some("/var/lib/x/state.json".into()));
     assert_eq!(c.state_max_age, Duration::from_secs(5400));
+    assert_eq!(c.unasked_after, Duration::from_secs(30));
+    assert_eq!(c.max_unknown_identities, 10);
     assert_eq!(
         c.dev_kv_addr,
         Some(ListenAddr::Addr(v4([127, 0, 0, 1], 1005)))
@@ -159,6 +166,8 @@ const ALL_ENV: &[(&str, &str)] = &[
     ("GITLAB_HAPROXY_AGENT_CONSUL_MAX_STALE", "1m"),
     ("GITLAB_HAPROXY_AGENT_STATE_FILE", "env-state.json"),
     ("GITLAB_HAPROXY_AGENT_STATE_MAX_AGE", "1h"),
+    ("GITLAB_HAPROXY_AGENT_UNASKED_AFTER", "2m"),
+    ("GITLAB_HAPROXY_AGENT_MAX_UNKNOWN_IDENTITIES", "20"),
     ("GITLAB_HAPROXY_AGENT_DEV", "true"),
     ("GITLAB_HAPROXY_AGENT_DEV_KV_ADDR", "127.0.0.1:2005"),
 ];
@@ -194,6 +203,8 @@ fn every_flag_from_the_environment() {
     assert_eq!(c.consul.max_stale, Duration::from_secs(60));
     assert_eq!(c.state_file, Some("env-state.json".into()));
     assert_eq!(c.state_max_age, Duration::from_secs(3600));
+    assert_eq!(c.unasked_after, Duration::from_secs(120));
+    assert_eq!(c.max_unknown_identities, 20);
     assert_eq!(
         c.dev_kv_addr,
         Some(ListenAddr::Addr(v4([127, 0, 0, 1], 2005)))
@@ -367,6 +378,8 @@ fn bad_values_name_the_flag() {
         (&["-read-timeout", "-1s"], "invalid value \"-1s\" for flag -read-timeout: must not be negative"),
         (&["-consul-wait", "-5m"], "invalid value \"-5m\" for flag -consul-wait: must not be negative"),
         (&["-read-timeout", "2h"], "invalid value \"2h\" for flag -read-timeout: must be at most 1h"),
+        (&["-unasked-after", "500ms"], "invalid value \"500ms\" for flag -unasked-after: must be at least 1s"),
+        (&["-max-unknown-identities", "x"], "invalid value \"x\" for flag -max-unknown-identities: not a whole number"),
         (&["-max-line-bytes", "0"], "invalid value \"0\" for flag -max-line-bytes: must be between 1 and 65536"),
         (&["-max-line-bytes", "65537"], "invalid value \"65537\" for flag -max-line-bytes: must be between 1 and 65536"),
         (&["-max-line-bytes", "abc"], "invalid value \"abc\" for flag -max-line-bytes: not a whole number"),

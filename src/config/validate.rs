@@ -44,6 +44,8 @@ pub(super) fn config(low: &LowArgs) -> Result<Config, UsageError> {
         .filter(|p| !p.is_empty())
         .map(std::path::PathBuf::from);
     let state_max_age = positive_duration(&low.state_max_age.value())?;
+    let unasked_after = unasked_after(&low.unasked_after.value())?;
+    let max_unknown_identities = number(&low.max_unknown_identities.value(), 0, 10_000_000)?;
     let gzip = gzip_mode(&low.consul_gzip.value())?;
     let max_stale = duration(&low.consul_max_stale.value())?;
     let dev_kv_addr = dev_kv_addr(low)?;
@@ -64,6 +66,8 @@ pub(super) fn config(low: &LowArgs) -> Result<Config, UsageError> {
         max_connections,
         state_file,
         state_max_age,
+        unasked_after,
+        max_unknown_identities,
         dev_kv_addr,
         log_format,
         log_level,
@@ -96,6 +100,15 @@ fn read_timeout(raw: &Raw) -> Result<Duration, UsageError> {
     let d = positive_duration(raw)?;
     if d > Duration::from_secs(3600) {
         return Err(raw.invalid("must be at most 1h"));
+    }
+    Ok(d)
+}
+
+/// `-unasked-after`: whole seconds count (asks are recorded per second).
+fn unasked_after(raw: &Raw) -> Result<Duration, UsageError> {
+    let d = duration(raw)?;
+    if d < Duration::from_secs(1) {
+        return Err(raw.invalid("must be at least 1s"));
     }
     Ok(d)
 }

@@ -83,8 +83,9 @@ impl EventLoop {
     fn serve_new(&mut self, stream: TcpStream) {
         let accepted = Instant::now();
         let mut conn = AgentConn::new(stream);
-        let progress =
-            conn.on_readable(self.state.current(), self.max_line_bytes, &mut self.scratch);
+        let state = &mut self.state;
+        let answer = |id: &[u8]| state.answer(id, accepted);
+        let progress = conn.on_readable(answer, self.max_line_bytes, &mut self.scratch);
         let want = match interest(progress) {
             Ok(want) => want,
             Err(outcome) => return self.count(outcome, accepted, &conn),
@@ -102,13 +103,15 @@ impl EventLoop {
         }
     }
 
-    pub(super) fn agent_event(&mut self, key: usize) {
+    pub(super) fn agent_event(&mut self, key: usize, now: Instant) {
         let Some(slot) = self.agents.get_mut(key) else {
             return;
         };
-        let progress =
-            slot.conn
-                .on_readable(self.state.current(), self.max_line_bytes, &mut self.scratch);
+        let state = &mut self.state;
+        let answer = |id: &[u8]| state.answer(id, now);
+        let progress = slot
+            .conn
+            .on_readable(answer, self.max_line_bytes, &mut self.scratch);
         match interest(progress) {
             Ok(want) => {
                 if self

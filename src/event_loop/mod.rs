@@ -55,7 +55,8 @@ use crate::monitoring::metrics::Metrics;
 use crate::monitoring::server::Role;
 use crate::monitoring::{StateFileStatus, Status, WatchStatus};
 use crate::persist::{self, StateFile};
-use crate::state::{Snapshot, Swapper};
+use crate::state::unasked::Unasked;
+use crate::state::{Clock, Snapshot, Swapper};
 use agents::AgentSlot;
 use gate::AcceptGate;
 use http::HttpSlot;
@@ -133,6 +134,8 @@ pub struct EventLoop {
     updates: Vec<Update>,
     health: Health,
     state: Swapper,
+    /// Diverted keys no check asks for, swept every few seconds.
+    unasked: Unasked,
     devkv: Option<DevKv>,
     parking: Parking,
     /// `-state-file`: written after every swap, off the loop.
@@ -181,7 +184,9 @@ impl EventLoop {
             .as_ref()
             .map(|_| DevKv::new(true));
         let consul = &config.consul;
-        let mut state = Swapper::new(&config.kv_prefix);
+        let (start, started) = (Instant::now(), SystemTime::now());
+        let clock = Clock::new(start, started);
+        let mut state = Swapper::new(&config.kv_prefix, clock, config.max_unknown_identities);
         let state_file = config
             .state_file
             .as_ref()
@@ -214,11 +219,12 @@ impl EventLoop {
             updates: Vec::new(),
             health: Health::new(consul.endpoint.to_string()),
             state,
+            unasked: Unasked::new(config.unasked_after, start),
             devkv,
             parking: Parking::default(),
             state_file,
             metrics: Metrics::default(),
-            started: SystemTime::now(),
+            started,
             kv_prefix: config.kv_prefix.clone(),
             read_timeout: config.read_timeout,
             max_line_bytes: config.max_line_bytes,
@@ -327,7 +333,7 @@ impl EventLoop {
                 self.sync_consul(now);
             }
             Tok::Signals => self.on_signals(now),
-            Tok::Agent(key) => self.agent_event(key),
+            Tok::Agent(key) => self.agent_event(key, now),
             Tok::Http(key) => self.http_event(key, now),
             Tok::Unknown => {}
         }
@@ -342,6 +348,7 @@ impl EventLoop {
             self.agents.next_deadline(),
             self.https.next_deadline(),
             self.parking.next_deadline(),
+            Some(self.unasked.due()),
             self.agent_gate.deadline(now),
             self.http_gate.deadline(now),
             self.shutdown_deadline,
@@ -353,7 +360,8 @@ impl EventLoop {
     }
 
     /// Everything due at `now`, in the order the turn promises: the state
-    /// being retired, connection timers, parked queries, consul, accepts.
+    /// being retired, connection timers, parked queries, the unasked-key
+    /// sweep, consul, accepts.
     fn on_time(&mut self, now: Instant) {
         if self.state.step(RETIRE_SLICE) > 0 {
             self.metrics.last_change = Some(SystemTime::now());
@@ -368,6 +376,9 @@ impl EventLoop {
         }
         for (key, wait) in self.parking.expired(now) {
             self.answer_parked(key, &wait, now);
+        }
+        if self.unasked.due() <= now {
+            self.unasked.sweep(&mut self.state, now);
         }
         self.forget_rendered();
         if self.client.poll_at(now) <= now {
@@ -424,7 +435,7 @@ impl EventLoop {
             Update::Swap(new) => {
                 self.consul_ok(now);
                 self.metrics.swaps += 1;
-                self.swap_in(new);
+                self.swap_in(new, now);
             }
             Update::Unchanged => {
                 self.consul_ok(now);
@@ -457,8 +468,8 @@ impl EventLoop {
 
     /// Answers from `new` at once; its change log and the old state's
     /// freeing run a slice per turn ([`EventLoop::on_time`]).
-    fn swap_in(&mut self, new: Snapshot) {
-        let swapped = self.state.swap(new);
+    fn swap_in(&mut self, new: Snapshot, now: Instant) {
+        let swapped = self.state.swap(new, now);
         if let (Some(f), Some(s)) = (&mut self.state_file, self.state.shared()) {
             f.save(s);
         }

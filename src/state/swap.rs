@@ -9,13 +9,19 @@
 //! at most `max` entries, so a 100,000-key swap never stalls the loop; a
 //! swap arriving while the last is still being retired finishes it first,
 //! so every change is logged once and against the state it replaced.
+//!
+//! It also answers: [`Swapper::answer`] is the hot path, which records
+//! when each identity was asked (in the current snapshot's slot, or in the
+//! set of identities without a key), and the retirement carries those asks
+//! over to the new state, so they survive every swap.
 
 use std::sync::Arc;
-use std::time::SystemTime;
+use std::time::{Instant, SystemTime};
 
 use log::{debug, info, warn};
 
-use super::{ChangeScan, Entry, Graveyard, InvalidReason, Snapshot};
+use super::{ChangeScan, Clock, Entry, Graveyard, InvalidReason, Snapshot, Strangers};
+use crate::contract::{Admin, Desired};
 use crate::logging::escape;
 
 /// Where the current state came from.
@@ -32,10 +38,13 @@ pub enum Source {
 /// States are shared (`Arc`) so that the state file's writer thread can
 /// serialize one while the loop answers from it; a retired state the
 /// writer still holds is freed by the writer, off the loop.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Swapper {
     /// The KV prefix, to name identities in log lines.
     prefix: String,
+    clock: Clock,
+    /// Asked identities without a key in the current state.
+    strangers: Strangers,
     current: Option<Arc<Snapshot>>,
     source: Option<Source>,
     /// The state before the last swap, while its changes are logged.
@@ -64,11 +73,41 @@ impl Swapped {
 }
 
 impl Swapper {
-    pub fn new(prefix: &str) -> Swapper {
+    /// `max_strangers` bounds the set of asked identities without a key.
+    pub fn new(prefix: &str, clock: Clock, max_strangers: usize) -> Swapper {
         Swapper {
             prefix: prefix.to_owned(),
-            ..Swapper::default()
+            clock,
+            strangers: Strangers::new(max_strangers),
+            current: None,
+            source: None,
+            retiring: None,
+            graveyard: None,
         }
+    }
+
+    /// The hot path: the reply for a check of `identity` at `now`, and the
+    /// ask recorded; `None` before there is a state to answer from.
+    pub fn answer(&mut self, identity: &[u8], now: Instant) -> Option<(&'static [u8], Admin)> {
+        let snapshot = self.current.as_deref()?;
+        let now = self.clock.tick(now);
+        Some(snapshot.answer(identity, now).unwrap_or_else(|| {
+            self.strangers.record(identity, now);
+            (Desired::READY.reply(), Admin::Ready)
+        }))
+    }
+
+    pub fn clock(&self) -> &Clock {
+        &self.clock
+    }
+
+    /// Asked identities without a key.
+    pub fn strangers(&self) -> &Strangers {
+        &self.strangers
+    }
+
+    pub fn strangers_mut(&mut self) -> &mut Strangers {
+        &mut self.strangers
     }
 
     /// The state answered from (`None` until a first complete read, or
@@ -88,8 +127,9 @@ impl Swapper {
 
     /// Answers from a state file's snapshot, before any consul read: the
     /// first complete read replaces it (with a change log, as any swap).
-    pub fn load(&mut self, snapshot: Snapshot, written: SystemTime) {
+    pub fn load(&mut self, mut snapshot: Snapshot, written: SystemTime, now: Instant) {
         if self.current.is_none() {
+            snapshot.set_born(self.clock.tick(now));
             self.current = Some(Arc::new(snapshot));
             self.source = Some(Source::File { written });
         }
@@ -101,9 +141,9 @@ impl Swapper {
         self.retiring.is_some() || self.graveyard.is_some()
     }
 
-    /// Answers from `new` at once, logs the keys it newly drops, and starts
-    /// retiring the state it replaces.
-    pub fn swap(&mut self, new: Snapshot) -> Swapped {
+    /// Answers from `new` at once (from `now`), logs the keys it newly
+    /// drops, and starts retiring the state it replaces.
+    pub fn swap(&mut self, mut new: Snapshot, now: Instant) -> Swapped {
         // A swap still being logged from the last change: finish it first.
         while self.busy() {
             self.step(usize::MAX);
@@ -125,6 +165,7 @@ impl Swapper {
         let (keys, invalid_keys, index) = (new.len(), new.invalid().len(), new.index());
         let from_file = matches!(self.source, Some(Source::File { .. }));
         self.source = Some(Source::Consul);
+        new.set_born(self.clock.tick(now));
         let first = match self.current.replace(Arc::new(new)) {
             None => {
                 info!(keys = keys, invalid = invalid_keys, index = index; "first consul read complete: answering");
@@ -150,7 +191,7 @@ impl Swapper {
                 return 0; // unreachable: retiring implies a current state
             };
             let mut changes = Vec::new();
-            let done = scan.step(new, old, max, &mut changes);
+            let done = scan.step(new, old, max, &mut changes, Some(&mut self.strangers));
             for c in &changes {
                 let show = |e: Option<Entry>| {
                     e.map_or_else(|| "absent".to_owned(), |e| e.desired.to_string())
@@ -184,6 +225,10 @@ mod tests {
 
     const PREFIX: &str = "p";
 
+    fn swapper() -> Swapper {
+        Swapper::new(PREFIX, Clock::new(Instant::now(), SystemTime::now()), 16)
+    }
+
     fn snapshot(index: u64, pairs: &[(&str, &str)]) -> Snapshot {
         let pairs = pairs
             .iter()
@@ -202,11 +247,11 @@ mod tests {
 
     #[test]
     fn nothing_to_answer_before_the_first_swap() {
-        let mut s = Swapper::new(PREFIX);
+        let mut s = swapper();
         assert!(s.current().is_none());
         assert!(!s.busy());
         assert_eq!(s.step(10), 0);
-        let swapped = s.swap(snapshot(1, &[("b/a", "drain")]));
+        let swapped = s.swap(snapshot(1, &[("b/a", "drain")]), Instant::now());
         assert_eq!(
             swapped,
             Swapped {
@@ -221,13 +266,13 @@ mod tests {
 
     #[test]
     fn the_new_state_answers_at_once_and_the_old_retires_in_slices() {
-        let mut s = Swapper::new(PREFIX);
+        let mut s = swapper();
         let old: Vec<(String, &str)> = (0..10).map(|i| (format!("b/s{i}"), "drain")).collect();
         let old: Vec<(&str, &str)> = old.iter().map(|(k, v)| (k.as_str(), *v)).collect();
-        s.swap(snapshot(1, &old));
+        s.swap(snapshot(1, &old), Instant::now());
         let drained = reply(&s, "b/s0").unwrap();
         // Everything becomes ready: ten changes (removals).
-        let swapped = s.swap(snapshot(2, &[]));
+        let swapped = s.swap(snapshot(2, &[]), Instant::now());
         assert!(!swapped.first && !swapped.changed());
         assert_ne!(
             reply(&s, "b/s0").unwrap(),
@@ -248,8 +293,11 @@ mod tests {
 
     #[test]
     fn invalid_keys_are_reported_once() {
-        let mut s = Swapper::new(PREFIX);
-        let swapped = s.swap(snapshot(1, &[("b/a", "up"), ("b/b", "999%")]));
+        let mut s = swapper();
+        let swapped = s.swap(
+            snapshot(1, &[("b/a", "up"), ("b/b", "999%")]),
+            Instant::now(),
+        );
         let mut reasons = swapped.invalid.clone();
         reasons.sort_by_key(|r| r.index());
         assert_eq!(
@@ -257,36 +305,46 @@ mod tests {
             ["health_word", "out_of_range"]
         );
         // The same invalid keys again: nothing new.
-        let again = s.swap(snapshot(1, &[("b/a", "up"), ("b/b", "999%")]));
+        let again = s.swap(
+            snapshot(1, &[("b/a", "up"), ("b/b", "999%")]),
+            Instant::now(),
+        );
         assert!(again.invalid.is_empty() && !again.changed());
         // One of them rewritten: reported again.
-        let rewritten = s.swap(snapshot(1, &[("b/a", "down"), ("b/b", "999%")]));
+        let rewritten = s.swap(
+            snapshot(1, &[("b/a", "down"), ("b/b", "999%")]),
+            Instant::now(),
+        );
         assert_eq!(rewritten.invalid.len(), 1);
     }
 
     #[test]
     fn a_loaded_file_answers_until_the_first_consul_read_replaces_it() {
-        let mut s = Swapper::new(PREFIX);
+        let mut s = swapper();
         let written = SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1_000);
-        s.load(snapshot(5, &[("b/a", "drain"), ("b/b", "maint")]), written);
+        s.load(
+            snapshot(5, &[("b/a", "drain"), ("b/b", "maint")]),
+            written,
+            Instant::now(),
+        );
         assert_eq!(s.source(), Some(Source::File { written }));
         assert_eq!(reply(&s, "b/a"), Some(Desired::DRAIN.reply()));
-        let swapped = s.swap(snapshot(6, &[("b/a", "drain")]));
+        let swapped = s.swap(snapshot(6, &[("b/a", "drain")]), Instant::now());
         assert!(swapped.first && swapped.changed(), "consul takes over");
         assert_eq!(s.source(), Some(Source::Consul));
         // b/b: maint -> absent; b/a: a new ModifyIndex.
         assert_eq!(s.step(usize::MAX), 2, "the difference is logged");
         // A file never replaces a state that is already there.
-        s.load(snapshot(1, &[]), written);
+        s.load(snapshot(1, &[]), written, Instant::now());
         assert_eq!(s.current().unwrap().index(), 6);
     }
 
     #[test]
     fn a_state_the_writer_still_holds_is_not_freed_here() {
-        let mut s = Swapper::new(PREFIX);
-        s.swap(snapshot(1, &[("b/a", "drain")]));
+        let mut s = swapper();
+        s.swap(snapshot(1, &[("b/a", "drain")]), Instant::now());
         let held = s.shared().unwrap();
-        s.swap(snapshot(2, &[]));
+        s.swap(snapshot(2, &[]), Instant::now());
         while s.busy() {
             s.step(usize::MAX);
         }
@@ -296,12 +354,12 @@ mod tests {
 
     #[test]
     fn a_swap_while_retiring_logs_the_last_change_first() {
-        let mut s = Swapper::new(PREFIX);
-        s.swap(snapshot(1, &[("b/a", "drain")]));
-        s.swap(snapshot(2, &[("b/a", "maint")]));
+        let mut s = swapper();
+        s.swap(snapshot(1, &[("b/a", "drain")]), Instant::now());
+        s.swap(snapshot(2, &[("b/a", "maint")]), Instant::now());
         assert!(s.busy());
         // The next swap finishes the previous retirement before its own.
-        s.swap(snapshot(3, &[("b/a", "ready")]));
+        s.swap(snapshot(3, &[("b/a", "ready")]), Instant::now());
         assert_eq!(s.current().unwrap().index(), 3);
         assert_eq!(s.step(usize::MAX), 1, "maint -> ready, against state 2");
         s.step(usize::MAX);

@@ -1,0 +1,240 @@
+//! Who asks for what: when a check last asked for each identity.
+//!
+//! In: every answered check (identity, time). Out: per identity with a key,
+//! its last ask, in the snapshot slot ([`Asks`]); per identity without one,
+//! its last ask in a bounded set ([`Strangers`]); the time arithmetic both
+//! share ([`Clock`], [`Tick`]). Always holds: recording an ask for a keyed
+//! identity is one relaxed store into the slot the lookup already found, and
+//! allocates nothing; an identity without a key allocates once, the first
+//! time it is asked, and never past the set's bound (asks beyond it are
+//! counted, not recorded); the set's hasher is randomly seeded, because its
+//! keys come from whoever can reach the agent port.
+
+use std::collections::hash_map::RandomState;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant, SystemTime};
+
+/// A whole second of the agent's life: seconds since its start, plus one,
+/// so that `Tick::NEVER` (0) can mean "never asked". Good for 136 years.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Tick(u32);
+
+impl Tick {
+    pub const NEVER: Tick = Tick(0);
+
+    pub fn is_never(self) -> bool {
+        self == Tick::NEVER
+    }
+
+    /// `secs` seconds before `self`, or the start.
+    pub fn earlier_by(self, secs: u64) -> Tick {
+        let secs = u32::try_from(secs).unwrap_or(u32::MAX);
+        Tick(self.0.saturating_sub(secs).max(1))
+    }
+
+    /// Whole seconds from `self` to `later` (0 if `later` is not later).
+    pub fn secs_until(self, later: Tick) -> u32 {
+        later.0.saturating_sub(self.0)
+    }
+}
+
+/// Turns instants into [`Tick`]s and ticks back into wall-clock time.
+#[derive(Debug, Clone, Copy)]
+pub struct Clock {
+    start: Instant,
+    wall: SystemTime,
+}
+
+impl Clock {
+    /// A clock whose tick 1 is `start`, which was `wall` on the wall clock.
+    pub fn new(start: Instant, wall: SystemTime) -> Clock {
+        Clock { start, wall }
+    }
+
+    pub fn tick(&self, now: Instant) -> Tick {
+        let secs = now.saturating_duration_since(self.start).as_secs();
+        Tick(u32::try_from(secs).unwrap_or(u32::MAX - 1) + 1)
+    }
+
+    /// When `t` was, on the wall clock (`None` for never).
+    pub fn wall(&self, t: Tick) -> Option<SystemTime> {
+        (!t.is_never()).then(|| self.wall + Duration::from_secs(u64::from(t.0 - 1)))
+    }
+
+    /// `wall` as Unix seconds (0 for never: the metric's convention).
+    pub fn unix_seconds(&self, t: Tick) -> u64 {
+        self.wall(t)
+            .and_then(|w| w.duration_since(SystemTime::UNIX_EPOCH).ok())
+            .map_or(0, |d| d.as_secs())
+    }
+}
+
+/// What a keyed identity's slot knows of its asks. Atomic because the
+/// snapshot is shared with the state file's writer thread; only the loop
+/// thread writes, so every access is relaxed.
+#[derive(Debug, Default)]
+pub struct Asks {
+    last: AtomicU32,
+    /// Since when the entry is as it is (the swap that brought its
+    /// current ModifyIndex); `NEVER` means the snapshot's own swap.
+    since: AtomicU32,
+}
+
+impl Asks {
+    /// The hot path: one store.
+    pub fn record(&self, now: Tick) {
+        self.last.store(now.0, Ordering::Relaxed);
+    }
+
+    pub fn last(&self) -> Tick {
+        Tick(self.last.load(Ordering::Relaxed))
+    }
+
+    /// Since when the entry is as it is; `born` (its snapshot's swap) unless
+    /// an earlier state carried it over.
+    pub fn since(&self, born: Tick) -> Tick {
+        match Tick(self.since.load(Ordering::Relaxed)) {
+            Tick::NEVER => born,
+            t => t,
+        }
+    }
+
+    /// Carries over what the state before knew: the later last ask, and,
+    /// when the entry did not change, since when it is as it is.
+    pub fn carry(&self, last: Tick, unchanged_since: Option<Tick>) {
+        self.last.fetch_max(last.0, Ordering::Relaxed);
+        if let Some(since) = unchanged_since {
+            self.since.store(since.0, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Asked identities without a key: the last ask of each, at most `cap` of
+/// them. Survives every swap (it is not part of a snapshot).
+#[derive(Debug)]
+pub struct Strangers {
+    map: HashMap<Box<[u8]>, Tick, RandomState>,
+    cap: usize,
+    /// Asks not recorded because the set was full.
+    overflow: u64,
+}
+
+impl Strangers {
+    pub fn new(cap: usize) -> Strangers {
+        Strangers {
+            map: HashMap::default(),
+            cap,
+            overflow: 0,
+        }
+    }
+
+    /// The hot path for identities without a key: one probe; one
+    /// allocation the first time an identity is asked.
+    pub fn record(&mut self, identity: &[u8], now: Tick) {
+        if !self.put(identity, now) {
+            self.overflow += 1;
+        }
+    }
+
+    /// Takes over the last ask of an identity whose key was deleted,
+    /// unless a later one is known (or there is no room).
+    pub fn carry(&mut self, identity: &[u8], last: Tick) {
+        if !last.is_never() && self.last(identity) < last {
+            self.put(identity, last);
+        }
+    }
+
+    /// Sets an identity's last ask; `false` if it is new and there is no
+    /// room.
+    fn put(&mut self, identity: &[u8], last: Tick) -> bool {
+        if let Some(held) = self.map.get_mut(identity) {
+            *held = last;
+        } else if self.map.len() < self.cap {
+            self.map.insert(Box::from(identity), last);
+        } else {
+            return false;
+        }
+        true
+    }
+
+    pub fn last(&self, identity: &[u8]) -> Tick {
+        self.map.get(identity).copied().unwrap_or(Tick::NEVER)
+    }
+
+    /// Forgets identities not asked for since `before` (a server removed
+    /// from haproxy, or a one-off `ask`), making room for new ones.
+    pub fn forget_older_than(&mut self, before: Tick) {
+        self.map.retain(|_, last| *last >= before);
+    }
+
+    pub fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.map.is_empty()
+    }
+
+    pub fn overflow(&self) -> u64 {
+        self.overflow
+    }
+
+    /// Every identity held and its last ask, in no particular order. An
+    /// asked identity need not be UTF-8: show it lossily.
+    pub fn iter(&self) -> impl Iterator<Item = (&[u8], Tick)> {
+        self.map.iter().map(|(k, t)| (&k[..], *t))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ticks_are_whole_seconds_after_start_and_never_is_zero() {
+        let start = Instant::now();
+        let wall = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000);
+        let c = Clock::new(start, wall);
+        assert_eq!(c.tick(start), Tick(1));
+        assert_eq!(c.tick(start + Duration::from_millis(999)), Tick(1));
+        assert_eq!(c.tick(start + Duration::from_secs(61)), Tick(62));
+        assert_eq!(
+            c.unix_seconds(c.tick(start + Duration::from_secs(61))),
+            1_061
+        );
+        assert_eq!(c.unix_seconds(Tick::NEVER), 0);
+        assert_eq!(c.wall(Tick::NEVER), None);
+        assert_eq!(Tick(5).secs_until(Tick(65)), 60);
+        assert_eq!(Tick(65).secs_until(Tick(5)), 0);
+    }
+
+    #[test]
+    fn a_slot_keeps_the_later_ask_and_carries_since_only_when_unchanged() {
+        let a = Asks::default();
+        assert!(a.last().is_never());
+        assert_eq!(a.since(Tick(7)), Tick(7), "born with its snapshot");
+        a.record(Tick(9));
+        a.carry(Tick(4), None);
+        assert_eq!(a.last(), Tick(9), "an older ask never wins");
+        a.carry(Tick(12), Some(Tick(3)));
+        assert_eq!((a.last(), a.since(Tick(7))), (Tick(12), Tick(3)));
+    }
+
+    #[test]
+    fn strangers_are_bounded_and_count_what_they_could_not_keep() {
+        let mut s = Strangers::new(2);
+        s.record(b"be/a", Tick(1));
+        s.record(b"be/b", Tick(2));
+        s.record(b"be/c", Tick(3));
+        s.record(b"be/c", Tick(4));
+        assert_eq!((s.len(), s.overflow()), (2, 2));
+        assert!(s.last(b"be/c").is_never());
+        s.record(b"be/a", Tick(5));
+        assert_eq!(s.last(b"be/a"), Tick(5), "a known one is updated when full");
+        s.forget_older_than(Tick(3));
+        assert_eq!(s.len(), 1);
+        s.record(b"be/c", Tick(6));
+        assert_eq!(s.last(b"be/c"), Tick(6), "room again after forgetting");
+    }
+}

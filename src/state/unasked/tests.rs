@@ -1,0 +1,299 @@
+//! The asks and the unasked keys over a virtual clock: a swapper fed
+//! snapshots and checks at chosen instants, swept at chosen instants.
+
+use std::time::{Duration, Instant, SystemTime};
+
+use super::*;
+use crate::consul::kv::KvPair;
+use crate::state::{Clock, Snapshot};
+
+const PREFIX: &str = "p";
+const MINUTE: Duration = Duration::from_secs(60);
+
+struct World {
+    t0: Instant,
+    state: Swapper,
+    unasked: Unasked,
+}
+
+impl World {
+    fn new(max_strangers: usize) -> World {
+        let t0 = Instant::now();
+        World {
+            t0,
+            state: Swapper::new(PREFIX, Clock::new(t0, SystemTime::now()), max_strangers),
+            unasked: Unasked::new(MINUTE, t0),
+        }
+    }
+
+    fn at(&self, secs: u64) -> Instant {
+        self.t0 + Duration::from_secs(secs)
+    }
+
+    /// A complete read at `secs` (every pair with ModifyIndex `index`,
+    /// unless the value is `(value, index)`).
+    fn swap(&mut self, secs: u64, pairs: &[(&str, &str, u64)]) {
+        let pairs = pairs
+            .iter()
+            .map(|(k, v, i)| KvPair {
+                key: format!("{PREFIX}/{k}"),
+                value: v.as_bytes().to_vec(),
+                modify_index: *i,
+            })
+            .collect();
+        let at = self.at(secs);
+        self.state.swap(Snapshot::build(PREFIX, 1, pairs), at);
+        while self.state.busy() {
+            self.state.step(usize::MAX);
+        }
+    }
+
+    /// haproxy asks for each identity every 2 s from `from` to `to`.
+    fn checks(&mut self, ids: &[&str], from: u64, to: u64) {
+        for s in (from..=to).step_by(2) {
+            for id in ids {
+                let at = self.at(s);
+                assert!(self.state.answer(id.as_bytes(), at).is_some());
+            }
+        }
+    }
+
+    fn sweep(&mut self, secs: u64) -> Swept {
+        let at = self.at(secs);
+        self.unasked.sweep(&mut self.state, at)
+    }
+
+    fn unasked(&self) -> Vec<(&str, Option<&str>)> {
+        self.unasked
+            .sorted()
+            .into_iter()
+            .map(|(id, f)| (id, f.suggestion.as_ref().and_then(|s| s.as_deref())))
+            .collect()
+    }
+}
+
+#[test]
+fn a_typo_is_unasked_after_the_window_with_the_identity_meant() {
+    let mut w = World::new(100);
+    w.swap(
+        0,
+        &[("be_web/srv01", "drain", 5), ("be_web/srv2", "maint", 6)],
+    );
+    w.checks(&["be_web/srv1", "be_web/srv2", "be_web/srv3"], 0, 70);
+    assert_eq!(w.sweep(59), Swept::default(), "not before -unasked-after");
+    assert!(w.unasked.is_empty());
+    assert_eq!(w.sweep(61).warned, 1);
+    assert_eq!(w.unasked(), [("be_web/srv01", Some("be_web/srv1"))]);
+    let f = w.unasked.get("be_web/srv01").unwrap();
+    assert!(f.last_asked.is_never());
+    assert_eq!(f.entry.modify_index, 5);
+    assert_eq!(w.sweep(66), Swept::default(), "warned once per key");
+    assert_eq!(w.unasked.len(), 1);
+}
+
+#[test]
+fn ready_keys_and_asked_keys_are_never_unasked() {
+    let mut w = World::new(100);
+    w.swap(
+        0,
+        &[
+            ("b/ready", "ready", 1),
+            ("b/full", "100%", 1),
+            ("b/half", "50%", 1),
+        ],
+    );
+    w.checks(&["b/half"], 0, 200);
+    w.sweep(200);
+    assert!(w.unasked.is_empty(), "{:?}", w.unasked());
+}
+
+#[test]
+fn a_key_stops_being_unasked_when_asked_rewritten_or_deleted_and_warns_again_only_anew() {
+    let mut w = World::new(100);
+    let keys = [
+        ("b/asked", "drain", 1),
+        ("b/rewritten", "drain", 1),
+        ("b/deleted", "drain", 1),
+    ];
+    w.swap(0, &keys);
+    assert_eq!(w.sweep(61).warned, 3);
+    w.checks(&["b/asked"], 62, 200);
+    w.swap(63, &[("b/asked", "drain", 1), ("b/rewritten", "maint", 9)]);
+    assert_eq!(
+        w.sweep(64),
+        Swept {
+            warned: 0,
+            cleared: 3
+        }
+    );
+    assert!(w.unasked.is_empty());
+    // The rewrite counts from its own swap, not from the start.
+    assert_eq!(w.sweep(122).warned, 0);
+    assert_eq!(w.sweep(124).warned, 1, "unasked again, warned again");
+    assert_eq!(w.unasked(), [("b/rewritten", None)]);
+}
+
+#[test]
+fn asks_survive_swaps_and_a_swap_does_not_restart_the_window() {
+    let mut w = World::new(100);
+    w.swap(0, &[("b/a", "drain", 1), ("b/xyzzy", "drain", 1)]);
+    w.checks(&["b/a"], 0, 10);
+    // Swaps of other keys keep b/a's last ask and b/xyzzy's since.
+    w.swap(
+        20,
+        &[
+            ("b/a", "drain", 1),
+            ("b/xyzzy", "drain", 1),
+            ("b/c", "ready", 2),
+        ],
+    );
+    w.swap(
+        40,
+        &[
+            ("b/a", "drain", 1),
+            ("b/xyzzy", "drain", 1),
+            ("b/c", "ready", 3),
+        ],
+    );
+    let last = |w: &World, id: &str| w.state.current().unwrap().last_asked(id.as_bytes());
+    assert_eq!(last(&w, "b/a"), Some(w.state.clock().tick(w.at(10))));
+    assert_eq!(w.sweep(61).warned, 1, "b/xyzzy: 61 s since its write");
+    assert_eq!(w.unasked(), [("b/xyzzy", None)]);
+    assert_eq!(w.sweep(71).warned, 1, "b/a: 61 s since its last ask");
+}
+
+#[test]
+fn a_stranger_keeps_its_last_ask_when_it_gets_a_key_and_gets_it_back_when_deleted() {
+    let mut w = World::new(100);
+    w.swap(0, &[]);
+    w.checks(&["b/s"], 0, 4);
+    let at4 = w.state.clock().tick(w.at(4));
+    assert_eq!(w.state.strangers().last(b"b/s"), at4);
+    w.swap(10, &[("b/s", "drain", 2)]);
+    assert_eq!(w.state.current().unwrap().last_asked(b"b/s"), Some(at4));
+    w.checks(&["b/s"], 12, 12);
+    w.swap(20, &[]);
+    let at12 = w.state.clock().tick(w.at(12));
+    assert_eq!(w.state.strangers().last(b"b/s"), at12);
+}
+
+#[test]
+fn a_key_never_asked_since_the_start_counts_from_the_start_not_its_write() {
+    // The state file's snapshot is loaded at the agent's start: its keys
+    // were written long before, but the window starts now.
+    let mut w = World::new(100);
+    let old = Snapshot::build(
+        PREFIX,
+        1,
+        vec![KvPair {
+            key: "p/b/a".into(),
+            value: b"maint".to_vec(),
+            modify_index: 1,
+        }],
+    );
+    let t0 = w.t0;
+    w.state.load(old, SystemTime::UNIX_EPOCH, t0);
+    assert_eq!(w.sweep(59).warned, 0);
+    assert_eq!(w.sweep(60).warned, 1);
+}
+
+#[test]
+fn suggestions_spend_a_bounded_budget_per_sweep_and_finish_later() {
+    let mut w = World::new(200_000);
+    let keys: Vec<String> = (0..4).map(|i| format!("be/key{i}")).collect();
+    let pairs: Vec<(&str, &str, u64)> = keys.iter().map(|k| (k.as_str(), "drain", 1)).collect();
+    w.swap(0, &pairs);
+    // Many identities asked: each key's suggestion scans them all.
+    let n = SUGGEST_BUDGET / 2 + 1;
+    let at = w.at(60);
+    for i in 0..n {
+        w.state.answer(format!("be/other{i}").as_bytes(), at);
+    }
+    w.state.answer(b"be/kex2", at);
+    assert_eq!(
+        w.sweep(61).warned,
+        1,
+        "one key's worth, then the budget is spent"
+    );
+    assert_eq!(w.unasked.len(), 4, "all unasked at once; warnings follow");
+    assert_eq!(w.sweep(62).warned, 1);
+    assert_eq!(w.sweep(63).warned, 1);
+    assert_eq!(w.sweep(64).warned, 1);
+    assert_eq!(
+        w.unasked.get("be/key2").unwrap().suggestion,
+        Some(Some("be/kex2".into()))
+    );
+}
+
+#[test]
+fn old_strangers_are_forgotten_making_room() {
+    let mut w = World::new(2);
+    w.swap(0, &[]);
+    w.checks(&["b/1", "b/2"], 0, 0);
+    w.checks(&["b/3"], 10, 10);
+    assert_eq!(w.state.strangers().overflow(), 1);
+    w.checks(&["b/2"], 3000, 3000);
+    w.sweep(3599);
+    assert_eq!(w.state.strangers().len(), 2, "not an hour yet for b/1");
+    w.sweep(3700);
+    assert_eq!(w.state.strangers().len(), 1, "b/1 forgotten, b/2 kept");
+    w.checks(&["b/3"], 3701, 3701);
+    assert_eq!(w.state.strangers().len(), 2);
+}
+
+#[test]
+fn the_closest_identity_is_suggested_only_when_close() {
+    let cands = |ids: &[(&'static str, bool)]| -> Vec<Candidate<'static>> {
+        ids.iter()
+            .map(|(id, keyed)| Candidate {
+                identity: id.as_bytes(),
+                keyed: *keyed,
+            })
+            .collect()
+    };
+    let asked = cands(&[
+        ("be_web/srv1", false),
+        ("be_web/srv2", false),
+        ("be_api/srv1", true),
+    ]);
+    assert_eq!(
+        closest(b"be_web/srv01", &asked).as_deref(),
+        Some("be_web/srv1")
+    );
+    assert_eq!(
+        closest(b"be_web/srv9", &asked).as_deref(),
+        Some("be_web/srv1"),
+        "tie: by name"
+    );
+    assert_eq!(
+        closest(b"be_wbe/srv1", &asked).as_deref(),
+        Some("be_web/srv1")
+    );
+    assert_eq!(
+        closest(b"be_ap/srv1", &asked).as_deref(),
+        Some("be_api/srv1")
+    );
+    assert_eq!(closest(b"totally/else", &asked), None);
+    assert_eq!(
+        closest(b"be_web/srv1", &asked).as_deref(),
+        Some("be_web/srv2"),
+        "never itself"
+    );
+    // A tie between a keyed and an unkeyed identity: the unkeyed one.
+    let tie = cands(&[("b/s1", true), ("b/s3", false)]);
+    assert_eq!(closest(b"b/s2", &tie).as_deref(), Some("b/s3"));
+}
+
+#[test]
+fn edit_distance_is_levenshtein_within_a_bound() {
+    let mut row = Vec::new();
+    let mut d = |a: &str, b: &str, max| edit_distance(a.as_bytes(), b.as_bytes(), max, &mut row);
+    assert_eq!(d("srv01", "srv1", 2), Some(1));
+    assert_eq!(d("kitten", "sitting", 3), Some(3));
+    assert_eq!(d("kitten", "sitting", 2), None);
+    assert_eq!(d("", "abc", 3), Some(3));
+    assert_eq!(d("abc", "", 2), None);
+    assert_eq!(d("same", "same", 0), Some(0));
+    assert_eq!(d("ab", "ba", 2), Some(2));
+    assert_eq!(d("abcdefgh", "xbcdefgx", 1), None, "given up early");
+}
