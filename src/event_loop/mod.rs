@@ -55,7 +55,7 @@ use crate::monitoring::metrics::Metrics;
 use crate::monitoring::server::Role;
 use crate::monitoring::{StateFileStatus, Status, WatchStatus};
 use crate::persist::{self, StateFile};
-use crate::state::unasked::Unasked;
+use crate::state::unasked::{Asking, Unasked};
 use crate::state::{Clock, Snapshot, Swapper};
 use agents::AgentSlot;
 use gate::AcceptGate;
@@ -537,6 +537,11 @@ impl EventLoop {
                 path: f.path(),
                 writes: f.writes(),
                 write_errors: f.write_errors(),
+            }),
+            asking: Some(Asking {
+                clock: self.state.clock(),
+                strangers: self.state.strangers(),
+                unasked: &self.unasked,
             }),
         }
     }

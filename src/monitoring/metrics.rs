@@ -11,6 +11,7 @@ use crate::consul::client::Traffic;
 use crate::consul::watch::ErrorReason;
 use crate::labels::label_enum;
 use crate::monitoring::server::Role;
+use crate::state::unasked::Asking;
 use crate::state::{InvalidReason, Snapshot};
 
 /// Upper bounds (seconds) of the request duration histogram: answers take
@@ -117,7 +118,13 @@ pub struct View<'a> {
     /// State files written, and writes that failed.
     pub state_file_writes: u64,
     pub state_file_write_errors: u64,
+    /// Who asks for what (`None` in tests that do not look).
+    pub asking: Option<Asking<'a>>,
 }
+
+/// At most this many `diverted_key_last_asked_timestamp_seconds` series
+/// (unasked keys first, then by identity); the rest are counted.
+pub const MAX_DIVERTED_SERIES: usize = 1000;
 
 const P: &str = "gitlab_haproxy_agent_";
 
@@ -128,6 +135,7 @@ pub fn render(v: &View<'_>) -> String {
     agent_requests(&mut o, v);
     http_connections(&mut o, v.metrics);
     state(&mut o, v);
+    asks(&mut o, v);
     consul(&mut o, v);
     process(&mut o, v);
     o.0
@@ -249,6 +257,51 @@ fn state(o: &mut Exposition, v: &View<'_>) {
         "state_last_change_timestamp_seconds",
         "Unix time the state last changed: first read, an identity added, removed or rewritten, or a new invalid value (0 before the first read).",
         m.last_change.map_or(0.0, unix_seconds),
+    );
+}
+
+/// Who asks for what: unasked keys, identities asked without a key, and
+/// per diverted key its last ask (for one alert over the whole fleet).
+fn asks(o: &mut Exposition, v: &View<'_>) {
+    let a = v.asking;
+    o.gauge(
+        "state_unasked_keys",
+        "Diverted keys (reply not ready 100%) no check asked for within -unasked-after: the write changes nothing here (see /debug/state for the identity meant).",
+        a.map_or(0, |a| a.unasked.len()) as f64,
+    );
+    o.gauge(
+        "unknown_identities",
+        "Identities checks asked for that have no key (their last ask is kept, at most -max-unknown-identities).",
+        a.map_or(0, |a| a.strangers.len()) as f64,
+    );
+    o.counter(
+        "unknown_identities_overflow_total",
+        "Asks for an identity without a key that were not recorded because -max-unknown-identities was reached.",
+        a.map_or(0, |a| a.strangers.overflow()),
+    );
+    o.family(
+        "diverted_key_last_asked_timestamp_seconds",
+        "gauge",
+        "Per diverted key (reply not ready 100%): Unix time a check last asked for it here, 0 = never. The max over the fleet finds keys no haproxy asks for.",
+    );
+    let mut over = 0;
+    if let (Some(s), Some(a)) = (v.snapshot, a) {
+        let mut diverted: Vec<_> = s.diverted().collect();
+        diverted.sort_unstable_by_key(|d| (a.unasked.get(d.identity).is_none(), d.identity));
+        over = diverted.len().saturating_sub(MAX_DIVERTED_SERIES);
+        for d in diverted.iter().take(MAX_DIVERTED_SERIES) {
+            let t = a.clock.unix_seconds(d.last_asked);
+            o.int(
+                "diverted_key_last_asked_timestamp_seconds",
+                &[("identity", d.identity)],
+                t,
+            );
+        }
+    }
+    o.gauge(
+        "diverted_keys_over_series_limit",
+        "Diverted keys left out of diverted_key_last_asked_timestamp_seconds (at most 1000 series; unasked keys come first).",
+        over as f64,
     );
 }
 
@@ -559,6 +612,7 @@ mod tests {
             from_file: false,
             state_file_writes: 0,
             state_file_write_errors: 0,
+            asking: None,
         })
     }
 
@@ -659,6 +713,71 @@ mod tests {
             );
         }
         assert!(seen.contains("gitlab_haproxy_agent_request_duration_seconds"));
+    }
+
+    #[test]
+    fn diverted_keys_last_asks_are_capped_unasked_first() {
+        use crate::consul::kv::KvPair;
+        use crate::state::unasked::Unasked;
+        use crate::state::{Clock, Swapper};
+        let t0 = Instant::now();
+        let wall = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
+        let mut state = Swapper::new("p", Clock::new(t0, wall), 8);
+        // 1,002 diverted keys: "b/k0000".."b/k1001", and one ready key.
+        let mut pairs: Vec<KvPair> = (0..MAX_DIVERTED_SERIES + 2)
+            .map(|i| KvPair {
+                key: format!("p/b/k{i:04}"),
+                value: b"drain".to_vec(),
+                modify_index: 1,
+            })
+            .collect();
+        pairs.push(KvPair {
+            key: "p/b/ready".into(),
+            value: b"ready".to_vec(),
+            modify_index: 1,
+        });
+        state.swap(Snapshot::build("p", 1, pairs), t0);
+        // All asked at 30 s but the last one; "nobody/asks" has no key.
+        let at = t0 + Duration::from_secs(30);
+        for i in 0..=MAX_DIVERTED_SERIES {
+            state.answer(format!("b/k{i:04}").as_bytes(), at);
+        }
+        state.answer(b"nobody/asks", at);
+        let mut unasked = Unasked::new(Duration::from_secs(60), t0);
+        unasked.sweep(&mut state, t0 + Duration::from_secs(61));
+        let m = Metrics::default();
+        let mut view = View {
+            metrics: &m,
+            snapshot: state.current(),
+            now: Instant::now(),
+            started: SystemTime::now(),
+            max_connections: 10,
+            consul_failures: 0,
+            consul_requests: 0,
+            consul_traffic: Traffic::default(),
+            synced: true,
+            from_file: false,
+            state_file_writes: 0,
+            state_file_write_errors: 0,
+            asking: None,
+        };
+        view.asking = Some(Asking {
+            clock: state.clock(),
+            strangers: state.strangers(),
+            unasked: &unasked,
+        });
+        let t = render(&view);
+        let series = "gitlab_haproxy_agent_diverted_key_last_asked_timestamp_seconds";
+        let n = t.lines().filter(|l| l.starts_with(&format!("{series}{{"))).count();
+        assert_eq!(n, MAX_DIVERTED_SERIES);
+        assert_eq!(value(&t, "gitlab_haproxy_agent_diverted_keys_over_series_limit"), 2.0);
+        assert_eq!(value(&t, "gitlab_haproxy_agent_state_unasked_keys"), 1.0);
+        assert_eq!(value(&t, "gitlab_haproxy_agent_unknown_identities"), 1.0);
+        // The unasked one is never left out, and shows 0 (never).
+        assert_eq!(value(&t, &format!("{series}{{identity=\"b/k1001\"}}")), 0.0);
+        assert_eq!(value(&t, &format!("{series}{{identity=\"b/k0000\"}}")), 1_000_030.0);
+        assert!(!t.contains("b/ready"), "ready keys are not diverted");
+        assert!(!t.contains("b/k0999\""), "past the cap, by identity");
     }
 
     #[test]

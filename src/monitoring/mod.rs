@@ -19,7 +19,9 @@ use serde_json::json;
 use crate::consul::client::Traffic;
 use crate::http::{Method, RequestHead, Response};
 use crate::monitoring::metrics::{Metrics, View};
-use crate::state::{Snapshot, Source};
+use crate::state::unasked::Asking;
+use crate::contract::Desired;
+use crate::state::{Snapshot, Source, Tick};
 
 /// The watcher's side of the status.
 pub struct WatchStatus<'a> {
@@ -53,6 +55,8 @@ pub struct Status<'a> {
     pub source: Option<Source>,
     /// With `-state-file`.
     pub state_file: Option<StateFileStatus<'a>>,
+    /// Who asks for what.
+    pub asking: Option<Asking<'a>>,
 }
 
 /// The state file's side of the status.
@@ -85,6 +89,7 @@ pub fn handle_monitoring(head: &RequestHead, st: &Status<'_>) -> Response {
                 from_file: matches!(st.source, Some(Source::File { .. })),
                 state_file_writes: st.state_file.as_ref().map_or(0, |f| f.writes),
                 state_file_write_errors: st.state_file.as_ref().map_or(0, |f| f.write_errors),
+                asking: st.asking,
             };
             let mut r = text(200, &metrics::render(&view));
             r.headers[0].1 = "text/plain; version=0.0.4; charset=utf-8".into();
@@ -153,14 +158,16 @@ pub fn debug_state(st: &Status<'_>) -> String {
         .metrics
         .last_success
         .map(|t| st.now.saturating_duration_since(t).as_secs_f64());
+    let asked = |t: Option<Tick>| st.asking.and_then(|a| asked_json(a, t?, st.now));
     let state = st.snapshot.map(|s| {
         let mut entries: Vec<_> = s.entries().collect();
         entries.sort_by(|a, b| a.0.cmp(b.0));
         let identities: serde_json::Map<String, serde_json::Value> = entries
             .into_iter()
             .map(|(id, e)| {
-                let reply = String::from_utf8_lossy(e.desired.reply()).trim_end().to_owned();
-                (id.to_owned(), json!({"value": e.desired.to_string(), "reply": reply, "modify_index": e.modify_index}))
+                let reply = reply_text(e.desired);
+                let unasked = st.asking.is_some_and(|a| a.unasked.get(id).is_some());
+                (id.to_owned(), json!({"value": e.desired.to_string(), "reply": reply, "modify_index": e.modify_index, "last_asked": asked(s.last_asked(id.as_bytes())), "unasked": unasked}))
             })
             .collect();
         let invalid: Vec<_> = s
@@ -201,6 +208,7 @@ pub fn debug_state(st: &Status<'_>) -> String {
         "last_change_unix_seconds": last_change,
         "absent_reply": "ready 100%",
         "state": state,
+        "asking": st.asking.map(|a| asking_json(a, st.now)),
         "watcher": {
             "phase": st.watch.phase,
             "index": st.watch.index,
@@ -214,6 +222,53 @@ pub fn debug_state(st: &Status<'_>) -> String {
     let mut s = serde_json::to_string_pretty(&doc).unwrap_or_default();
     s.push('\n');
     s
+}
+
+fn reply_text(d: Desired) -> String {
+    String::from_utf8_lossy(d.reply()).trim_end().to_owned()
+}
+
+/// A last ask: when (Unix seconds) and how long ago; `None` for never.
+fn asked_json(a: Asking<'_>, t: Tick, now: Instant) -> Option<serde_json::Value> {
+    let unix = a.clock.unix_seconds(t);
+    let ago = t.secs_until(a.clock.tick(now));
+    (!t.is_never()).then(|| json!({"unix_seconds": unix, "seconds_ago": ago}))
+}
+
+/// `/debug/state`'s `asking`: the unasked keys with the identity probably
+/// meant, and the identities asked for that have no key.
+fn asking_json(a: Asking<'_>, now: Instant) -> serde_json::Value {
+    let unasked: Vec<_> = a
+        .unasked
+        .sorted()
+        .into_iter()
+        .map(|(id, f)| {
+            json!({
+                "identity": id,
+                "value": f.entry.desired.to_string(),
+                "reply": reply_text(f.entry.desired),
+                "modify_index": f.entry.modify_index,
+                "last_asked": asked_json(a, f.last_asked, now),
+                "unchanged_since_unix_seconds": a.clock.unix_seconds(f.since),
+                "did_you_mean": f.suggestion.as_ref().and_then(|s| s.as_deref()),
+            })
+        })
+        .collect();
+    let mut strangers: Vec<_> = a.strangers.iter().collect();
+    strangers.sort_unstable();
+    let unknown: serde_json::Map<String, serde_json::Value> = strangers
+        .into_iter()
+        .map(|(id, t)| {
+            let id = String::from_utf8_lossy(id).into_owned();
+            (id, asked_json(a, t, now).unwrap_or_default())
+        })
+        .collect();
+    json!({
+        "unasked_after_seconds": a.unasked.after().as_secs(),
+        "unasked": unasked,
+        "unknown_identities": unknown,
+        "unknown_identities_overflow": a.strangers.overflow(),
+    })
 }
 
 #[cfg(test)]
@@ -266,6 +321,7 @@ mod tests {
             kv_prefix: "p",
             source: snapshot.map(|_| Source::Consul),
             state_file: None,
+            asking: None,
         }
     }
 
@@ -360,6 +416,49 @@ mod tests {
         assert_eq!(w["last_error"], "connection refused");
         assert_eq!(w["next_request_in_seconds"], 0.5);
         assert!(w["request_deadline_in_seconds"].is_null());
+    }
+
+    #[test]
+    fn debug_state_shows_last_asks_unasked_keys_and_identities_without_a_key() {
+        use crate::state::unasked::Unasked;
+        use crate::state::{Clock, Swapper};
+        let t0 = Instant::now();
+        let wall = SystemTime::UNIX_EPOCH + Duration::from_secs(5_000);
+        let mut state = Swapper::new("p", Clock::new(t0, wall), 8);
+        let pairs = vec![pair("p/be_web/srv01", "drain", 7), pair("p/be_web/srv2", "maint", 8)];
+        state.swap(Snapshot::build("p", 8, pairs), t0);
+        let at = t0 + Duration::from_secs(50);
+        for id in ["be_web/srv1", "be_web/srv2"] {
+            state.answer(id.as_bytes(), at);
+        }
+        let mut unasked = Unasked::new(Duration::from_secs(60), t0);
+        let now = t0 + Duration::from_secs(61);
+        unasked.sweep(&mut state, now);
+        let m = Metrics::default();
+        let mut st = status(&m, state.current(), now, false);
+        st.asking = Some(Asking {
+            clock: state.clock(),
+            strangers: state.strangers(),
+            unasked: &unasked,
+        });
+        let doc: serde_json::Value = serde_json::from_str(&debug_state(&st)).unwrap();
+        let ids = &doc["state"]["identities"];
+        assert!(ids["be_web/srv01"]["last_asked"].is_null(), "never");
+        assert_eq!(ids["be_web/srv01"]["unasked"], true);
+        assert_eq!(ids["be_web/srv2"]["last_asked"]["unix_seconds"], 5_050);
+        assert_eq!(ids["be_web/srv2"]["last_asked"]["seconds_ago"], 11);
+        assert_eq!(ids["be_web/srv2"]["unasked"], false);
+        let a = &doc["asking"];
+        assert_eq!(a["unasked_after_seconds"], 60);
+        assert_eq!(a["unasked"].as_array().unwrap().len(), 1);
+        let u = &a["unasked"][0];
+        assert_eq!(u["identity"], "be_web/srv01");
+        assert_eq!(u["value"], "drain");
+        assert_eq!(u["reply"], "drain 100%");
+        assert_eq!(u["did_you_mean"], "be_web/srv1");
+        assert_eq!(u["unchanged_since_unix_seconds"], 5_000);
+        assert_eq!(a["unknown_identities"]["be_web/srv1"]["unix_seconds"], 5_050);
+        assert_eq!(a["unknown_identities_overflow"], 0);
     }
 
     #[test]

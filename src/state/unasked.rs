@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use log::{info, warn};
 
-use super::{Entry, Swapper, Tick};
+use super::{Clock, Entry, Strangers, Swapper, Tick};
 use crate::logging::escape;
 
 /// Identity comparisons one sweep may spend on suggestions (a bounded
@@ -28,6 +28,14 @@ pub const SUGGEST_BUDGET: usize = 200_000;
 /// Asked identities without a key are forgotten after this long without
 /// an ask (or `-unasked-after`, if longer), at most once a minute.
 const FORGET_AFTER: Duration = Duration::from_secs(3600);
+
+/// What the monitoring shows of the asks (borrowed from the loop).
+#[derive(Debug, Clone, Copy)]
+pub struct Asking<'a> {
+    pub clock: &'a Clock,
+    pub strangers: &'a Strangers,
+    pub unasked: &'a Unasked,
+}
 
 /// One unasked key.
 #[derive(Debug, Clone, PartialEq, Eq)]
