@@ -21,6 +21,7 @@
 
 pub mod agent;
 pub mod build_info;
+pub mod cli;
 pub mod config;
 pub mod consul;
 pub mod contract;

@@ -1,10 +1,12 @@
-//! Wiring only: parse the configuration, start logging, raise the
-//! descriptor limit, bind, run the loop, map errors to exit codes
+//! Wiring only: an operator command when the first word names one
+//! ([`cli`]); else the daemon: parse the configuration, start logging,
+//! raise the descriptor limit, bind, run the loop, map errors to exit codes
 //! (0 clean shutdown, 1 fatal runtime error, 2 bad usage).
 
 use std::process::ExitCode;
 
 use gitlab_haproxy_agent::build_info;
+use gitlab_haproxy_agent::cli;
 use gitlab_haproxy_agent::config::{self, Command, Config, ListenAddr};
 use gitlab_haproxy_agent::event_loop::{bind, EventLoop, Listeners};
 use gitlab_haproxy_agent::logging;
@@ -12,6 +14,19 @@ use log::{error, info, warn};
 
 fn main() -> ExitCode {
     let args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
+    if let Some(word) = args
+        .first()
+        .and_then(|w| w.to_str())
+        .filter(|w| cli::is_command(w))
+    {
+        let mut io = cli::Io {
+            out: &mut std::io::stdout().lock(),
+            err: &mut std::io::stderr().lock(),
+            env: &|name| std::env::var(name).ok(),
+            stdin: &mut std::io::stdin().lock(),
+        };
+        return ExitCode::from(cli::run(word, &args[1..], &mut io));
+    }
     let command = match config::parse(args, &|name| std::env::var(name).ok()) {
         Ok(c) => c,
         Err(e) => {
@@ -21,7 +36,7 @@ fn main() -> ExitCode {
     };
     let config = match command {
         Command::Help(text) => {
-            print!("{text}");
+            print!("{text}\n{}", cli::COMMANDS);
             return ExitCode::SUCCESS;
         }
         Command::Version(line) => {

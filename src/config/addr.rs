@@ -63,11 +63,14 @@ pub fn loopback_if_unspecified(addr: SocketAddr) -> SocketAddr {
     }
 }
 
-/// The address to connect to for the dev KV listening on `dev`.
-pub(super) fn dev_connect_addr(dev: &ListenAddr) -> SocketAddr {
-    match dev {
-        ListenAddr::AnyDualStack(port) => SocketAddr::new(Ipv4Addr::LOCALHOST.into(), *port),
-        ListenAddr::Addr(addr) => loopback_if_unspecified(*addr),
+impl ListenAddr {
+    /// The address to connect to, on this host, for a listener bound here
+    /// (the dev KV's, or the agent's for the operator commands).
+    pub fn connect_addr(&self) -> SocketAddr {
+        match self {
+            ListenAddr::AnyDualStack(port) => SocketAddr::new(Ipv4Addr::LOCALHOST.into(), *port),
+            ListenAddr::Addr(addr) => loopback_if_unspecified(*addr),
+        }
     }
 }
 

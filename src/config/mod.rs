@@ -189,7 +189,7 @@ impl Config {
     /// [`ConsulConfig::retarget`] with the bound address.
     pub fn consul_follows_dev_kv(&self) -> bool {
         match &self.dev_kv_addr {
-            Some(dev) => self.consul.endpoint == ConsulEndpoint::Tcp(addr::dev_connect_addr(dev)),
+            Some(dev) => self.consul.endpoint == ConsulEndpoint::Tcp(dev.connect_addr()),
             None => false,
         }
     }

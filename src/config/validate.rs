@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use base64::Engine as _;
 
-use super::addr::{dev_connect_addr, parse_consul_addr, parse_listen_addr, ConsulAddr, ListenAddr};
+use super::addr::{parse_consul_addr, parse_listen_addr, ConsulAddr, ListenAddr};
 use super::flags::{LowArgs, Raw};
 use super::tls::consul_tls;
 use super::{usage_error, Config, ConsulConfig, ConsulEndpoint, GzipMode, LogFormat, UsageError};
@@ -244,7 +244,7 @@ fn consul_config(
     let addr = match (explicit, dev_kv) {
         (Some(raw), _) => consul_addr(raw)?,
         (None, Some(dev)) => {
-            let addr = dev_connect_addr(dev);
+            let addr = dev.connect_addr();
             refuse_tls_flags(low)?;
             return Ok(at(ConsulAddr {
                 endpoint: ConsulEndpoint::Tcp(addr),

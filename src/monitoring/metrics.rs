@@ -768,14 +768,23 @@ mod tests {
         });
         let t = render(&view);
         let series = "gitlab_haproxy_agent_diverted_key_last_asked_timestamp_seconds";
-        let n = t.lines().filter(|l| l.starts_with(&format!("{series}{{"))).count();
+        let n = t
+            .lines()
+            .filter(|l| l.starts_with(&format!("{series}{{")))
+            .count();
         assert_eq!(n, MAX_DIVERTED_SERIES);
-        assert_eq!(value(&t, "gitlab_haproxy_agent_diverted_keys_over_series_limit"), 2.0);
+        assert_eq!(
+            value(&t, "gitlab_haproxy_agent_diverted_keys_over_series_limit"),
+            2.0
+        );
         assert_eq!(value(&t, "gitlab_haproxy_agent_state_unasked_keys"), 1.0);
         assert_eq!(value(&t, "gitlab_haproxy_agent_unknown_identities"), 1.0);
         // The unasked one is never left out, and shows 0 (never).
         assert_eq!(value(&t, &format!("{series}{{identity=\"b/k1001\"}}")), 0.0);
-        assert_eq!(value(&t, &format!("{series}{{identity=\"b/k0000\"}}")), 1_000_030.0);
+        assert_eq!(
+            value(&t, &format!("{series}{{identity=\"b/k0000\"}}")),
+            1_000_030.0
+        );
         assert!(!t.contains("b/ready"), "ready keys are not diverted");
         assert!(!t.contains("b/k0999\""), "past the cap, by identity");
     }

@@ -17,10 +17,10 @@ use std::time::{Duration, Instant, SystemTime};
 use serde_json::json;
 
 use crate::consul::client::Traffic;
+use crate::contract::Desired;
 use crate::http::{Method, RequestHead, Response};
 use crate::monitoring::metrics::{Metrics, View};
 use crate::state::unasked::Asking;
-use crate::contract::Desired;
 use crate::state::{Snapshot, Source, Tick};
 
 /// The watcher's side of the status.
@@ -425,7 +425,10 @@ mod tests {
         let t0 = Instant::now();
         let wall = SystemTime::UNIX_EPOCH + Duration::from_secs(5_000);
         let mut state = Swapper::new("p", Clock::new(t0, wall), 8);
-        let pairs = vec![pair("p/be_web/srv01", "drain", 7), pair("p/be_web/srv2", "maint", 8)];
+        let pairs = vec![
+            pair("p/be_web/srv01", "drain", 7),
+            pair("p/be_web/srv2", "maint", 8),
+        ];
         state.swap(Snapshot::build("p", 8, pairs), t0);
         let at = t0 + Duration::from_secs(50);
         for id in ["be_web/srv1", "be_web/srv2"] {
@@ -457,7 +460,10 @@ mod tests {
         assert_eq!(u["reply"], "drain 100%");
         assert_eq!(u["did_you_mean"], "be_web/srv1");
         assert_eq!(u["unchanged_since_unix_seconds"], 5_000);
-        assert_eq!(a["unknown_identities"]["be_web/srv1"]["unix_seconds"], 5_050);
+        assert_eq!(
+            a["unknown_identities"]["be_web/srv1"]["unix_seconds"],
+            5_050
+        );
         assert_eq!(a["unknown_identities_overflow"], 0);
     }
 

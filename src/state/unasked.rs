@@ -182,14 +182,17 @@ impl Unasked {
             }
             spent += candidates.len().max(1);
             let suggestion = closest(identity.as_bytes(), &candidates);
-            let ago = (!finding.last_asked.is_never()).then(|| finding.last_asked.secs_until(now));
+            let last_asked = match finding.last_asked {
+                Tick::NEVER => "never".to_owned(),
+                t => format!("{}s ago", t.secs_until(now)),
+            };
             warn!(
                 identity = escape(identity.as_bytes(), 256),
                 value = finding.entry.desired.to_string(),
                 modify_index = finding.entry.modify_index,
-                last_asked_seconds_ago = ago,
+                last_asked = last_asked,
                 unasked_after_seconds = self.after_secs,
-                did_you_mean = suggestion.as_deref();
+                did_you_mean = suggestion.as_deref().unwrap_or("none close");
                 "diverted key unasked: no check asked for this identity, so the write changes nothing; is it the identity haproxy's agent-send sends?"
             );
             finding.suggestion = Some(suggestion);

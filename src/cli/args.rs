@@ -1,0 +1,148 @@
+//! The words after an operator command: Go-style flags, as the daemon
+//! takes them (`-name value`, `-name=value`, `--name value`; a bool flag
+//! alone or `-name=true|false`), anywhere among the positional words; `--`
+//! ends the flags; a lone `-` is positional.
+
+use std::ffi::OsString;
+
+use crate::gocompat::parse_go_bool;
+
+/// What a command was given.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Args {
+    pub positional: Vec<String>,
+    /// `(flag, value)`, the last one given winning.
+    values: Vec<(&'static str, String)>,
+    bools: Vec<(&'static str, bool)>,
+    /// `-h`, `-help` or `--help`.
+    pub help: bool,
+}
+
+impl Args {
+    /// Splits `args` by the flags a command takes: `values` take a value,
+    /// `bools` do not need one. Anything else starting with `-` is an error.
+    pub fn parse(
+        args: &[OsString],
+        values: &[&'static str],
+        bools: &[&'static str],
+    ) -> Result<Args, String> {
+        let mut a = Args::default();
+        let mut words = args.iter().map(|w| {
+            w.to_str()
+                .map(str::to_owned)
+                .ok_or_else(|| format!("argument {w:?} is not UTF-8"))
+        });
+        let mut flags_over = false;
+        while let Some(word) = words.next() {
+            let word = word?;
+            let flag = word.strip_prefix("--").or_else(|| word.strip_prefix('-'));
+            let flag = match flag {
+                Some(f) if !flags_over && !f.is_empty() && word != "--" => f,
+                _ if word == "--" && !flags_over => {
+                    flags_over = true;
+                    continue;
+                }
+                _ => {
+                    a.positional.push(word);
+                    continue;
+                }
+            };
+            let (name, inline) = match flag.split_once('=') {
+                Some((n, v)) => (n, Some(v.to_owned())),
+                None => (flag, None),
+            };
+            if matches!(name, "h" | "help") {
+                a.help = true;
+            } else if let Some(&n) = values.iter().find(|&&n| n == name) {
+                let v = match inline {
+                    Some(v) => v,
+                    None => words
+                        .next()
+                        .transpose()?
+                        .ok_or_else(|| format!("flag needs an argument: -{n}"))?,
+                };
+                a.values.push((n, v));
+            } else if let Some(&n) = bools.iter().find(|&&n| n == name) {
+                let v = match inline {
+                    None => true,
+                    Some(v) => parse_go_bool(&v)
+                        .ok_or_else(|| format!("invalid value {v:?} for flag -{n}"))?,
+                };
+                a.bools.push((n, v));
+            } else {
+                return Err(format!("flag provided but not defined: -{name}"));
+            }
+        }
+        Ok(a)
+    }
+
+    /// The value of a flag, if given.
+    pub fn value(&self, name: &str) -> Option<&str> {
+        self.values
+            .iter()
+            .rev()
+            .find(|(n, _)| *n == name)
+            .map(|(_, v)| v.as_str())
+    }
+
+    pub fn flag(&self, name: &str) -> bool {
+        self.bools
+            .iter()
+            .rev()
+            .find(|(n, _)| *n == name)
+            .is_some_and(|(_, v)| *v)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(words: &[&str]) -> Result<Args, String> {
+        let words: Vec<OsString> = words.iter().map(OsString::from).collect();
+        Args::parse(&words, &["listen-addr"], &["json"])
+    }
+
+    #[test]
+    fn flags_in_every_go_form_anywhere_among_the_words() {
+        for words in [
+            &["be/s1", "-listen-addr", "a:1"][..],
+            &["-listen-addr=a:1", "be/s1"],
+            &["--listen-addr", "a:1", "be/s1"],
+            &["--listen-addr=b:2", "be/s1", "-listen-addr", "a:1"],
+        ] {
+            let a = parse(words).unwrap();
+            assert_eq!(a.positional, ["be/s1"], "{words:?}");
+            assert_eq!(a.value("listen-addr"), Some("a:1"), "{words:?}");
+            assert!(!a.flag("json") && !a.help);
+        }
+        assert!(parse(&["-json"]).unwrap().flag("json"));
+        assert!(!parse(&["-json", "-json=false"]).unwrap().flag("json"));
+        assert!(parse(&["-h"]).unwrap().help);
+        assert!(parse(&["--help"]).unwrap().help);
+    }
+
+    #[test]
+    fn a_lone_dash_and_words_after_double_dash_are_positional() {
+        assert_eq!(parse(&["-"]).unwrap().positional, ["-"]);
+        let a = parse(&["--", "-json", "-x"]).unwrap();
+        assert_eq!(a.positional, ["-json", "-x"]);
+        assert!(!a.flag("json"));
+    }
+
+    #[test]
+    fn unknown_flags_missing_values_and_bad_bools_are_one_line() {
+        assert_eq!(
+            parse(&["-nope"]).unwrap_err(),
+            "flag provided but not defined: -nope"
+        );
+        assert_eq!(
+            parse(&["x", "-listen-addr"]).unwrap_err(),
+            "flag needs an argument: -listen-addr"
+        );
+        assert_eq!(
+            parse(&["-json=maybe"]).unwrap_err(),
+            "invalid value \"maybe\" for flag -json"
+        );
+    }
+}

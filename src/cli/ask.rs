@@ -1,0 +1,93 @@
+//! `ask IDENTITY`: one agent check, as haproxy makes it (connect, send the
+//! identity and a newline, read the reply line, the agent closes).
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::time::Duration;
+
+use super::{target, usage_error, Args, Io, FINDING, OK};
+
+/// How long the agent has to accept and to answer (its own read timeout
+/// is for the peer; an answer takes microseconds).
+const TIMEOUT: Duration = Duration::from_secs(5);
+
+const HELP: &str = "\
+usage: gitlab-haproxy-agent ask IDENTITY [-listen-addr ADDR]
+
+Asks the running agent for IDENTITY exactly as haproxy's agent-check does
+(IDENTITY and a newline) and prints the reply line. ADDR defaults to
+GITLAB_HAPROXY_AGENT_LISTEN_ADDR, else :9777 (all interfaces: asked on
+loopback). Exits 1 when the agent answers nothing, and says why that happens.
+";
+
+/// Why the agent may close without a reply, for the operator.
+const NO_REPLY_WHY: &str = "\
+The agent closes without a reply (and haproxy then leaves the server as it is) when:
+  - it has no state yet: no complete consul read and no state file (see /-/readiness, or `gitlab-haproxy-agent status`);
+  - the line is empty, longer than -max-line-bytes (default 256), or holds a control byte;
+  - it is shutting down.";
+
+pub(super) fn run(args: &[std::ffi::OsString], io: &mut Io<'_>) -> u8 {
+    let a = match Args::parse(args, &["listen-addr"], &[]) {
+        Ok(a) => a,
+        Err(e) => return usage_error(io, "ask", &e),
+    };
+    if a.help {
+        let _ = io.out.write_all(HELP.as_bytes());
+        return OK;
+    }
+    let [identity] = &a.positional[..] else {
+        return usage_error(
+            io,
+            "ask",
+            "give exactly one IDENTITY (as agent-send sends it, without the newline)",
+        );
+    };
+    let addr = match target(&a, io, "listen-addr", ":9777") {
+        Ok(addr) => addr,
+        Err(e) => return usage_error(io, "ask", &e),
+    };
+    match ask(addr, identity) {
+        Ok(Some(line)) => {
+            let _ = writeln!(io.out, "{line}");
+            OK
+        }
+        Ok(None) => {
+            let _ = writeln!(io.err, "no reply from the agent at {addr} for {identity:?}: it closed without answering.\n{NO_REPLY_WHY}");
+            FINDING
+        }
+        Err(e) => {
+            let _ = writeln!(
+                io.err,
+                "no reply from the agent at {addr} for {identity:?}: {e}"
+            );
+            FINDING
+        }
+    }
+}
+
+/// The reply line (without its newline), or `None` when the agent closed
+/// without one.
+fn ask(addr: SocketAddr, identity: &str) -> Result<Option<String>, String> {
+    let mut s = TcpStream::connect_timeout(&addr, TIMEOUT).map_err(|e| {
+        format!("cannot connect: {e} (is the agent running, and is -listen-addr its address?)")
+    })?;
+    s.set_read_timeout(Some(TIMEOUT))
+        .and_then(|()| s.set_write_timeout(Some(TIMEOUT)))
+        .and_then(|()| s.write_all(format!("{identity}\n").as_bytes()))
+        .map_err(|e| format!("cannot send: {e}"))?;
+    let mut got = Vec::new();
+    let read = s.take(4096).read_to_end(&mut got);
+    match (read, got.iter().position(|&b| b == b'\n')) {
+        (_, Some(end)) => Ok(Some(String::from_utf8_lossy(&got[..end]).into_owned())),
+        (Ok(_), None) if got.is_empty() => Ok(None),
+        (Ok(_), None) => Err(format!(
+            "a reply without a newline: {:?}",
+            String::from_utf8_lossy(&got)
+        )),
+        (Err(e), None) if got.is_empty() && e.kind() == std::io::ErrorKind::ConnectionReset => {
+            Ok(None)
+        }
+        (Err(e), None) => Err(format!("no reply line within {}s: {e}", TIMEOUT.as_secs())),
+    }
+}

@@ -1,0 +1,169 @@
+//! The operator commands, named by the first word of the command line
+//! (without one, the command line is the daemon's, unchanged):
+//!
+//! - `ask IDENTITY`: ask the running agent exactly as haproxy does;
+//! - `check-value VALUE|-`: the reply a KV value produces, before writing it;
+//! - `status`: every diverted key, when this haproxy last asked for it, and
+//!   the unasked ones with the identity probably meant;
+//! - `lint-haproxy FILE…`: the agent-check settings of haproxy's config.
+//!
+//! In: the words after the command, the environment (for the same
+//! `GITLAB_HAPROXY_AGENT_*` addresses the daemon reads), stdout and stderr.
+//! Out: an exit code. Always holds: 0 ok, 1 a finding (no reply, an invalid
+//! value, an unasked key, a lint error), 2 bad usage, with one line on
+//! stderr saying what was wrong.
+
+mod args;
+mod ask;
+mod status;
+
+use std::ffi::OsString;
+use std::io::Write;
+
+pub use args::Args;
+
+/// Where a command writes, and what it may read of the environment.
+pub struct Io<'a> {
+    pub out: &'a mut dyn Write,
+    pub err: &'a mut dyn Write,
+    pub env: &'a dyn Fn(&str) -> Option<String>,
+    /// Standard input, for `check-value -`.
+    pub stdin: &'a mut dyn std::io::Read,
+}
+
+/// Exit codes.
+pub const OK: u8 = 0;
+pub const FINDING: u8 = 1;
+pub const USAGE: u8 = 2;
+
+/// The commands, as `-h` lists them.
+pub const COMMANDS: &str = "\
+Operator commands (the first word; exit 0 ok, 1 a finding, 2 usage):
+  ask IDENTITY [-listen-addr ADDR]
+        ask the running agent for IDENTITY exactly as haproxy does; print the reply line
+  check-value VALUE|-
+        print the reply a KV value produces, or why the agent would ignore it (- reads stdin)
+  status [-pprof-addr ADDR] [-json]
+        every diverted key: value, reply, when this haproxy last asked; unasked ones marked
+  lint-haproxy FILE... [-listen-addr ADDR]
+        check the agent-check settings of haproxy configuration files
+Each takes -h for its own help.
+";
+
+/// Whether `word` names an operator command.
+pub fn is_command(word: &str) -> bool {
+    matches!(word, "ask" | "check-value" | "status")
+}
+
+/// Runs the command `word` with the words after it.
+pub fn run(word: &str, args: &[OsString], io: &mut Io<'_>) -> u8 {
+    match word {
+        "ask" => ask::run(args, io),
+        "check-value" => check_value(args, io),
+        "status" => status::run(args, io),
+        _ => usage_error(io, word, "not an operator command"),
+    }
+}
+
+/// The address to reach one of the agent's listeners: the flag, else the
+/// daemon's variable for it, else the daemon's default, made loopback
+/// when it names all interfaces.
+fn target(
+    a: &Args,
+    io: &Io<'_>,
+    flag: &str,
+    default: &str,
+) -> Result<std::net::SocketAddr, String> {
+    let var = format!(
+        "GITLAB_HAPROXY_AGENT_{}",
+        flag.to_uppercase().replace('-', "_")
+    );
+    let (text, from) = match (a.value(flag), (io.env)(&var).filter(|v| !v.is_empty())) {
+        (Some(v), _) => (v.to_owned(), format!("flag -{flag}")),
+        (None, Some(v)) => (v, var),
+        (None, None) => (default.to_owned(), format!("flag -{flag}")),
+    };
+    match crate::config::parse_listen_addr(&text) {
+        Ok(Some(addr)) => Ok(addr.connect_addr()),
+        Ok(None) => Err(format!("{from} is empty: that listener is disabled")),
+        Err(e) => Err(format!("invalid value {text:?} for {from}: {e}")),
+    }
+}
+
+/// One line on stderr, exit 2.
+fn usage_error(io: &mut Io<'_>, command: &str, message: &str) -> u8 {
+    let _ = writeln!(
+        io.err,
+        "gitlab-haproxy-agent {command}: {message} (-h for help)"
+    );
+    USAGE
+}
+
+/// The largest value `check-value -` reads (consul's own limit is 512 KiB).
+const MAX_STDIN_VALUE: u64 = 1 << 20;
+
+const CHECK_VALUE_HELP: &str = "\
+usage: gitlab-haproxy-agent check-value VALUE|-
+
+Prints the reply line the agent writes for a KV value (ready 100%, drain 100%,
+maint 100%, ready N%), or \"invalid: <reason>\" and exits 1 when the agent would
+ignore the key (and answer ready 100%). - reads the value from standard input.
+The same parser as the agent's: leading and trailing whitespace is trimmed,
+words are case-insensitive.
+";
+
+/// `check-value VALUE|-`.
+fn check_value(args: &[OsString], io: &mut Io<'_>) -> u8 {
+    let a = match Args::parse(args, &[], &[]) {
+        Ok(a) => a,
+        Err(e) => return usage_error(io, "check-value", &e),
+    };
+    if a.help {
+        let _ = io.out.write_all(CHECK_VALUE_HELP.as_bytes());
+        return OK;
+    }
+    let [value] = &a.positional[..] else {
+        return usage_error(
+            io,
+            "check-value",
+            "give exactly one VALUE, or - to read it from stdin",
+        );
+    };
+    let mut raw = Vec::new();
+    if value == "-" {
+        use std::io::Read;
+        if let Err(e) = io.stdin.take(MAX_STDIN_VALUE + 1).read_to_end(&mut raw) {
+            return usage_error(io, "check-value", &format!("cannot read stdin: {e}"));
+        }
+        if raw.len() as u64 > MAX_STDIN_VALUE {
+            return usage_error(io, "check-value", "the value on stdin is over 1 MiB");
+        }
+    } else {
+        raw = value.as_bytes().to_vec();
+    }
+    match crate::contract::parse_value(&raw) {
+        Ok(d) => {
+            let _ = io.out.write_all(d.reply());
+            if d.admin() == crate::contract::Admin::Ready && d.weight_pct() < 100 {
+                let _ = writeln!(io.err, "note: {}% is a share of the server line's weight: a server line without an explicit weight (default 1) gets weight 0", d.weight_pct());
+            }
+            OK
+        }
+        Err(reason) => {
+            let _ = writeln!(io.out, "invalid: {}: {}", reason.label(), explain(reason));
+            FINDING
+        }
+    }
+}
+
+fn explain(reason: crate::contract::InvalidValue) -> &'static str {
+    use crate::contract::InvalidValue::*;
+    match reason {
+        Syntax => "not one of ready, drain, maint or N% (0 to 256); the agent ignores the key and answers ready 100%",
+        HealthWord => "up, down, stopped and fail are health words: server health belongs to haproxy's own checks; the agent ignores the key and answers ready 100%",
+        OutOfRange => "a weight past 256%; the agent ignores the key and answers ready 100%",
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,128 @@
+//! The commands over in-memory stdout, stderr, stdin and environment.
+
+use std::ffi::OsString;
+
+use super::*;
+
+/// Runs `word args…` with `stdin`; (exit code, stdout, stderr).
+fn run_with(word: &str, args: &[&str], stdin: &[u8], env: &[(&str, &str)]) -> (u8, String, String) {
+    let (mut out, mut err) = (Vec::new(), Vec::new());
+    let mut input = stdin;
+    let env: Vec<(String, String)> = env
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    let lookup = move |name: &str| env.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone());
+    let args: Vec<OsString> = args.iter().map(OsString::from).collect();
+    let code = run(
+        word,
+        &args,
+        &mut Io {
+            out: &mut out,
+            err: &mut err,
+            env: &lookup,
+            stdin: &mut input,
+        },
+    );
+    let text = |b: Vec<u8>| String::from_utf8(b).unwrap();
+    (code, text(out), text(err))
+}
+
+#[test]
+fn check_value_prints_the_reply_the_agent_would_write() {
+    for (value, reply) in [
+        ("drain", "drain 100%\n"),
+        (" MAINT\n", "maint 100%\n"),
+        ("ready", "ready 100%\n"),
+        ("050%", "ready 50%\n"),
+        ("256%", "ready 256%\n"),
+    ] {
+        let (code, out, _) = run_with("check-value", &[value], b"", &[]);
+        assert_eq!((code, out.as_str()), (OK, reply), "{value:?}");
+    }
+    let (_, _, err) = run_with("check-value", &["50%"], b"", &[]);
+    assert!(err.contains("explicit weight"), "{err}");
+}
+
+#[test]
+fn check_value_names_why_a_value_would_be_ignored() {
+    for (value, label) in [
+        ("up", "health_word"),
+        ("257%", "out_of_range"),
+        ("drain now", "syntax"),
+        ("", "syntax"),
+    ] {
+        let (code, out, _) = run_with("check-value", &[value], b"", &[]);
+        assert_eq!(code, FINDING, "{value:?}");
+        assert!(
+            out.starts_with(&format!("invalid: {label}: ")),
+            "{value:?}: {out}"
+        );
+        assert_eq!(out.lines().count(), 1);
+    }
+}
+
+#[test]
+fn check_value_reads_stdin_for_a_dash() {
+    assert_eq!(
+        run_with("check-value", &["-"], b"maint\n", &[]).1,
+        "maint 100%\n"
+    );
+    let (code, out, _) = run_with("check-value", &["-"], b"\x00drain", &[]);
+    assert_eq!((code, out.as_str()), (FINDING, "invalid: syntax: not one of ready, drain, maint or N% (0 to 256); the agent ignores the key and answers ready 100%\n"));
+    let big = vec![b' '; (MAX_STDIN_VALUE + 1) as usize];
+    assert_eq!(run_with("check-value", &["-"], &big, &[]).0, USAGE);
+}
+
+#[test]
+fn usage_errors_are_one_line_and_exit_2() {
+    for (word, args) in [
+        ("check-value", &[][..]),
+        ("check-value", &["a", "b"]),
+        ("check-value", &["-nope"]),
+        ("ask", &[]),
+        ("ask", &["be/s1", "-listen-addr", "nonsense"]),
+        ("ask", &["be/s1", "-listen-addr="]),
+        ("status", &["extra"]),
+        ("status", &["-pprof-addr"]),
+    ] {
+        let (code, out, err) = run_with(word, args, b"", &[]);
+        assert_eq!(code, USAGE, "{word} {args:?}");
+        assert!(out.is_empty());
+        assert_eq!(err.lines().count(), 1, "{word} {args:?}: {err}");
+        assert!(
+            err.starts_with(&format!("gitlab-haproxy-agent {word}: ")),
+            "{err}"
+        );
+    }
+}
+
+#[test]
+fn each_command_has_help() {
+    for word in ["ask", "check-value", "status"] {
+        let (code, out, _) = run_with(word, &["-h"], b"", &[]);
+        assert_eq!(code, OK);
+        assert!(
+            out.starts_with(&format!("usage: gitlab-haproxy-agent {word}")),
+            "{out}"
+        );
+    }
+}
+
+#[test]
+fn addresses_come_from_the_flag_then_the_daemons_variable_then_its_default() {
+    // Nothing listens on port 1: the error names the address tried.
+    let env = [("GITLAB_HAPROXY_AGENT_LISTEN_ADDR", "127.0.0.2:1")];
+    let (code, _, err) = run_with("ask", &["be/s1"], b"", &env);
+    assert_eq!(code, FINDING);
+    assert!(err.contains("127.0.0.2:1"), "{err}");
+    let (_, _, err) = run_with("ask", &["be/s1", "-listen-addr", ":1"], b"", &env);
+    assert!(
+        err.contains("127.0.0.1:1"),
+        "the flag wins, all interfaces asked on loopback: {err}"
+    );
+    let env = [("GITLAB_HAPROXY_AGENT_PPROF_ADDR", "127.0.0.3:1")];
+    let (code, _, err) = run_with("status", &[], b"", &env);
+    assert_eq!(code, FINDING);
+    assert!(err.contains("127.0.0.3:1"), "{err}");
+}
