@@ -642,3 +642,107 @@ fn a_reboot_with_consul_down_keeps_drains_only_with_a_state_file() {
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// Runs an operator command of the agent binary: (exit code, stdout, stderr).
+fn operator(args: &[&str]) -> (i32, String, String) {
+    let out = std::process::Command::new(support::BIN)
+        .args(args)
+        .output()
+        .expect("run an operator command");
+    let text = |b: Vec<u8>| String::from_utf8_lossy(&b).into_owned();
+    (
+        out.status.code().unwrap_or(-1),
+        text(out.stdout),
+        text(out.stderr),
+    )
+}
+
+/// The operator's loop against a real haproxy whose config has the three
+/// mistakes the README warns about: a key written under a typo'd identity,
+/// a server without `weight`, and a single-quoted `agent-send`. The agent
+/// names the typo (with the identity meant), `status` shows it, `ask`
+/// answers as haproxy is answered, and `haproxy -c` accepts the file that
+/// `lint-haproxy` finds the other two mistakes in.
+#[test]
+fn the_operator_finds_a_typod_key_and_fixes_it() {
+    let kv = Kv::dev();
+    let prefix = unique_prefix("operator");
+    let port = free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let a = agent(
+        &kv,
+        &prefix,
+        &["-listen-addr", &listen, "-unasked-after", "2s"],
+    );
+    let pprof = a.pprof.unwrap().to_string();
+    let common = format!("check inter 1s slowstart 10s agent-check agent-addr 127.0.0.1 agent-port {port} agent-inter 100ms");
+    let hap = Haproxy::start_with("operator", 3, |real| {
+        format!(
+            "\nbackend be_web\n    balance roundrobin\n\
+             \x20   server srv1 {real} weight 100 {common} agent-send \"be_web/srv1\\n\"\n\
+             \x20   server srv2 {real} {common} agent-send \"be_web/srv2\\n\"\n\
+             \x20   server srv3 {real} weight 100 {common} agent-send 'be_web/srv3\\n'\n"
+        )
+    });
+    // haproxy -c accepts every mistake.
+    let checked = std::process::Command::new(support::haproxy::haproxy_bin())
+        .args(["-c", "-f"])
+        .arg(hap.config_path())
+        .output()
+        .unwrap();
+    assert!(checked.status.success(), "haproxy -c: {checked:?}");
+
+    // The typo: srv01 for srv1. Nothing happens to srv1, and the agent says so.
+    kv.put(&key(&prefix, "be_web/srv01"), "drain");
+    let warning = a.proc.wait_log("diverted key unasked", 10 * SEC);
+    assert!(
+        warning.contains(r#""identity":"be_web/srv01""#),
+        "{warning}"
+    );
+    assert!(
+        warning.contains(r#""did_you_mean":"be_web/srv1""#),
+        "{warning}"
+    );
+    assert!(
+        hap.server("be_web/srv1").is_up(),
+        "the typo changed nothing"
+    );
+    assert_eq!(a.metric("gitlab_haproxy_agent_state_unasked_keys"), 1.0);
+    let (code, out, _) = operator(&["status", "-pprof-addr", &pprof]);
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        out.lines()
+            .any(|l| l.starts_with("be_web/srv01")
+                && l.ends_with("UNASKED: did you mean be_web/srv1?")),
+        "{out}"
+    );
+    // The single-quoted agent-send never ends its line: every check of
+    // srv3 closes without a reply, counted as no_newline.
+    wait_for(5 * SEC, "srv3's checks counted as no_newline", || {
+        (a.metric(r#"gitlab_haproxy_agent_requests_total{outcome="no_newline"}"#) >= 1.0)
+            .then_some(())
+    });
+
+    // The fix: the right key, checked before it is written and asked after.
+    let (code, out, _) = operator(&["check-value", "drain"]);
+    assert_eq!((code, out.as_str()), (0, "drain 100%\n"));
+    kv.put(&key(&prefix, "be_web/srv1"), "drain");
+    kv.delete(&key(&prefix, "be_web/srv01"));
+    hap.wait_server("be_web/srv1", "drained", 5 * SEC, is_drain);
+    let (code, out, _) = operator(&["ask", "be_web/srv1", "-listen-addr", &listen]);
+    assert_eq!((code, out.as_str()), (0, "drain 100%\n"));
+    let (code, out, _) = operator(&["status", "-pprof-addr", &pprof, "-json"]);
+    let doc: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(code, 0, "{out}");
+    assert_eq!(doc["unasked"], 0);
+    assert_eq!(doc["diverted"][0]["identity"], "be_web/srv1");
+    assert!(
+        doc["diverted"][0]["last_asked_seconds_ago"]
+            .as_u64()
+            .unwrap()
+            <= 2
+    );
+    wait_for(2 * SEC, "the unasked gauge back to 0", || {
+        (a.metric("gitlab_haproxy_agent_state_unasked_keys") == 0.0).then_some(())
+    });
+}

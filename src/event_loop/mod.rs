@@ -470,6 +470,7 @@ impl EventLoop {
     /// freeing run a slice per turn ([`EventLoop::on_time`]).
     fn swap_in(&mut self, new: Snapshot, now: Instant) {
         let swapped = self.state.swap(new, now);
+        self.unasked.soon(now);
         if let (Some(f), Some(s)) = (&mut self.state_file, self.state.shared()) {
             f.save(s);
         }

@@ -135,6 +135,12 @@ impl Swapper {
         }
     }
 
+    /// Whether the asks of the state before are still being carried over
+    /// (a new entry's last ask and `since` are not final until then).
+    pub fn carrying(&self) -> bool {
+        self.retiring.is_some()
+    }
+
     /// Whether an old state is still being compared or freed: the loop
     /// calls [`Swapper::step`] every turn until it is not.
     pub fn busy(&self) -> bool {

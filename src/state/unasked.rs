@@ -111,9 +111,21 @@ impl Unasked {
         v
     }
 
+    /// Sweeps as soon as the state allows (after a swap: the unasked keys
+    /// it changed are seen at once, not a period later).
+    pub fn soon(&mut self, now: Instant) {
+        self.next = self.next.min(now);
+    }
+
     /// Looks at every diverted entry, warns about the newly unasked ones
-    /// (within the suggestion budget), forgets old strangers.
+    /// (within the suggestion budget), forgets old strangers. Waits while
+    /// a swap's asks are still being carried over (the loop is busy then,
+    /// so it comes back at once).
     pub fn sweep(&mut self, state: &mut Swapper, now: Instant) -> Swept {
+        if state.carrying() {
+            self.next = now;
+            return Swept::default();
+        }
         self.next = now + self.period;
         self.sweeps += 1;
         let tick = state.clock().tick(now);

@@ -171,6 +171,33 @@ impl Haproxy {
     /// first appearance), starts `haproxy -db -f cfg` and waits until the
     /// stats socket lists every server.
     pub fn start(test: &str, agent_port: u16, servers: &[Server]) -> Haproxy {
+        Haproxy::start_with(test, servers.len(), |real| {
+            let mut backends: Vec<&str> = Vec::new();
+            for s in servers {
+                if !backends.contains(&s.backend.as_str()) {
+                    backends.push(&s.backend);
+                }
+            }
+            let mut cfg = String::new();
+            for be in backends {
+                cfg.push_str(&format!("\nbackend {be}\n    balance roundrobin\n"));
+                for s in servers.iter().filter(|s| s.backend == be) {
+                    let line = Haproxy::server_line(s, real, agent_port);
+                    cfg.push_str(&format!("    {line}\n"));
+                }
+            }
+            cfg
+        })
+    }
+
+    /// Starts haproxy with the suite's `global` and `defaults` followed by
+    /// `proxies(address of a stand-in real server)`, and waits until the
+    /// stats socket lists `want` servers.
+    pub fn start_with(
+        test: &str,
+        want: usize,
+        proxies: impl FnOnce(SocketAddr) -> String,
+    ) -> Haproxy {
         let bin = haproxy_bin();
         static N: AtomicUsize = AtomicUsize::new(0);
         let dir = std::env::temp_dir().join(format!(
@@ -188,21 +215,7 @@ impl Haproxy {
              defaults\n    mode tcp\n    timeout connect 1s\n    timeout client 5s\n    timeout server 5s\n    timeout check 1s\n",
             socket.display()
         );
-        let mut backends: Vec<&str> = Vec::new();
-        for s in servers {
-            if !backends.contains(&s.backend.as_str()) {
-                backends.push(&s.backend);
-            }
-        }
-        for be in backends {
-            cfg.push_str(&format!("\nbackend {be}\n    balance roundrobin\n"));
-            for s in servers.iter().filter(|s| s.backend == be) {
-                cfg.push_str(&format!(
-                    "    {}\n",
-                    Haproxy::server_line(s, real.addr, agent_port)
-                ));
-            }
-        }
+        cfg.push_str(&proxies(real.addr));
         let path = dir.join("haproxy.cfg");
         std::fs::write(&path, &cfg).expect("write haproxy.cfg");
 
@@ -216,7 +229,6 @@ impl Haproxy {
             config: cfg,
             _real: real,
         };
-        let want = servers.len();
         wait_for(
             Duration::from_secs(10),
             "haproxy's stats socket to list every server",
@@ -233,6 +245,11 @@ impl Haproxy {
             },
         );
         hap
+    }
+
+    /// Where the config was written.
+    pub fn config_path(&self) -> PathBuf {
+        self.dir.join("haproxy.cfg")
     }
 
     /// The haproxy process's stderr so far.
