@@ -115,6 +115,17 @@ fn help_prints_usage_with_defaults() {
             );
         }
         assert!(out.contains("GITLAB_HAPROXY_AGENT_LISTEN_ADDR"), "{out}");
+        for command in [
+            "ask IDENTITY",
+            "check-value VALUE|-",
+            "status [",
+            "lint-haproxy FILE",
+        ] {
+            assert!(
+                out.contains(command),
+                "{flag}: usage lacks {command}:\n{out}"
+            );
+        }
         assert!(err.is_empty(), "{flag}: {err}");
     }
 }
@@ -509,4 +520,76 @@ fn an_empty_token_file_is_a_warning_naming_it() {
     let line = agent.proc.wait_log("is empty", Duration::from_secs(5));
     let _ = std::fs::remove_file(&file);
     assert!(line.contains(&want), "{line}\n{want}");
+}
+
+/// The operator commands as processes against a running agent that has no
+/// state yet (its consul is down): the answers say why nothing is answered.
+#[test]
+fn operator_commands_against_an_agent_without_state() {
+    let prefix = unique_prefix("operator-nostate");
+    let a = Agent::start(&["-consul-addr", "127.0.0.1:1", "-kv-prefix", &prefix], &[]);
+    let listen = a.listen().to_string();
+    let pprof = a.pprof.unwrap().to_string();
+    let (code, out, err) = run(&["ask", "be/s1", "-listen-addr", &listen], &[]);
+    assert_eq!(code, Some(1), "{out}{err}");
+    assert!(out.is_empty());
+    assert!(err.contains("closed without answering"), "{err}");
+    assert!(err.contains("no complete consul read"), "{err}");
+    let (code, out, _) = run(&["status", "-pprof-addr", &pprof], &[]);
+    assert_eq!(code, Some(1));
+    assert!(out.starts_with("NOT ANSWERING"), "{out}");
+    // The variable the daemon reads names the address too.
+    let env = [("GITLAB_HAPROXY_AGENT_PPROF_ADDR", pprof.as_str())];
+    let (code, out, _) = run(&["status", "-json"], &env);
+    assert_eq!(code, Some(1));
+    let doc: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(
+        (doc["ok"].as_bool(), doc["source"].is_null()),
+        (Some(false), true)
+    );
+}
+
+#[test]
+fn operator_commands_against_a_synced_agent() {
+    let a = Agent::start(&["-dev", "-dev-kv-addr", "127.0.0.1:0"], &[]);
+    let kv = Kv {
+        addr: a.dev_kv.unwrap(),
+        proc: None,
+    };
+    kv.put("gitlab-haproxy-agent/state/be/s1", "maint");
+    a.wait_reply("be/s1", "maint 100%", Duration::from_secs(5));
+    let listen = a.listen().to_string();
+    let ask = |id: &str| run(&["ask", id, "-listen-addr", &listen], &[]);
+    assert_eq!(
+        ask("be/s1"),
+        (Some(0), "maint 100%\n".into(), String::new())
+    );
+    assert_eq!(ask("be/none").1, "ready 100%\n");
+    // A line the agent refuses: no reply, and why.
+    let (code, _, err) = ask("be/\u{1}s1");
+    assert_eq!(code, Some(1));
+    assert!(err.contains("control byte"), "{err}");
+    let long = "x".repeat(300);
+    assert_eq!(ask(&long).0, Some(1));
+    // check-value from stdin, as a KV-writing tool would pipe it.
+    let mut child = Command::new(BIN)
+        .args(["check-value", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(b"up\n").unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stdout).starts_with("invalid: health_word: "));
+    let (code, out, _) = run(
+        &["status", "-pprof-addr", &a.pprof.unwrap().to_string()],
+        &[],
+    );
+    assert_eq!(code, Some(0), "asked for, so not unasked: {out}");
+    assert!(
+        out.lines()
+            .any(|l| l.starts_with("be/s1") && l.contains("maint 100%")),
+        "{out}"
+    );
 }

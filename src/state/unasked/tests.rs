@@ -170,22 +170,41 @@ fn asks_survive_swaps_and_a_swap_does_not_restart_the_window() {
 #[test]
 fn a_sweep_waits_for_the_asks_to_be_carried_over() {
     let mut w = World::new(100);
-    let keys = [("b/a", "drain", 1), ("b/b", "drain", 1), ("b/c", "ready", 1)];
+    let keys = [
+        ("b/a", "drain", 1),
+        ("b/b", "drain", 1),
+        ("b/c", "ready", 1),
+    ];
     w.swap(0, &keys);
     assert_eq!(w.sweep(61).warned, 2);
     // A swap of another key: until the carry-over is done, b/a and b/b
     // look new (born at the swap); a sweep then would clear them and warn
     // again later.
-    w.swap_only(62, &[("b/a", "drain", 1), ("b/b", "drain", 1), ("b/c", "ready", 2)]);
+    w.swap_only(
+        62,
+        &[
+            ("b/a", "drain", 1),
+            ("b/b", "drain", 1),
+            ("b/c", "ready", 2),
+        ],
+    );
     assert!(w.state.carrying());
     assert_eq!(w.sweep(63), Swept::default());
-    assert_eq!(w.unasked.due(), w.at(63), "back as soon as the loop is free");
+    assert_eq!(
+        w.unasked.due(),
+        w.at(63),
+        "back as soon as the loop is free"
+    );
     assert_eq!(w.unasked.len(), 2);
     w.state.step(1);
     while w.state.busy() {
         w.state.step(usize::MAX);
     }
-    assert_eq!(w.sweep(64), Swept::default(), "still unasked, not warned again");
+    assert_eq!(
+        w.sweep(64),
+        Swept::default(),
+        "still unasked, not warned again"
+    );
     assert_eq!(w.unasked.len(), 2);
 }
 
