@@ -10,7 +10,7 @@ use common::*;
 use gitlab_haproxy_agent::agent::request;
 use gitlab_haproxy_agent::consul::kv::KvPair;
 use gitlab_haproxy_agent::contract::parse_value;
-use gitlab_haproxy_agent::state::Snapshot;
+use gitlab_haproxy_agent::state::{Clock, Snapshot, Swapper};
 
 fn ns_per_call(mut f: impl FnMut() -> usize) -> f64 {
     // Calibrate a batch to ~20 ms.
@@ -109,6 +109,48 @@ fn main() {
             "miss".into(),
             format!("{ns:.1}"),
         ]);
+        answer_rows(&mut t, n, snap, &ids);
     }
     t.finish();
+}
+
+/// The hot path as the loop calls it: lookup and record the ask, in the
+/// slot for a keyed identity, in the bounded set for one without a key
+/// (the same `n` identities asked again and again, as haproxy does).
+fn answer_rows(t: &mut Table, n: usize, snap: Snapshot, ids: &[Vec<u8>]) {
+    let start = Instant::now();
+    let mut state = Swapper::new("p", Clock::new(start, std::time::SystemTime::now()), 65_536);
+    state.swap(snap, start);
+    while state.busy() {
+        state.step(usize::MAX);
+    }
+    let mut k = 0;
+    let ns = ns_per_call(|| {
+        k = (k + 7919) % ids.len();
+        state
+            .answer(black_box(&ids[k]), start)
+            .map_or(0, |(r, _)| r.len())
+    });
+    t.row(vec![
+        format!("Swapper::answer ({n} keys)"),
+        "hit + record".into(),
+        format!("{ns:.1}"),
+    ]);
+    let unkeyed: Vec<Vec<u8>> = (0..n.min(65_536))
+        .map(|i| format!("be_none/srv_{i}").into_bytes())
+        .collect();
+    let ns = ns_per_call(|| {
+        k = (k + 7919) % unkeyed.len();
+        state
+            .answer(black_box(&unkeyed[k]), start)
+            .map_or(0, |(r, _)| r.len())
+    });
+    t.row(vec![
+        format!(
+            "Swapper::answer ({n} keys, {} unkeyed asked)",
+            unkeyed.len()
+        ),
+        "miss + record".into(),
+        format!("{ns:.1}"),
+    ]);
 }
