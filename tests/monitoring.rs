@@ -517,3 +517,41 @@ fn routes_liveness_unknown_paths_methods_and_pprof() {
     agent.wait_reply("be/x", "ready 100%", Duration::from_secs(5));
     assert_eq!(outcome(&scrape(&agent), "not_synced"), 0.0);
 }
+
+/// The README's example alert rules are valid rules, and every metric they
+/// name is one the agent exposes.
+#[test]
+fn the_readmes_alert_rules_pass_promtool_and_name_real_metrics() {
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+    let start = readme
+        .find("```yaml\ngroups:")
+        .expect("the alert rules in README.md")
+        + 8;
+    let rules = &readme[start..start + readme[start..].find("```").unwrap()];
+    let path = std::env::temp_dir().join(format!("gha-rules-{}.yml", std::process::id()));
+    std::fs::write(&path, rules).unwrap();
+    let out = Command::new(promtool())
+        .args(["check", "rules"])
+        .arg(&path)
+        .output()
+        .expect("promtool runs");
+    std::fs::remove_file(&path).unwrap();
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let a = Agent::start(&["-dev", "-dev-kv-addr", "127.0.0.1:0"], &[]);
+    let (_, exposition) = a.monitoring_get("/-/metrics");
+    let named = rules
+        .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+        .filter(|w| w.starts_with("gitlab_haproxy_agent_"));
+    for name in named {
+        assert!(
+            exposition.contains(&format!("# TYPE {name} ")),
+            "{name} is not exposed"
+        );
+    }
+}
