@@ -12,7 +12,7 @@ use crate::consul::watch::ErrorReason;
 use crate::labels::label_enum;
 use crate::monitoring::server::Role;
 use crate::state::unasked::Asking;
-use crate::state::{InvalidReason, Snapshot};
+use crate::state::{Diverted, InvalidReason, Snapshot};
 
 /// Upper bounds (seconds) of the request duration histogram: answers take
 /// microseconds, stalls milliseconds, timeouts seconds.
@@ -287,8 +287,17 @@ fn asks(o: &mut Exposition, v: &View<'_>) {
     let mut over = 0;
     if let (Some(s), Some(a)) = (v.snapshot, a) {
         let mut diverted: Vec<_> = s.diverted().collect();
-        diverted.sort_unstable_by_key(|d| (a.unasked.get(d.identity).is_none(), d.identity));
+        // Unasked first, then by identity.
+        let order = |x: &Diverted<'_>, y: &Diverted<'_>| {
+            let asked = |d: &Diverted<'_>| a.unasked.get(d.identity).is_none();
+            (asked(x), x.identity).cmp(&(asked(y), y.identity))
+        };
         over = diverted.len().saturating_sub(MAX_DIVERTED_SERIES);
+        if over > 0 {
+            diverted.select_nth_unstable_by(MAX_DIVERTED_SERIES, order);
+            diverted.truncate(MAX_DIVERTED_SERIES);
+        }
+        diverted.sort_unstable_by(order);
         for d in diverted.iter().take(MAX_DIVERTED_SERIES) {
             let t = a.clock.unix_seconds(d.last_asked);
             o.int(

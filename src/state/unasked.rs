@@ -160,15 +160,19 @@ impl Unasked {
             if d.last_asked.max(d.since).secs_until(now) < self.after_secs {
                 continue;
             }
-            let finding = self.keys.entry(d.identity.into()).or_insert(Finding {
+            if let Some(f) = self.keys.get_mut(d.identity) {
+                f.last_asked = d.last_asked;
+                f.seen = self.sweeps;
+                continue;
+            }
+            let finding = Finding {
                 entry: d.entry,
                 last_asked: d.last_asked,
                 since: d.since,
                 suggestion: None,
-                seen: 0,
-            });
-            finding.last_asked = d.last_asked;
-            finding.seen = self.sweeps;
+                seen: self.sweeps,
+            };
+            self.keys.insert(d.identity.into(), finding);
         }
     }
 
