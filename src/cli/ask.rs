@@ -5,7 +5,7 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::Duration;
 
-use super::{target, usage_error, Args, Io, FINDING, OK};
+use super::{begin, target, usage_error, Io, FINDING, OK};
 
 /// How long the agent has to accept and to answer (its own read timeout
 /// is for the peer; an answer takes microseconds).
@@ -28,14 +28,10 @@ The agent closes without a reply (and haproxy then leaves the server as it is) w
   - it is shutting down.";
 
 pub(super) fn run(args: &[std::ffi::OsString], io: &mut Io<'_>) -> u8 {
-    let a = match Args::parse(args, &["listen-addr"], &[]) {
+    let a = match begin(io, "ask", HELP, args, (&["listen-addr"], &[])) {
         Ok(a) => a,
-        Err(e) => return usage_error(io, "ask", &e),
+        Err(code) => return code,
     };
-    if a.help {
-        let _ = io.out.write_all(HELP.as_bytes());
-        return OK;
-    }
     let [identity] = &a.positional[..] else {
         return usage_error(
             io,

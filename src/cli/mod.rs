@@ -90,6 +90,25 @@ fn target(
     }
 }
 
+/// A command's words, parsed: `Err(exit code)` once `-h` printed `help`
+/// or a usage error was reported.
+fn begin(
+    io: &mut Io<'_>,
+    command: &str,
+    help: &str,
+    args: &[OsString],
+    flags: (&[&'static str], &[&'static str]),
+) -> Result<Args, u8> {
+    match Args::parse(args, flags.0, flags.1) {
+        Ok(a) if a.help => {
+            let _ = io.out.write_all(help.as_bytes());
+            Err(OK)
+        }
+        Ok(a) => Ok(a),
+        Err(e) => Err(usage_error(io, command, &e)),
+    }
+}
+
 /// One line on stderr, exit 2.
 fn usage_error(io: &mut Io<'_>, command: &str, message: &str) -> u8 {
     let _ = writeln!(
@@ -114,14 +133,10 @@ words are case-insensitive.
 
 /// `check-value VALUE|-`.
 fn check_value(args: &[OsString], io: &mut Io<'_>) -> u8 {
-    let a = match Args::parse(args, &[], &[]) {
+    let a = match begin(io, "check-value", CHECK_VALUE_HELP, args, (&[], &[])) {
         Ok(a) => a,
-        Err(e) => return usage_error(io, "check-value", &e),
+        Err(code) => return code,
     };
-    if a.help {
-        let _ = io.out.write_all(CHECK_VALUE_HELP.as_bytes());
-        return OK;
-    }
     let [value] = &a.positional[..] else {
         return usage_error(
             io,

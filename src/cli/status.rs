@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use super::{target, usage_error, Args, Io, FINDING, OK};
+use super::{begin, target, usage_error, Io, FINDING, OK};
 use crate::http::{parse_response_head, BodyDecoder, Parse};
 
 const TIMEOUT: Duration = Duration::from_secs(10);
@@ -31,14 +31,10 @@ unasked or the agent is not answering from consul's state.
 ";
 
 pub(super) fn run(args: &[std::ffi::OsString], io: &mut Io<'_>) -> u8 {
-    let a = match Args::parse(args, &["pprof-addr"], &["json"]) {
+    let a = match begin(io, "status", HELP, args, (&["pprof-addr"], &["json"])) {
         Ok(a) => a,
-        Err(e) => return usage_error(io, "status", &e),
+        Err(code) => return code,
     };
-    if a.help {
-        let _ = io.out.write_all(HELP.as_bytes());
-        return OK;
-    }
     if !a.positional.is_empty() {
         return usage_error(io, "status", "takes no arguments");
     }

@@ -608,7 +608,11 @@ mod tests {
     use super::*;
 
     fn scrape(m: &Metrics) -> String {
-        render(&View {
+        render(&view(m))
+    }
+
+    fn view(m: &Metrics) -> View<'_> {
+        View {
             metrics: m,
             snapshot: None,
             now: Instant::now(),
@@ -622,7 +626,7 @@ mod tests {
             state_file_writes: 0,
             state_file_write_errors: 0,
             asking: None,
-        })
+        }
     }
 
     fn value(text: &str, series: &str) -> f64 {
@@ -755,21 +759,8 @@ mod tests {
         let mut unasked = Unasked::new(Duration::from_secs(60), t0);
         unasked.sweep(&mut state, t0 + Duration::from_secs(61));
         let m = Metrics::default();
-        let mut view = View {
-            metrics: &m,
-            snapshot: state.current(),
-            now: Instant::now(),
-            started: SystemTime::now(),
-            max_connections: 10,
-            consul_failures: 0,
-            consul_requests: 0,
-            consul_traffic: Traffic::default(),
-            synced: true,
-            from_file: false,
-            state_file_writes: 0,
-            state_file_write_errors: 0,
-            asking: None,
-        };
+        let mut view = view(&m);
+        view.snapshot = state.current();
         view.asking = Some(Asking {
             clock: state.clock(),
             strangers: state.strangers(),
