@@ -39,6 +39,13 @@ pub(super) fn run(args: &[std::ffi::OsString], io: &mut Io<'_>) -> u8 {
             "give exactly one IDENTITY (as agent-send sends it, without the newline)",
         );
     };
+    if identity.contains('\n') {
+        return usage_error(
+            io,
+            "ask",
+            "IDENTITY holds a newline: the agent would answer for what comes before it",
+        );
+    }
     let addr = match target(&a, io, "listen-addr", ":9777") {
         Ok(addr) => addr,
         Err(e) => return usage_error(io, "ask", &e),

@@ -81,6 +81,7 @@ fn usage_errors_are_one_line_and_exit_2() {
         ("check-value", &["a", "b"]),
         ("check-value", &["-nope"]),
         ("ask", &[]),
+        ("ask", &["be/s1\nbe/s2"]),
         ("ask", &["be/s1", "-listen-addr", "nonsense"]),
         ("ask", &["be/s1", "-listen-addr="]),
         ("status", &["extra"]),
