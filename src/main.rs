@@ -12,6 +12,11 @@ use log::{error, info, warn};
 
 fn main() -> ExitCode {
     let args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
+    if args.first().is_some_and(|a| a == "lint-haproxy") {
+        let env = |name: &str| std::env::var(name).ok();
+        let (out, err) = (&mut std::io::stdout(), &mut std::io::stderr());
+        return ExitCode::from(gitlab_haproxy_agent::lint::run(&args[1..], &env, out, err));
+    }
     let command = match config::parse(args, &|name| std::env::var(name).ok()) {
         Ok(c) => c,
         Err(e) => {
