@@ -193,4 +193,122 @@ fn read_files(paths: &[OsString]) -> Result<Vec<(String, Vec<u8>)>, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Runs the command: (code, out, err).
+    fn command(args: &[&str], env: &[(&str, &str)]) -> (u8, String, String) {
+        let args: Vec<OsString> = args.iter().map(OsString::from).collect();
+        let lookup = |name: &str| {
+            env.iter()
+                .find(|(n, _)| *n == name)
+                .map(|(_, v)| v.to_string())
+        };
+        let (mut out, mut err) = (Vec::new(), Vec::new());
+        let code = run(&args, &lookup, &mut out, &mut err);
+        (
+            code,
+            String::from_utf8(out).unwrap(),
+            String::from_utf8(err).unwrap(),
+        )
+    }
+
+    fn config_file(name: &str, text: &str) -> String {
+        let dir = std::env::temp_dir().join(format!("lint-unit-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join(name);
+        std::fs::write(&path, text).unwrap();
+        path.to_string_lossy().into_owned()
+    }
+
+    const CONFIG: &str = "backend be\n server s1 127.0.0.1:80 weight 100 slowstart 1s agent-check agent-port 9777 agent-inter 1s agent-send \"be/s1\\n\"\n";
+
+    #[test]
+    fn usage_errors_are_one_line_and_exit_2() {
+        for (args, want) in [
+            (&[][..], "no configuration file given"),
+            (&["-nope", "f"][..], "flag provided but not defined: -nope"),
+            (
+                &["f", "-listen-addr"][..],
+                "flag needs an argument: -listen-addr",
+            ),
+            (
+                &["f", "-listen-addr", "x"][..],
+                "invalid value \"x\" for -listen-addr",
+            ),
+            (
+                &["/nonexistent/haproxy.cfg"][..],
+                "cannot read /nonexistent/haproxy.cfg",
+            ),
+        ] {
+            let (code, out, err) = command(args, &[]);
+            assert_eq!((code, out.as_str()), (2, ""), "{args:?}");
+            assert_eq!(err.lines().count(), 1, "{err}");
+            assert!(
+                err.starts_with("gitlab-haproxy-agent lint-haproxy: ") && err.contains(want),
+                "{args:?}: {err}"
+            );
+        }
+    }
+
+    #[test]
+    fn help_prints_usage_and_exits_0() {
+        for flag in ["-h", "-help", "--help"] {
+            let (code, out, err) = command(&[flag], &[]);
+            assert_eq!((code, err.as_str()), (0, ""));
+            assert!(
+                out.starts_with("usage: gitlab-haproxy-agent lint-haproxy FILE..."),
+                "{out}"
+            );
+        }
+    }
+
+    #[test]
+    fn listen_addr_from_each_flag_form_then_the_environment_then_9777() {
+        let file = config_file("listen.cfg", CONFIG);
+        let ok = "1 servers with agent-check, 0 errors, 0 warnings\n";
+        assert_eq!(command(&[&file], &[]), (0, ok.into(), String::new()));
+        for args in [
+            vec!["-listen-addr", ":9000", &file],
+            vec![&file, "-listen-addr=:9000"],
+            vec!["--listen-addr", ":9000", &file],
+            vec!["--", &file],
+        ] {
+            let (code, out, _) = command(&args, &[(LISTEN_ENV, ":9000")]);
+            assert_eq!(code, 1, "{args:?}");
+            assert!(
+                out.contains("agent-port 9777 does not reach the agent, which listens on :9000"),
+                "{out}"
+            );
+        }
+        let (code, ..) = command(&[&file, "-listen-addr", ":9777"], &[(LISTEN_ENV, ":9000")]);
+        assert_eq!(code, 0, "the flag wins over the environment");
+    }
+
+    #[test]
+    fn findings_are_sorted_by_file_then_line_then_summarised() {
+        let b = config_file("b.cfg", "backend b2\n server s1 127.0.0.1:80 agent-check agent-port 9777 weight 1 slowstart 1s agent-inter 1s\n");
+        let a = config_file("a.cfg", &format!("{CONFIG} server s2 127.0.0.1:80 weight 1 slowstart 1s agent-check agent-port 9777 agent-inter 1s agent-send 'be/s2\\n'\n"));
+        let (code, out, _) = command(&[&b, &a], &[]);
+        let lines: Vec<&str> = out.lines().collect();
+        assert_eq!(code, 1);
+        assert_eq!(lines.len(), 3, "{out}");
+        assert!(
+            lines[0].starts_with(&format!(
+                "{a}:3: be/s2: error: agent-send 'be/s2\\n' is single-quoted"
+            )),
+            "{out}"
+        );
+        assert!(
+            lines[1].starts_with(&format!("{b}:2: b2/s1: error: no agent-send")),
+            "{out}"
+        );
+        assert_eq!(lines[2], "3 servers with agent-check, 2 errors, 0 warnings");
+    }
+
+    #[test]
+    fn refused_lines_count_as_errors() {
+        let file = config_file("refused.cfg", "backend be\n server s1 'x\n");
+        let (code, out, _) = command(&[&file], &[]);
+        assert_eq!(code, 1);
+        assert_eq!(out, format!("{file}:2: error: haproxy refuses this line: unmatched quote\n0 servers with agent-check, 1 errors, 0 warnings\n"));
+    }
 }

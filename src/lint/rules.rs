@@ -181,4 +181,199 @@ fn host_ip(word: &[u8]) -> Option<IpAddr> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::lint::model;
+
+    const GOOD: &str = r#"weight 100 slowstart 10s agent-check agent-addr 127.0.0.1 agent-port 9777 agent-inter 2s"#;
+
+    /// Findings for servers declared in `be` with these lines (`$GOOD`
+    /// stands for a correct set of keywords), as "server: severity: message".
+    fn lint(lines: &str, listen: &str) -> Vec<String> {
+        let config = format!("backend be\n{}", lines.replace("$GOOD", GOOD));
+        let files = [("h.cfg".to_owned(), config.into_bytes())];
+        let m = model::build(&files, &|_| None);
+        assert_eq!(m.errors, []);
+        let listen = crate::config::parse_listen_addr(listen).unwrap().unwrap();
+        let names = ["h.cfg".to_owned()];
+        check(&m.servers, &names, &listen)
+            .into_iter()
+            .map(|f| {
+                format!(
+                    "{}: {:?}: {}",
+                    m.servers[f.server].name, f.severity, f.message
+                )
+            })
+            .collect()
+    }
+
+    fn clean(lines: &str) {
+        assert_eq!(lint(lines, ":9777"), Vec::<String>::new(), "{lines}");
+    }
+
+    #[test]
+    fn a_correct_server_and_servers_without_agent_check_get_nothing() {
+        clean(r#" server s1 127.0.0.1:80 $GOOD agent-send "be/s1\n""#);
+        clean(" server s2 127.0.0.1:80");
+        clean(r#" server s3 127.0.0.1:80 $GOOD agent-send "be/s3\n" no-agent-check"#);
+    }
+
+    #[test]
+    fn weight_missing_is_an_error_found_anywhere_in_the_inheritance() {
+        let line = r#" server s1 127.0.0.1:80 $GOOD agent-send "be/s1\n""#.replace("$GOOD", GOOD);
+        let line = line.replace("weight 100 ", "");
+        assert_eq!(lint(&line, ":9777"), [format!("s1: Error: {NO_WEIGHT}")]);
+        clean(&format!(" default-server weight 50\n{line}"));
+    }
+
+    #[test]
+    fn agent_send_missing_is_an_error() {
+        let got = lint(" server s1 127.0.0.1:80 $GOOD", ":9777");
+        assert_eq!(
+            got,
+            [
+                r#"s1: Error: no agent-send: haproxy sends nothing and the agent never answers; add agent-send "be/s1\n""#
+            ]
+        );
+    }
+
+    #[test]
+    fn single_quoted_backslash_n_is_called_out_by_name() {
+        let got = lint(
+            r" server s1 127.0.0.1:80 $GOOD agent-send 'be/s1\n'",
+            ":9777",
+        );
+        assert_eq!(
+            got,
+            [
+                r"s1: Error: agent-send 'be/s1\n' is single-quoted: haproxy sends a literal backslash and n, not a newline; use double quotes"
+            ]
+        );
+    }
+
+    #[test]
+    fn agent_send_without_a_newline_is_an_error() {
+        let got = lint(
+            r#" server s1 127.0.0.1:80 $GOOD agent-send "be/s1""#,
+            ":9777",
+        );
+        assert_eq!(
+            got,
+            [
+                r#"s1: Error: agent-send "be/s1" does not end in a newline: the agent answers complete lines only; end it with \n inside double quotes"#
+            ]
+        );
+        let nul = lint(
+            r#" server s1 127.0.0.1:80 $GOOD agent-send "be/s1\x00\n""#,
+            ":9777",
+        );
+        assert_eq!(
+            nul.len(),
+            1,
+            "haproxy keeps the string up to its NUL: {nul:?}"
+        );
+        clean(r#" server s1 127.0.0.1:80 $GOOD agent-send be/s1\n"#);
+    }
+
+    #[test]
+    fn agent_port_must_be_the_listen_port() {
+        let got = lint(
+            r#" server s1 127.0.0.1:80 $GOOD agent-send "be/s1\n""#,
+            ":9000",
+        );
+        assert_eq!(
+            got,
+            ["s1: Error: agent-port 9777 does not reach the agent, which listens on :9000"]
+        );
+        let none = r#" server s1 127.0.0.1:80 $GOOD agent-send "be/s1\n""#.replace("$GOOD", GOOD);
+        let none = none.replace("agent-port 9777", "");
+        assert_eq!(
+            lint(&none, ":9777"),
+            [
+                r#"s1: Error: no agent-port: haproxy refuses an agent-check without one ("does not have agent port")"#
+            ]
+        );
+        clean(&none.replace("agent-check", "agent-check port 9777"));
+    }
+
+    #[test]
+    fn agent_addr_must_be_the_listen_ip_when_one_is_given() {
+        let line = &r#" server s1 10.0.0.1:80 $GOOD agent-send "be/s1\n""#.replace("$GOOD", GOOD);
+        assert_eq!(lint(line, "127.0.0.1:9777"), Vec::<String>::new());
+        assert_eq!(
+            lint(line, "0.0.0.0:9777"),
+            Vec::<String>::new(),
+            "any address: port only"
+        );
+        assert_eq!(lint(line, "10.0.0.2:9777"), ["s1: Error: agent checks go to agent-addr 127.0.0.1, not to the agent, which listens on 10.0.0.2:9777"]);
+        let own = line.replace("agent-addr 127.0.0.1 ", "");
+        assert_eq!(lint(&own, "127.0.0.1:9777"), ["s1: Error: agent checks go to the server's address (no agent-addr) 10.0.0.1, not to the agent, which listens on 127.0.0.1:9777"]);
+        assert_eq!(lint(&own, "10.0.0.1:9777"), Vec::<String>::new());
+        let host = own.replace("10.0.0.1:80", "web.example:80");
+        assert_eq!(
+            lint(&host, "127.0.0.1:9777"),
+            Vec::<String>::new(),
+            "a hostname is not checked"
+        );
+    }
+
+    #[test]
+    fn missing_slowstart_and_agent_inter_are_warnings() {
+        let line = r#" server s1 127.0.0.1:80 $GOOD agent-send "be/s1\n""#.replace("$GOOD", GOOD);
+        let got = lint(
+            &line
+                .replace("slowstart 10s ", "")
+                .replace(" agent-inter 2s", ""),
+            ":9777",
+        );
+        assert_eq!(
+            got,
+            [
+                format!("s1: Warning: {NO_SLOWSTART}"),
+                format!("s1: Warning: {NO_AGENT_INTER}")
+            ]
+        );
+    }
+
+    #[test]
+    fn an_identity_not_its_own_backend_server_is_a_warning() {
+        let got = lint(
+            r#" server s1 127.0.0.1:80 $GOOD agent-send "be/srv01\n""#,
+            ":9777",
+        );
+        assert_eq!(
+            got,
+            [
+                r#"s1: Warning: agent-send identity "be/srv01" is not "be/s1", this server's <backend>/<server>"#
+            ]
+        );
+        clean(r#" server s1 127.0.0.1:80 $GOOD agent-send " be/s1 \r\n""#);
+    }
+
+    #[test]
+    fn two_servers_sending_one_identity_is_a_warning_on_the_second() {
+        let lines = " server s1 127.0.0.1:80 $GOOD agent-send \"be/s1\\n\"\n server s2 127.0.0.1:80 $GOOD agent-send \"be/s1\\n\"";
+        let got = lint(lines, ":9777");
+        assert_eq!(
+            got,
+            [
+                r#"s2: Warning: agent-send identity "be/s1" is not "be/s2", this server's <backend>/<server>"#,
+                r#"s2: Warning: identity "be/s1" is also sent by be/s1 (h.cfg:2): both get the same reply"#,
+            ]
+        );
+    }
+
+    #[test]
+    fn host_ip_reads_haproxy_address_forms() {
+        for (word, want) in [
+            ("10.0.0.1", Some("10.0.0.1")),
+            ("10.0.0.1:80", Some("10.0.0.1")),
+            ("ipv4@10.0.0.1:80", Some("10.0.0.1")),
+            ("[::1]:80", Some("::1")),
+            ("::1", Some("::1")),
+            ("web:80", None),
+            ("unix@/run/x.sock", None),
+        ] {
+            let want = want.map(|w| w.parse::<IpAddr>().unwrap());
+            assert_eq!(host_ip(word.as_bytes()), want, "{word}");
+        }
+    }
 }
