@@ -25,7 +25,11 @@ fuzz_target!(|data: &[u8]| {
     let report = lint(&files, &listen, &env);
     let lines = text.split(|&b| b == b'\n').count() as u64;
     assert!(report.agent_checked as u64 <= lines * MAX_TEMPLATE);
-    let errors = report.lines.iter().filter(|l| l.2.contains(": error: ") || l.2.starts_with("error: ")).count();
+    let errors = report
+        .lines
+        .iter()
+        .filter(|l| l.2.contains(": error: ") || l.2.starts_with("error: "))
+        .count();
     assert_eq!(errors, report.errors);
     assert_eq!(report.lines.len(), report.errors + report.warnings);
     let rendered = report.render();
