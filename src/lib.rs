@@ -14,6 +14,8 @@
 //! - [`consul`]: KV JSON decoding (pure), the watcher machine, backoff;
 //! - [`monitoring`]: metrics registry and the health/metrics/debug server;
 //! - [`devkv`]: the `-dev` consul-compatible KV (also the tests' consul);
+//! - [`lint`]: `lint-haproxy`, haproxy's configuration read as haproxy
+//!   reads it, checked against what the agent needs;
 //! - [`config`], [`logging`], [`event_loop`]: start-up and the one mio loop;
 //! - [`gocompat`]: the Go standard-library behaviour the flags and the dev
 //!   KV must match; [`decimal`]: the one decimal parser; [`build_info`]:
@@ -32,6 +34,7 @@ pub mod gocompat;
 pub mod http;
 pub mod jitter;
 mod labels;
+pub mod lint;
 pub mod logging;
 pub mod monitoring;
 pub mod persist;

@@ -691,6 +691,26 @@ fn the_operator_finds_a_typod_key_and_fixes_it() {
         .output()
         .unwrap();
     assert!(checked.status.success(), "haproxy -c: {checked:?}");
+    // lint-haproxy finds exactly the two mistakes of haproxy's side.
+    let cfg = hap.config_path();
+    let cfg = cfg.to_str().unwrap();
+    let (code, out, _) = operator(&["lint-haproxy", cfg, "-listen-addr", &listen]);
+    let lines: Vec<&str> = out.lines().collect();
+    let line_of = |server: &str| 1 + hap.config.lines().position(|l| l.contains(server)).unwrap();
+    let (srv2, srv3) = (line_of("server srv2 "), line_of("server srv3 "));
+    assert_eq!(code, 1, "{out}");
+    assert_eq!(lines.len(), 3, "{out}");
+    assert!(
+        lines[0].starts_with(&format!("{cfg}:{srv2}: be_web/srv2: error: no weight")),
+        "{out}"
+    );
+    assert!(
+        lines[1].starts_with(&format!(
+            "{cfg}:{srv3}: be_web/srv3: error: agent-send 'be_web/srv3\\n' is single-quoted"
+        )),
+        "{out}"
+    );
+    assert_eq!(lines[2], "3 servers with agent-check, 2 errors, 0 warnings");
 
     // The typo: srv01 for srv1. Nothing happens to srv1, and the agent says so.
     kv.put(&key(&prefix, "be_web/srv01"), "drain");

@@ -15,6 +15,7 @@
 
 mod args;
 mod ask;
+mod lint;
 mod status;
 
 use std::ffi::OsString;
@@ -52,7 +53,7 @@ Each takes -h for its own help.
 
 /// Whether `word` names an operator command.
 pub fn is_command(word: &str) -> bool {
-    matches!(word, "ask" | "check-value" | "status")
+    matches!(word, "ask" | "check-value" | "status" | "lint-haproxy")
 }
 
 /// Runs the command `word` with the words after it.
@@ -61,19 +62,30 @@ pub fn run(word: &str, args: &[OsString], io: &mut Io<'_>) -> u8 {
         "ask" => ask::run(args, io),
         "check-value" => check_value(args, io),
         "status" => status::run(args, io),
+        "lint-haproxy" => lint::run(args, io),
         _ => usage_error(io, word, "not an operator command"),
     }
 }
 
-/// The address to reach one of the agent's listeners: the flag, else the
-/// daemon's variable for it, else the daemon's default, made loopback
-/// when it names all interfaces.
+/// The address to reach one of the agent's listeners, made loopback when
+/// it names all interfaces.
 fn target(
     a: &Args,
     io: &Io<'_>,
     flag: &str,
     default: &str,
 ) -> Result<std::net::SocketAddr, String> {
+    listen_setting(a, io, flag, default).map(|addr| addr.connect_addr())
+}
+
+/// One of the agent's listen addresses: the flag, else the daemon's
+/// variable for it, else the daemon's default.
+fn listen_setting(
+    a: &Args,
+    io: &Io<'_>,
+    flag: &str,
+    default: &str,
+) -> Result<crate::config::ListenAddr, String> {
     let var = format!(
         "GITLAB_HAPROXY_AGENT_{}",
         flag.to_uppercase().replace('-', "_")
@@ -84,7 +96,7 @@ fn target(
         (None, None) => (default.to_owned(), format!("flag -{flag}")),
     };
     match crate::config::parse_listen_addr(&text) {
-        Ok(Some(addr)) => Ok(addr.connect_addr()),
+        Ok(Some(addr)) => Ok(addr),
         Ok(None) => Err(format!("{from} is empty: that listener is disabled")),
         Err(e) => Err(format!("invalid value {text:?} for {from}: {e}")),
     }

@@ -85,6 +85,11 @@ fn usage_errors_are_one_line_and_exit_2() {
         ("ask", &["be/s1", "-listen-addr", "nonsense"]),
         ("ask", &["be/s1", "-listen-addr="]),
         ("status", &["extra"]),
+        ("lint-haproxy", &[]),
+        ("lint-haproxy", &["-nope", "f"]),
+        ("lint-haproxy", &["f", "-listen-addr"]),
+        ("lint-haproxy", &["f", "-listen-addr", "x"]),
+        ("lint-haproxy", &["/nonexistent/haproxy.cfg"]),
         ("status", &["-pprof-addr"]),
     ] {
         let (code, out, err) = run_with(word, args, b"", &[]);
@@ -100,7 +105,7 @@ fn usage_errors_are_one_line_and_exit_2() {
 
 #[test]
 fn each_command_has_help() {
-    for word in ["ask", "check-value", "status"] {
+    for word in ["ask", "check-value", "status", "lint-haproxy"] {
         let (code, out, _) = run_with(word, &["-h"], b"", &[]);
         assert_eq!(code, OK);
         assert!(
@@ -126,4 +131,35 @@ fn addresses_come_from_the_flag_then_the_daemons_variable_then_its_default() {
     let (code, _, err) = run_with("status", &[], b"", &env);
     assert_eq!(code, FINDING);
     assert!(err.contains("127.0.0.3:1"), "{err}");
+}
+
+#[test]
+fn lint_takes_the_listen_address_from_each_flag_form_then_the_environment_then_9777() {
+    let dir = std::env::temp_dir().join(format!("gha-cli-lint-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("listen.cfg");
+    std::fs::write(&file, "backend be\n server s1 127.0.0.1:80 weight 100 slowstart 1s agent-check agent-port 9777 agent-inter 1s agent-send \"be/s1\\n\"\n").unwrap();
+    let file = file.to_str().unwrap();
+    let ok = "1 servers with agent-check, 0 errors, 0 warnings\n";
+    assert_eq!(
+        run_with("lint-haproxy", &[file], b"", &[]),
+        (OK, ok.into(), String::new())
+    );
+    let env = [("GITLAB_HAPROXY_AGENT_LISTEN_ADDR", ":9000")];
+    for args in [
+        vec!["-listen-addr", ":9000", file],
+        vec![file, "-listen-addr=:9000"],
+        vec!["--listen-addr", ":9000", file],
+        vec!["--", file],
+    ] {
+        let (code, out, _) = run_with("lint-haproxy", &args, b"", &env);
+        assert_eq!(code, FINDING, "{args:?}");
+        assert!(
+            out.contains("agent-port 9777 does not reach the agent, which listens on :9000"),
+            "{out}"
+        );
+    }
+    let (code, ..) = run_with("lint-haproxy", &[file, "-listen-addr", ":9777"], b"", &env);
+    assert_eq!(code, OK, "the flag wins over the environment");
+    std::fs::remove_dir_all(&dir).unwrap();
 }

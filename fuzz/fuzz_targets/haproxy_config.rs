@@ -1,0 +1,37 @@
+//! `lint::lint` (tokenizer, conditional blocks, model, rules) on arbitrary
+//! bytes as a configuration file.
+//!
+//! Input: byte 0 picks the listen address (any address or 127.0.0.1, port
+//! 9777), the rest is the file. Checks: nothing panics or loops; the
+//! summary counts match the finding lines; a server count never exceeds
+//! what the file's lines could declare (`server-template` is bounded).
+#![no_main]
+
+use gitlab_haproxy_agent::config::ListenAddr;
+use gitlab_haproxy_agent::lint::{lint, model::MAX_TEMPLATE};
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| {
+    let Some((&first, text)) = data.split_first() else {
+        return;
+    };
+    let listen = if first & 1 == 0 {
+        ListenAddr::AnyDualStack(9777)
+    } else {
+        ListenAddr::Addr("127.0.0.1:9777".parse().unwrap())
+    };
+    let env = |name: &str| (name == "SET").then(|| "a b".to_owned());
+    let files = [("f.cfg".to_owned(), text.to_vec())];
+    let report = lint(&files, &listen, &env);
+    let lines = text.split(|&b| b == b'\n').count() as u64;
+    assert!(report.agent_checked as u64 <= lines * MAX_TEMPLATE);
+    let errors = report
+        .lines
+        .iter()
+        .filter(|l| l.2.contains(": error: ") || l.2.starts_with("error: "))
+        .count();
+    assert_eq!(errors, report.errors);
+    assert_eq!(report.lines.len(), report.errors + report.warnings);
+    let rendered = report.render();
+    assert!(rendered.ends_with(" warnings\n"));
+});

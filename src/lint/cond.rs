@@ -1,0 +1,286 @@
+//! `.if` / `.elif` / `.else` / `.endif` blocks, pure.
+//!
+//! In: each line's words, in file order. Out: whether the line is a
+//! directive (consumed here), and whether a non-directive line is active.
+//! Always holds: nesting is tracked exactly as `readcfgfile` does
+//! (`src/cfgparse.c`): a block inside a dropped branch is dropped whatever
+//! its condition, and at most one branch of a block is taken.
+//!
+//! Conditions (`cfg_eval_condition`, `src/cfgcond.c`): the words joined by
+//! spaces; `!` negates, `&&` binds tighter than `||`, `( … )` groups, an
+//! integer is true when non-zero, the empty condition is false;
+//! `defined(VAR)` reads the environment given, `streq`, `strneq`, `strstr`
+//! compare their two arguments. What the lint cannot know
+//! (`feature(…)`, `version_atleast(…)`, `enabled(…)`, OpenSSL versions) and
+//! what it cannot parse counts as true, so the first such branch is the one
+//! checked. Lone `.elif` / `.else` / `.endif` (which haproxy refuses) are
+//! reported and ignored.
+
+/// One open `.if` block.
+struct Block {
+    /// Every enclosing block takes its current branch.
+    parent_active: bool,
+    /// This block's current branch is taken.
+    taking: bool,
+    /// Some branch of this block was taken already (or `.else` was seen).
+    done: bool,
+}
+
+/// The open blocks of one file.
+#[derive(Default)]
+pub struct Conditions {
+    blocks: Vec<Block>,
+}
+
+/// What a line is, for the block structure.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Line {
+    /// A directive, consumed; `Some(reason)` when haproxy refuses it.
+    Directive(Option<&'static str>),
+    /// A configuration line: whether the current branches take it.
+    Config { active: bool },
+}
+
+impl Conditions {
+    fn active(&self) -> bool {
+        self.blocks.last().is_none_or(|b| b.taking)
+    }
+
+    /// Classifies one line (its words after unquoting).
+    pub fn line(&mut self, words: &[&[u8]], env: &dyn Fn(&str) -> Option<String>) -> Line {
+        let condition = || words.get(1..).unwrap_or_default().join(&b' ');
+        let reason = match words.first().copied() {
+            Some(b".if") => {
+                let parent_active = self.active();
+                let taking = parent_active && eval(&condition(), env);
+                self.blocks.push(Block {
+                    parent_active,
+                    taking,
+                    done: taking,
+                });
+                None
+            }
+            Some(b".elif") => {
+                let condition = condition();
+                self.innermost(".elif", |b| {
+                    b.taking = b.parent_active && !b.done && eval(&condition, env);
+                    b.done |= b.taking;
+                })
+            }
+            Some(b".else") => self.innermost(".else", |b| {
+                b.taking = b.parent_active && !b.done;
+                b.done = true;
+            }),
+            Some(b".endif") => self.blocks.pop().is_none().then_some("lone '.endif'"),
+            _ => {
+                return Line::Config {
+                    active: self.active(),
+                }
+            }
+        };
+        Line::Directive(reason)
+    }
+
+    /// Applies `f` to the innermost block, or gives the reason a lone
+    /// directive is refused.
+    fn innermost(&mut self, what: &str, f: impl FnOnce(&mut Block)) -> Option<&'static str> {
+        match self.blocks.last_mut() {
+            Some(b) => {
+                f(b);
+                None
+            }
+            None if what == ".else" => Some("lone '.else'"),
+            None => Some("lone '.elif'"),
+        }
+    }
+}
+
+/// Evaluates a condition; what cannot be evaluated is true.
+pub fn eval(text: &[u8], env: &dyn Fn(&str) -> Option<String>) -> bool {
+    let text = String::from_utf8_lossy(text);
+    let mut p = CondParser {
+        rest: text.trim(),
+        env,
+    };
+    if p.rest.is_empty() {
+        return false;
+    }
+    match p.or() {
+        Some(v) if p.rest.trim().is_empty() => v,
+        _ => true,
+    }
+}
+
+/// A recursive-descent reader over the rest of the condition; `None` is
+/// "cannot parse".
+struct CondParser<'a, 'e> {
+    rest: &'a str,
+    env: &'e dyn Fn(&str) -> Option<String>,
+}
+
+impl CondParser<'_, '_> {
+    fn skip_blanks(&mut self) {
+        self.rest = self.rest.trim_start_matches([' ', '\t']);
+    }
+
+    fn eat(&mut self, token: &str) -> bool {
+        self.skip_blanks();
+        let ate = self.rest.starts_with(token);
+        if ate {
+            self.rest = &self.rest[token.len()..];
+        }
+        ate
+    }
+
+    fn or(&mut self) -> Option<bool> {
+        let mut v = self.and()?;
+        while self.eat("||") {
+            v |= self.and()?;
+        }
+        Some(v)
+    }
+
+    fn and(&mut self) -> Option<bool> {
+        let mut v = self.term()?;
+        while self.eat("&&") {
+            v &= self.term()?;
+        }
+        Some(v)
+    }
+
+    fn term(&mut self) -> Option<bool> {
+        let mut negate = false;
+        while self.eat("!") {
+            negate = !negate;
+        }
+        self.skip_blanks();
+        let v = if self.rest.starts_with(|c: char| c.is_ascii_digit()) {
+            let len = self.rest.find(|c: char| !c.is_ascii_alphanumeric());
+            let (number, rest) = self.rest.split_at(len.unwrap_or(self.rest.len()));
+            self.rest = rest;
+            let digits = number.strip_prefix("0x").or(number.strip_prefix("0X"));
+            let digits = digits
+                .unwrap_or(number)
+                .bytes()
+                .take_while(u8::is_ascii_hexdigit);
+            digits.into_iter().any(|b| b != b'0')
+        } else if self.eat("(") {
+            let v = self.or()?;
+            self.eat(")").then_some(v)?
+        } else {
+            self.predicate()?
+        };
+        Some(v != negate)
+    }
+
+    /// `name(arg, …)`: the ones the lint knows, else true.
+    fn predicate(&mut self) -> Option<bool> {
+        let open = self.rest.find('(')?;
+        let close = open + self.rest[open..].find(')')?;
+        let name = self.rest[..open].trim();
+        let args: Vec<&str> = self.rest[open + 1..close]
+            .split(',')
+            .map(str::trim)
+            .collect();
+        self.rest = &self.rest[close + 1..];
+        Some(match (name, args.as_slice()) {
+            ("defined", [var]) => (self.env)(var).is_some(),
+            ("streq", [a, b]) => a == b,
+            ("strneq", [a, b]) => a != b,
+            ("strstr", [a, b]) => a.contains(b),
+            _ => true,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(name: &str) -> Option<String> {
+        (name == "SET").then(|| "1".into())
+    }
+
+    #[test]
+    fn conditions_evaluate_like_haproxy() {
+        for (text, want) in [
+            ("", false),
+            ("0", false),
+            ("1", true),
+            ("0x10", true),
+            ("defined(SET)", true),
+            ("defined(UNSET)", false),
+            ("!defined(SET)", false),
+            ("! ! defined(SET)", true),
+            ("streq(a,a)", true),
+            ("streq(a,b)", false),
+            ("strneq(a,b)", true),
+            ("strstr(abc,b)", true),
+            ("defined(UNSET) || 1", true),
+            ("1 && 0", false),
+            ("0 || 1 && 0", false),
+            ("(0 || 1) && 1", true),
+            ("version_atleast(2.6)", true),
+            ("feature(OPENSSL)", true),
+            ("!feature(OPENSSL)", false),
+            ("garbage here", true),
+        ] {
+            assert_eq!(eval(text.as_bytes(), &env), want, "{text:?}");
+        }
+    }
+
+    fn run(lines: &[&str]) -> Vec<Line> {
+        let mut c = Conditions::default();
+        lines
+            .iter()
+            .map(|l| {
+                let words: Vec<&[u8]> = l.split(' ').map(str::as_bytes).collect();
+                c.line(&words, &env)
+            })
+            .collect()
+    }
+
+    const ON: Line = Line::Config { active: true };
+    const OFF: Line = Line::Config { active: false };
+    const DIRECTIVE: Line = Line::Directive(None);
+
+    #[test]
+    fn one_branch_of_a_block_is_taken() {
+        let got = run(&[
+            "a", ".if 0", "b", ".elif 1", "c", ".elif 1", "d", ".else", "e", ".endif", "f",
+        ]);
+        let want = [
+            ON, DIRECTIVE, OFF, DIRECTIVE, ON, DIRECTIVE, OFF, DIRECTIVE, OFF, DIRECTIVE, ON,
+        ];
+        assert_eq!(got, want);
+    }
+
+    #[test]
+    fn else_is_taken_when_nothing_was() {
+        let got = run(&[".if defined(UNSET)", "a", ".else", "b", ".endif"]);
+        assert_eq!(got, [DIRECTIVE, OFF, DIRECTIVE, ON, DIRECTIVE]);
+    }
+
+    #[test]
+    fn blocks_inside_a_dropped_branch_are_dropped() {
+        let got = run(&[
+            ".if 0", ".if 1", "a", ".else", "b", ".endif", "c", ".endif", "d",
+        ]);
+        let want = [
+            DIRECTIVE, DIRECTIVE, OFF, DIRECTIVE, OFF, DIRECTIVE, OFF, DIRECTIVE, ON,
+        ];
+        assert_eq!(got, want);
+    }
+
+    #[test]
+    fn lone_directives_are_reported_and_ignored() {
+        let got = run(&[".endif", ".else", ".elif 1", "a"]);
+        let want = [
+            Line::Directive(Some("lone '.endif'")),
+            Line::Directive(Some("lone '.else'")),
+            Line::Directive(Some("lone '.elif'")),
+            ON,
+        ];
+        assert_eq!(got, want);
+    }
+}

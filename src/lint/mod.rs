@@ -1,0 +1,133 @@
+//! `lint-haproxy`'s rules: reads haproxy configuration files the way
+//! haproxy does and reports, for every server that runs `agent-check`, what
+//! keeps the agent's answers from reaching it.
+//!
+//! In: the files as (name, bytes), the agent's listen address, the
+//! environment (for haproxy's `${VAR}` and `.if defined(VAR)`). Out: a
+//! [`Report`]: findings `file:line: backend/server: error|warning: message`,
+//! sorted by file name then line, then the summary line
+//! `N servers with agent-check, E errors, W warnings`. A line haproxy
+//! refuses is an error too: `file:line: error: haproxy refuses this line:
+//! reason`. Always holds: pure, [`tokenize`] -> [`cond`] -> [`model`] ->
+//! [`rules`]; the command around it (flags, reading the files, the exit
+//! code) is [`crate::cli`]'s.
+
+pub mod cond;
+pub mod model;
+pub mod rules;
+pub mod tokenize;
+
+use crate::config::ListenAddr;
+use rules::Severity;
+
+/// One output line, before sorting.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Report {
+    pub lines: Vec<(String, usize, String)>,
+    pub agent_checked: usize,
+    pub errors: usize,
+    pub warnings: usize,
+}
+
+impl Report {
+    /// The findings sorted by file name then line, then the summary line.
+    pub fn render(mut self) -> String {
+        self.lines.sort_by(|a, b| (&a.0, a.1).cmp(&(&b.0, b.1)));
+        let mut text = String::new();
+        for (file, line, rest) in &self.lines {
+            text += &format!("{file}:{line}: {rest}\n");
+        }
+        text += &format!(
+            "{} servers with agent-check, {} errors, {} warnings\n",
+            self.agent_checked, self.errors, self.warnings
+        );
+        text
+    }
+}
+
+/// The whole lint over files given as (name, bytes), pure.
+pub fn lint(
+    files: &[(String, Vec<u8>)],
+    listen: &ListenAddr,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Report {
+    let model = model::build(files, env);
+    let names: Vec<String> = files.iter().map(|(name, _)| name.clone()).collect();
+    let findings = rules::check(&model.servers, &names, listen);
+    let mut report = Report {
+        lines: Vec::new(),
+        agent_checked: model
+            .servers
+            .iter()
+            .filter(|s| s.settings.agent_check)
+            .count(),
+        errors: model.errors.len(),
+        warnings: 0,
+    };
+    for e in &model.errors {
+        let rest = format!("error: haproxy refuses this line: {}", e.message);
+        report.lines.push((names[e.file].clone(), e.line, rest));
+    }
+    for f in findings {
+        let s = &model.servers[f.server];
+        let word = match f.severity {
+            Severity::Error => {
+                report.errors += 1;
+                "error"
+            }
+            Severity::Warning => {
+                report.warnings += 1;
+                "warning"
+            }
+        };
+        let rest = format!("{}/{}: {word}: {}", s.backend, s.name, f.message);
+        report.lines.push((names[s.file].clone(), s.line, rest));
+    }
+    report
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The report of `files` for an agent on `:9777`.
+    fn report(files: &[(&str, &str)]) -> String {
+        let files: Vec<(String, Vec<u8>)> = files
+            .iter()
+            .map(|(n, t)| (n.to_string(), t.as_bytes().to_vec()))
+            .collect();
+        lint(&files, &ListenAddr::AnyDualStack(9777), &|_| None).render()
+    }
+
+    const CONFIG: &str = "backend be\n server s1 127.0.0.1:80 weight 100 slowstart 1s agent-check agent-port 9777 agent-inter 1s agent-send \"be/s1\\n\"\n";
+
+    #[test]
+    fn a_clean_server_has_no_line_but_the_summary() {
+        let ok = "1 servers with agent-check, 0 errors, 0 warnings\n";
+        assert_eq!(report(&[("a.cfg", CONFIG)]), ok);
+    }
+
+    #[test]
+    fn findings_are_sorted_by_file_then_line_then_summarised() {
+        let b = "backend b2\n server s1 127.0.0.1:80 agent-check agent-port 9777 weight 1 slowstart 1s agent-inter 1s\n";
+        let a = format!("{CONFIG} server s2 127.0.0.1:80 weight 1 slowstart 1s agent-check agent-port 9777 agent-inter 1s agent-send 'be/s2\\n'\n");
+        let out = report(&[("b.cfg", b), ("a.cfg", &a)]);
+        let lines: Vec<&str> = out.lines().collect();
+        assert_eq!(lines.len(), 3, "{out}");
+        assert!(
+            lines[0].starts_with("a.cfg:3: be/s2: error: agent-send 'be/s2\\n' is single-quoted"),
+            "{out}"
+        );
+        assert!(
+            lines[1].starts_with("b.cfg:2: b2/s1: error: no agent-send"),
+            "{out}"
+        );
+        assert_eq!(lines[2], "3 servers with agent-check, 2 errors, 0 warnings");
+    }
+
+    #[test]
+    fn refused_lines_count_as_errors() {
+        let out = report(&[("refused.cfg", "backend be\n server s1 'x\n")]);
+        assert_eq!(out, "refused.cfg:2: error: haproxy refuses this line: unmatched quote\n0 servers with agent-check, 1 errors, 0 warnings\n");
+    }
+}

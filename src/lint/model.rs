@@ -1,0 +1,628 @@
+//! Lines of words -> the servers haproxy would build, with the settings the
+//! lint rules read, pure.
+//!
+//! In: the files in command-line order, each as numbered lines of words.
+//! Out: every `server` of every `backend` / `listen`, with where it was
+//! declared, and every line haproxy refuses. Always holds: a server's
+//! settings are what haproxy 2.6 / 3.0 give it, in haproxy's order:
+//!
+//! - a `defaults` section starts empty, or from `defaults … from NAME`;
+//!   every `defaults` section (named or not) becomes the one later
+//!   proxies use implicitly, `backend X from NAME` picks one by name
+//!   (`cfg_parse_listen`, `src/cfgparse-listen.c`);
+//! - a proxy's `default-server` starts as its defaults' `default-server`,
+//!   and a `server` as its proxy's `default-server` at that line; the
+//!   server's own keywords then apply left to right, a later one winning
+//!   (`srv_settings_cpy`, `parse_server`, `src/server.c`);
+//! - `no-agent-check` turns agent-check off, a later `agent-check` on again;
+//!   `port` / `addr` also set the agent's port / address unless
+//!   `agent-port` / `agent-addr` did (`srv_parse_check_port`,
+//!   `srv_parse_addr`, `src/check.c`);
+//! - `server-template P N|LOW-HIGH ADDR …` makes servers `P<LOW>`…`P<HIGH>`
+//!   (`N` is `1-N`), all with the line's settings (`_srv_parse_tmpl_range`);
+//!   at most [`MAX_TEMPLATE`] per line are made;
+//! - a keyword's arguments are skipped by haproxy's own counts (the `skip`
+//!   column of the `srv_kws` tables), so `cookie weight` is a cookie, not a
+//!   weight; an unknown keyword (which haproxy refuses) takes none;
+//! - sections other than `defaults`, `backend` and `listen` are read only to
+//!   know where they end (`peers` and `ring` also have `server` lines).
+
+use super::cond::{self, Conditions};
+use super::tokenize::{self, Context, Word};
+
+/// Most servers one `server-template` line makes here.
+pub const MAX_TEMPLATE: u64 = 10_000;
+
+/// The server-line settings the rules read.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Settings {
+    pub agent_check: bool,
+    pub weight: bool,
+    pub slowstart: bool,
+    pub agent_inter: bool,
+    pub agent_send: Option<Word>,
+    /// The agent's port as written (`agent-port`, else `port`).
+    pub agent_port: Option<Vec<u8>>,
+    agent_port_explicit: bool,
+    /// The agent's address as written (`agent-addr`, else `addr`).
+    pub agent_addr: Option<Vec<u8>>,
+    agent_addr_explicit: bool,
+}
+
+/// One server as haproxy builds it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Server {
+    /// Index into the files given.
+    pub file: usize,
+    pub line: usize,
+    pub backend: String,
+    pub name: String,
+    /// The address word (`127.0.0.1:80`, `ipv4@host:80`, …).
+    pub address: Vec<u8>,
+    pub settings: Settings,
+}
+
+/// A line haproxy refuses.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LineError {
+    pub file: usize,
+    pub line: usize,
+    pub message: String,
+}
+
+/// Everything the rules need.
+#[derive(Debug, Default)]
+pub struct Model {
+    pub servers: Vec<Server>,
+    pub errors: Vec<LineError>,
+}
+
+/// Every section keyword haproxy 2.6 and 3.0 register.
+const SECTIONS: &[&[u8]] = &[
+    b"global",
+    b"defaults",
+    b"frontend",
+    b"backend",
+    b"listen",
+    b"peers",
+    b"resolvers",
+    b"userlist",
+    b"program",
+    b"http-errors",
+    b"ring",
+    b"mailers",
+    b"cache",
+    b"crt-store",
+    b"log-forward",
+    b"fcgi-app",
+    b"namespace_list",
+    b"traces",
+];
+
+/// Server keywords taking one argument (`skip` 1 in `src/server.c`,
+/// `src/check.c`, `src/cfgparse-ssl.c`, `src/cfgparse-tcp.c`), plus
+/// `usesrc` and `interface`, which follow `source`.
+const ONE_ARG: &[&[u8]] = &[
+    b"addr",
+    b"agent-addr",
+    b"agent-inter",
+    b"agent-port",
+    b"agent-send",
+    b"alpn",
+    b"ca-file",
+    b"check-alpn",
+    b"check-proto",
+    b"check-sni",
+    b"ciphers",
+    b"ciphersuites",
+    b"client-sigalgs",
+    b"cookie",
+    b"crl-file",
+    b"crt",
+    b"curves",
+    b"downinter",
+    b"error-limit",
+    b"fall",
+    b"fastinter",
+    b"guid",
+    b"hash-key",
+    b"id",
+    b"init-addr",
+    b"inter",
+    b"interface",
+    b"log-bufsize",
+    b"log-proto",
+    b"max-reuse",
+    b"maxconn",
+    b"maxqueue",
+    b"minconn",
+    b"namespace",
+    b"npn",
+    b"observe",
+    b"on-error",
+    b"on-marked-down",
+    b"on-marked-up",
+    b"pool-conn-name",
+    b"pool-low-conn",
+    b"pool-max-conn",
+    b"pool-purge-delay",
+    b"port",
+    b"proto",
+    b"proxy-v2-options",
+    b"redir",
+    b"resolve-net",
+    b"resolve-opts",
+    b"resolve-prefer",
+    b"resolvers",
+    b"rise",
+    b"shard",
+    b"sigalgs",
+    b"slowstart",
+    b"sni",
+    b"socks4",
+    b"source",
+    b"ssl-max-ver",
+    b"ssl-min-ver",
+    b"tcp-ut",
+    b"track",
+    b"usesrc",
+    b"verify",
+    b"verifyhost",
+    b"weight",
+    b"ws",
+];
+
+impl Settings {
+    /// Applies a `server` / `default-server` line's keywords, in order.
+    pub fn apply(&mut self, words: &[Word]) {
+        let mut i = 0;
+        while let Some(word) = words.get(i) {
+            let keyword = word.text.as_slice();
+            let takes_arg = ONE_ARG.contains(&keyword);
+            match (keyword, words.get(i + 1).filter(|_| takes_arg)) {
+                (b"agent-check", _) => self.agent_check = true,
+                (b"no-agent-check", _) => self.agent_check = false,
+                (b"weight", Some(_)) => self.weight = true,
+                (b"slowstart", Some(_)) => self.slowstart = true,
+                (b"agent-inter", Some(_)) => self.agent_inter = true,
+                (b"agent-send", Some(v)) => self.agent_send = Some(v.clone()),
+                (b"agent-port", Some(v)) => {
+                    self.agent_port = Some(v.text.clone());
+                    self.agent_port_explicit = true;
+                }
+                (b"port", Some(v)) if !self.agent_port_explicit => {
+                    self.agent_port = Some(v.text.clone());
+                }
+                (b"agent-addr", Some(v)) => {
+                    self.agent_addr = Some(v.text.clone());
+                    self.agent_addr_explicit = true;
+                }
+                (b"addr", Some(v)) if !self.agent_addr_explicit => {
+                    self.agent_addr = Some(v.text.clone());
+                }
+                _ => {}
+            }
+            i += 1 + usize::from(takes_arg);
+        }
+    }
+}
+
+/// Where the lines being read go.
+enum Section {
+    /// Before any section, or in one the lint does not read.
+    Other,
+    /// `defaults`: index into `Builder::defaults`.
+    Defaults(usize),
+    /// `backend` / `listen`: its name and its `default-server`.
+    Proxy {
+        name: String,
+        default_server: Settings,
+    },
+}
+
+#[derive(Default)]
+struct Builder {
+    /// Every `defaults` section so far: its name and `default-server`.
+    defaults: Vec<(Vec<u8>, Settings)>,
+    /// The last `defaults` section, which proxies use unless `from` says.
+    last_defaults: Option<usize>,
+    model: Model,
+}
+
+/// Reads the files (name, bytes), in the order haproxy would (`-f` order).
+pub fn build(files: &[(String, Vec<u8>)], env: &dyn Fn(&str) -> Option<String>) -> Model {
+    let mut b = Builder::default();
+    for (index, (name, text)) in files.iter().enumerate() {
+        b.file(index, name, text, env);
+    }
+    b.model
+}
+
+impl Builder {
+    fn file(&mut self, file: usize, name: &str, text: &[u8], env: &dyn Fn(&str) -> Option<String>) {
+        let mut section = Section::Other;
+        let mut label = String::new();
+        let mut conditions = Conditions::default();
+        for (line, bytes) in tokenize::physical_lines(text) {
+            let ctx = Context {
+                env,
+                file: name,
+                section: &label,
+            };
+            let words = match tokenize::parse_line(bytes, line, &ctx) {
+                Ok(words) => words,
+                Err(e) => {
+                    self.error(file, line, e.to_string());
+                    if e == tokenize::LineError::StrayNul {
+                        break;
+                    }
+                    continue;
+                }
+            };
+            let texts: Vec<&[u8]> = words.iter().map(|w| w.text.as_slice()).collect();
+            match conditions.line(&texts, env) {
+                cond::Line::Directive(Some(reason)) => self.error(file, line, reason.to_owned()),
+                cond::Line::Config { active: true } if !words.is_empty() => {
+                    if SECTIONS.contains(&texts[0]) {
+                        label = String::from_utf8_lossy(texts.get(1).unwrap_or(&texts[0])).into();
+                        section = self.section(file, line, &texts);
+                    } else {
+                        self.keyword(file, line, &mut section, &words);
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+
+    fn error(&mut self, file: usize, line: usize, message: String) {
+        self.model.errors.push(LineError {
+            file,
+            line,
+            message,
+        });
+    }
+
+    /// A section header line: the section the next lines go to.
+    fn section(&mut self, file: usize, line: usize, words: &[&[u8]]) -> Section {
+        let keyword = words[0];
+        let (name, from) = match words {
+            [b"defaults", b"from", from] => (&b""[..], Some(*from)),
+            [_, name, b"from", from, ..] => (*name, Some(*from)),
+            [_, name, ..] => (*name, None),
+            [_] => (&b""[..], None),
+            [] => return Section::Other,
+        };
+        let base = match from {
+            Some(from) => {
+                let found = self
+                    .defaults
+                    .iter()
+                    .rposition(|(n, _)| n.as_slice() == from);
+                if found.is_none() {
+                    let from = String::from_utf8_lossy(from);
+                    self.error(file, line, format!("defaults section '{from}' not found"));
+                }
+                found
+            }
+            None if keyword == b"defaults" => None,
+            None => self.last_defaults,
+        };
+        let settings = base.map(|i| self.defaults[i].1.clone()).unwrap_or_default();
+        match keyword {
+            b"defaults" => {
+                self.defaults.push((name.to_vec(), settings));
+                self.last_defaults = Some(self.defaults.len() - 1);
+                Section::Defaults(self.defaults.len() - 1)
+            }
+            b"backend" | b"listen" => Section::Proxy {
+                name: String::from_utf8_lossy(name).into_owned(),
+                default_server: settings,
+            },
+            _ => Section::Other,
+        }
+    }
+
+    /// A keyword line inside a section.
+    fn keyword(&mut self, file: usize, line: usize, section: &mut Section, words: &[Word]) {
+        let keyword = words[0].text.as_slice();
+        match (section, keyword) {
+            (Section::Defaults(i), b"default-server") => self.defaults[*i].1.apply(&words[1..]),
+            (Section::Proxy { default_server, .. }, b"default-server") => {
+                default_server.apply(&words[1..]);
+            }
+            (
+                Section::Proxy {
+                    name,
+                    default_server,
+                },
+                b"server",
+            ) if words.len() >= 3 => {
+                let mut settings = default_server.clone();
+                settings.apply(&words[3..]);
+                let server = Server {
+                    file,
+                    line,
+                    backend: name.clone(),
+                    name: String::from_utf8_lossy(&words[1].text).into_owned(),
+                    address: words[2].text.clone(),
+                    settings,
+                };
+                self.model.servers.push(server);
+            }
+            (
+                Section::Proxy {
+                    name,
+                    default_server,
+                },
+                b"server-template",
+            ) if words.len() >= 4 => {
+                let Some((low, high)) = template_range(&words[2].text) else {
+                    let range = String::from_utf8_lossy(&words[2].text);
+                    self.error(file, line, format!("wrong server-template range '{range}'"));
+                    return;
+                };
+                let mut settings = default_server.clone();
+                settings.apply(&words[4..]);
+                let prefix = String::from_utf8_lossy(&words[1].text);
+                let high = high.min(low.saturating_add(MAX_TEMPLATE - 1));
+                let servers = (low..=high).map(|n| Server {
+                    file,
+                    line,
+                    backend: name.clone(),
+                    name: format!("{prefix}{n}"),
+                    address: words[3].text.clone(),
+                    settings: settings.clone(),
+                });
+                self.model.servers.extend(servers);
+            }
+            _ => {}
+        }
+    }
+}
+
+/// C `atol`: optional blanks and sign, then digits; 0 when there are none.
+/// Saturates instead of overflowing.
+pub fn atol(s: &[u8]) -> i64 {
+    let s = s.trim_ascii_start();
+    let (negative, digits) = match s {
+        [b'-', rest @ ..] => (true, rest),
+        [b'+', rest @ ..] => (false, rest),
+        _ => (false, s),
+    };
+    let magnitude = digits
+        .iter()
+        .take_while(|b| b.is_ascii_digit())
+        .fold(0i64, |n, &d| {
+            n.saturating_mul(10).saturating_add(i64::from(d - b'0'))
+        });
+    if negative {
+        -magnitude
+    } else {
+        magnitude
+    }
+}
+
+/// `_srv_parse_tmpl_range`: `N` is `1..=N`, `LOW-HIGH` is `LOW..=HIGH`
+/// (each read with `atoi`); `None` when haproxy refuses it (low < 0 or
+/// high < low, so also `0`).
+fn template_range(arg: &[u8]) -> Option<(u64, u64)> {
+    let first = atol(arg);
+    let (low, high) = match arg.iter().position(|&b| b == b'-') {
+        Some(dash) => (first, atol(&arg[dash + 1..])),
+        None => (1, first),
+    };
+    if low < 0 || high < low {
+        return None;
+    }
+    Some((low.unsigned_abs(), high.unsigned_abs()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn servers(config: &str) -> Vec<Server> {
+        let files = [("h.cfg".to_owned(), config.as_bytes().to_vec())];
+        let model = build(&files, &|name| (name == "SET").then(|| "1".into()));
+        assert_eq!(model.errors, [], "{config}");
+        model.servers
+    }
+
+    fn names(config: &str) -> Vec<String> {
+        servers(config)
+            .iter()
+            .map(|s| format!("{}/{}", s.backend, s.name))
+            .collect()
+    }
+
+    /// (name, weight set, agent-check on) of each server.
+    fn weights(config: &str) -> Vec<(String, bool, bool)> {
+        let s = servers(config);
+        s.into_iter()
+            .map(|s| (s.name, s.settings.weight, s.settings.agent_check))
+            .collect()
+    }
+
+    #[test]
+    fn servers_come_from_backend_and_listen_only() {
+        let config = "peers p\n server s1 127.0.0.1:1\nring r\n server s2 127.0.0.1:2\n\
+                      frontend f\n bind :80\nbackend be\n server s3 127.0.0.1:3\n\
+                      listen li\n server s4 127.0.0.1:4\n";
+        assert_eq!(names(config), ["be/s3", "li/s4"]);
+        let s = &servers(config)[0];
+        assert_eq!(
+            (s.file, s.line, s.address.as_slice()),
+            (0, 8, &b"127.0.0.1:3"[..])
+        );
+    }
+
+    #[test]
+    fn weight_from_the_defaults_default_server() {
+        let config =
+            "defaults\n default-server weight 100\nbackend be\n server s1 a:1 agent-check\n";
+        assert_eq!(weights(config), [("s1".into(), true, true)]);
+    }
+
+    #[test]
+    fn weight_from_the_proxy_default_server_applies_to_later_servers_only() {
+        let config = "backend be\n server s0 a:1\n default-server weight 100\n server s1 a:1\n";
+        assert_eq!(
+            weights(config),
+            [("s0".into(), false, false), ("s1".into(), true, false)]
+        );
+    }
+
+    #[test]
+    fn a_new_anonymous_defaults_resets_and_the_last_defaults_applies() {
+        let config = "defaults\n default-server weight 100\ndefaults\nbackend be\n server s1 a:1\n\
+                      defaults named\n default-server weight 5\nbackend b2\n server s2 a:1\n";
+        assert_eq!(
+            weights(config),
+            [("s1".into(), false, false), ("s2".into(), true, false)]
+        );
+    }
+
+    #[test]
+    fn named_defaults_by_from() {
+        let config = "defaults withweight\n default-server weight 100 agent-check\n\
+                      defaults\nbackend be from withweight\n server s1 a:1\n\
+                      defaults child from withweight\nbackend b2 from child\n server s2 a:1\n\
+                      defaults from withweight\nbackend b3\n server s3 a:1\n";
+        let want = [("s1", true, true), ("s2", true, true), ("s3", true, true)];
+        let want: Vec<_> = want.iter().map(|(n, w, a)| ((*n).into(), *w, *a)).collect();
+        assert_eq!(weights(config), want);
+    }
+
+    #[test]
+    fn unknown_from_is_an_error() {
+        let files = [("h.cfg".to_owned(), b"backend be from nope\n".to_vec())];
+        let errors = build(&files, &|_| None).errors;
+        assert_eq!(errors[0].message, "defaults section 'nope' not found");
+    }
+
+    #[test]
+    fn later_keywords_override_and_no_agent_check_turns_it_off() {
+        let config = "backend be\n default-server agent-check\n server s1 a:1\n\
+                      server s2 a:1 no-agent-check\n server s3 a:1 no-agent-check agent-check\n";
+        let on: Vec<bool> = servers(config)
+            .iter()
+            .map(|s| s.settings.agent_check)
+            .collect();
+        assert_eq!(on, [true, false, true]);
+    }
+
+    #[test]
+    fn keyword_arguments_are_skipped_by_haproxy_counts() {
+        let config = "backend be\n server s1 a:1 cookie weight agent-send x\n";
+        let s = &servers(config)[0].settings;
+        assert!(!s.weight, "the cookie is named weight");
+        assert_eq!(
+            s.agent_send.as_ref().map(|w| w.text.clone()),
+            Some(b"x".to_vec())
+        );
+    }
+
+    #[test]
+    fn port_and_addr_stand_in_for_the_agent_ones_unless_set() {
+        let config = "backend be\n server s1 a:1 port 80 addr 10.0.0.1\n\
+                      server s2 a:1 agent-port 9777 port 80 agent-addr 127.0.0.1 addr 10.0.0.1\n";
+        let s = servers(config);
+        let got: Vec<_> = s
+            .iter()
+            .map(|s| (s.settings.agent_port.clone(), s.settings.agent_addr.clone()))
+            .collect();
+        let want = [
+            (Some(b"80".to_vec()), Some(b"10.0.0.1".to_vec())),
+            (Some(b"9777".to_vec()), Some(b"127.0.0.1".to_vec())),
+        ];
+        assert_eq!(got, want);
+    }
+
+    #[test]
+    fn server_template_expands_with_the_line_settings() {
+        let config =
+            "backend be\n server-template web 3 a:1 weight 10\n server-template x 5-6 a:1\n";
+        assert_eq!(
+            names(config),
+            ["be/web1", "be/web2", "be/web3", "be/x5", "be/x6"]
+        );
+        assert!(servers(config)[2].settings.weight);
+        let files = [(
+            "h.cfg".to_owned(),
+            b"backend be\n server-template w 0 a:1\n".to_vec(),
+        )];
+        assert_eq!(
+            build(&files, &|_| None).errors[0].message,
+            "wrong server-template range '0'"
+        );
+        let huge = "backend be\n server-template w 99999999999 a:1\n";
+        assert_eq!(servers(huge).len() as u64, MAX_TEMPLATE);
+    }
+
+    #[test]
+    fn conditional_blocks_choose_the_lines() {
+        let config =
+            "backend be\n.if defined(SET)\n server s1 a:1\n.else\n server s2 a:1\n.endif\n\
+                      .if defined(UNSET)\n server s3 a:1\n.endif\n";
+        assert_eq!(names(config), ["be/s1"]);
+    }
+
+    #[test]
+    fn refused_lines_are_errors_and_a_nul_stops_the_file() {
+        let files = [(
+            "h.cfg".to_owned(),
+            b"backend be\n server s1 'a:1\n.endif\n server s2 a\0:1\n server s3 a:1\n".to_vec(),
+        )];
+        let model = build(&files, &|_| None);
+        let got: Vec<_> = model
+            .errors
+            .iter()
+            .map(|e| (e.line, e.message.as_str()))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                (2, "unmatched quote"),
+                (3, "lone '.endif'"),
+                (4, "stray NUL character")
+            ]
+        );
+        assert!(model.servers.is_empty());
+    }
+
+    #[test]
+    fn each_file_starts_outside_any_section_but_defaults_carry_over() {
+        let files = [
+            (
+                "a.cfg".to_owned(),
+                b"defaults\n default-server weight 1\nbackend be\n".to_vec(),
+            ),
+            (
+                "b.cfg".to_owned(),
+                b" server s0 a:1\nbackend b2\n server s1 a:1\n".to_vec(),
+            ),
+        ];
+        let s = build(&files, &|_| None).servers;
+        assert_eq!(s.len(), 1);
+        assert_eq!(
+            (s[0].file, s[0].name.as_str(), s[0].settings.weight),
+            (1, "s1", true)
+        );
+    }
+
+    #[test]
+    fn atol_reads_like_c() {
+        for (s, want) in [
+            ("9777", 9777),
+            (" 12x", 12),
+            ("-3", -3),
+            ("+4", 4),
+            ("x", 0),
+            ("", 0),
+        ] {
+            assert_eq!(atol(s.as_bytes()), want, "{s:?}");
+        }
+        assert_eq!(atol(b"99999999999999999999999"), i64::MAX);
+    }
+}

@@ -1,0 +1,379 @@
+//! The lint rules over the servers that run `agent-check`, pure.
+//!
+//! In: the model's servers and the agent's listen address. Out: findings,
+//! each an error or a warning about one server, in server order. Always
+//! holds: a server without `agent-check` gets no finding; a server whose
+//! settings are all right gets none either.
+//!
+//! Errors: no `weight` anywhere in the server's inheritance; no
+//! `agent-send`, or one that does not end in a newline (a single-quoted
+//! `…\n` named as such); no agent port, or one that is not the listen
+//! port; an agent address (`agent-addr`, else `addr`, else the server's own)
+//! that is not the listen IP, when a specific IP is listened on. A hostname
+//! cannot be checked without resolving it, and is passed over in silence.
+//! Warnings: no `slowstart`, no `agent-inter`, an identity (the first line
+//! of `agent-send`, trimmed as the agent trims it) that is not
+//! `<backend>/<server>` of its own server, an identity already sent by an
+//! earlier server.
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+
+use super::model::{atol, Server};
+use crate::config::ListenAddr;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Severity {
+    Error,
+    Warning,
+}
+
+/// One finding about one server.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Finding {
+    /// Index into the model's servers.
+    pub server: usize,
+    pub severity: Severity,
+    pub message: String,
+}
+
+/// Every finding about every agent-checked server.
+/// `files` names the model's file indexes.
+pub fn check(servers: &[Server], files: &[String], listen: &ListenAddr) -> Vec<Finding> {
+    let mut findings = Vec::new();
+    let mut first_sender: HashMap<Vec<u8>, usize> = HashMap::new();
+    for (index, server) in servers.iter().enumerate() {
+        if !server.settings.agent_check {
+            continue;
+        }
+        let mut add = |severity, message| {
+            findings.push(Finding {
+                server: index,
+                severity,
+                message,
+            })
+        };
+        let s = &server.settings;
+        if !s.weight {
+            add(Severity::Error, NO_WEIGHT.to_owned());
+        }
+        let identity = match agent_send(server) {
+            Ok(identity) => Some(identity),
+            Err(message) => {
+                add(Severity::Error, message);
+                None
+            }
+        };
+        for message in reach(server, listen) {
+            add(Severity::Error, message);
+        }
+        if !s.slowstart {
+            add(Severity::Warning, NO_SLOWSTART.to_owned());
+        }
+        if !s.agent_inter {
+            add(Severity::Warning, NO_AGENT_INTER.to_owned());
+        }
+        let Some(identity) = identity else { continue };
+        let own = format!("{}/{}", server.backend, server.name);
+        if identity != own.as_bytes() {
+            let shown = identity.escape_ascii();
+            add(Severity::Warning, format!("agent-send identity \"{shown}\" is not \"{own}\", this server's <backend>/<server>"));
+        }
+        match first_sender.get(&identity) {
+            Some(&first) => {
+                let f = &servers[first];
+                let shown = identity.escape_ascii();
+                add(
+                    Severity::Warning,
+                    format!(
+                        "identity \"{shown}\" is also sent by {}/{} ({}:{}): both get the same reply",
+                        f.backend, f.name, files[f.file], f.line
+                    ),
+                );
+            }
+            None => {
+                first_sender.insert(identity, index);
+            }
+        }
+    }
+    findings
+}
+
+pub const NO_WEIGHT: &str = "no weight: haproxy's default weight is 1 and an agent's N% is a share of it (50% of 1 is 0); set one, e.g. weight 100";
+pub const NO_SLOWSTART: &str = "no slowstart: leaving maint will not ramp the weight up";
+pub const NO_AGENT_INTER: &str =
+    "no agent-inter: agent checks run at the health-check inter (2s unless set)";
+
+/// The identity the server sends (its first line, trimmed as the agent
+/// trims it), or why the agent cannot answer it.
+fn agent_send(server: &Server) -> Result<Vec<u8>, String> {
+    let Some(word) = &server.settings.agent_send else {
+        let own = format!("{}/{}", server.backend, server.name);
+        return Err(format!("no agent-send: haproxy sends nothing and the agent never answers; add agent-send \"{own}\\n\""));
+    };
+    // haproxy keeps the string with strdup: it ends at the first NUL.
+    let text = word.text.split(|&b| b == 0).next().unwrap_or_default();
+    if !text.ends_with(b"\n") {
+        if word.single_quoted_tail && text.ends_with(b"\\n") {
+            let shown = String::from_utf8_lossy(text);
+            return Err(format!("agent-send '{shown}' is single-quoted: haproxy sends a literal backslash and n, not a newline; use double quotes"));
+        }
+        let shown = text.escape_ascii();
+        return Err(format!("agent-send \"{shown}\" does not end in a newline: the agent answers complete lines only; end it with \\n inside double quotes"));
+    }
+    let line = text.split(|&b| b == b'\n').next().unwrap_or_default();
+    let line = line.strip_suffix(b"\r").unwrap_or(line);
+    let blank = |b: &u8| *b == b' ' || *b == b'\t';
+    let start = line.iter().position(|b| !blank(b)).unwrap_or(line.len());
+    let end = line
+        .iter()
+        .rposition(|b| !blank(b))
+        .map_or(start, |e| e + 1);
+    Ok(line[start..end].to_vec())
+}
+
+/// Whether the agent checks reach the listen address.
+fn reach(server: &Server, listen: &ListenAddr) -> Vec<String> {
+    let mut problems = Vec::new();
+    let s = &server.settings;
+    let (want_port, want_ip) = match listen {
+        ListenAddr::AnyDualStack(port) => (*port, None),
+        ListenAddr::Addr(a) => (a.port(), Some(a.ip()).filter(|ip| !ip.is_unspecified())),
+    };
+    match s.agent_port.as_deref().map(atol) {
+        None | Some(0) => problems.push(
+            "no agent-port: haproxy refuses an agent-check without one (\"does not have agent port\")".to_owned(),
+        ),
+        Some(port) if port != i64::from(want_port) => problems.push(format!(
+            "agent-port {port} does not reach the agent, which listens on {listen}"
+        )),
+        Some(_) => {}
+    }
+    let Some(want_ip) = want_ip else {
+        return problems;
+    };
+    let (written, whose) = match &s.agent_addr {
+        Some(addr) => (addr, "agent-addr"),
+        None => (&server.address, "the server's address (no agent-addr)"),
+    };
+    if let Some(ip) = host_ip(written).filter(|ip| *ip != want_ip) {
+        problems.push(format!(
+            "agent checks go to {whose} {ip}, not to the agent, which listens on {listen}"
+        ));
+    }
+    problems
+}
+
+/// The IP of an address word (`1.2.3.4`, `1.2.3.4:80`, `[::1]:80`, `::1`,
+/// `ipv4@…`), or `None` for a hostname, a UNIX socket, a variable.
+fn host_ip(word: &[u8]) -> Option<IpAddr> {
+    let text = std::str::from_utf8(word).ok()?;
+    let text = text.rsplit_once('@').map_or(text, |(_, rest)| rest);
+    if let Ok(ip) = text.parse() {
+        return Some(ip);
+    }
+    if let Some(bracketed) = text.strip_prefix('[') {
+        return bracketed.split_once(']')?.0.parse().ok();
+    }
+    text.rsplit_once(':')?.0.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::lint::model;
+
+    const GOOD: &str = r#"weight 100 slowstart 10s agent-check agent-addr 127.0.0.1 agent-port 9777 agent-inter 2s"#;
+
+    /// Findings for servers declared in `be` with these lines (`$GOOD`
+    /// stands for a correct set of keywords), as "server: severity: message".
+    fn lint(lines: &str, listen: &str) -> Vec<String> {
+        let config = format!("backend be\n{}", lines.replace("$GOOD", GOOD));
+        let files = [("h.cfg".to_owned(), config.into_bytes())];
+        let m = model::build(&files, &|_| None);
+        assert_eq!(m.errors, []);
+        let listen = crate::config::parse_listen_addr(listen).unwrap().unwrap();
+        let names = ["h.cfg".to_owned()];
+        check(&m.servers, &names, &listen)
+            .into_iter()
+            .map(|f| {
+                format!(
+                    "{}: {:?}: {}",
+                    m.servers[f.server].name, f.severity, f.message
+                )
+            })
+            .collect()
+    }
+
+    fn clean(lines: &str) {
+        assert_eq!(lint(lines, ":9777"), Vec::<String>::new(), "{lines}");
+    }
+
+    #[test]
+    fn a_correct_server_and_servers_without_agent_check_get_nothing() {
+        clean(r#" server s1 127.0.0.1:80 $GOOD agent-send "be/s1\n""#);
+        clean(" server s2 127.0.0.1:80");
+        clean(r#" server s3 127.0.0.1:80 $GOOD agent-send "be/s3\n" no-agent-check"#);
+    }
+
+    #[test]
+    fn weight_missing_is_an_error_found_anywhere_in_the_inheritance() {
+        let line = r#" server s1 127.0.0.1:80 $GOOD agent-send "be/s1\n""#.replace("$GOOD", GOOD);
+        let line = line.replace("weight 100 ", "");
+        assert_eq!(lint(&line, ":9777"), [format!("s1: Error: {NO_WEIGHT}")]);
+        clean(&format!(" default-server weight 50\n{line}"));
+    }
+
+    #[test]
+    fn agent_send_missing_is_an_error() {
+        let got = lint(" server s1 127.0.0.1:80 $GOOD", ":9777");
+        assert_eq!(
+            got,
+            [
+                r#"s1: Error: no agent-send: haproxy sends nothing and the agent never answers; add agent-send "be/s1\n""#
+            ]
+        );
+    }
+
+    #[test]
+    fn single_quoted_backslash_n_is_called_out_by_name() {
+        let got = lint(
+            r" server s1 127.0.0.1:80 $GOOD agent-send 'be/s1\n'",
+            ":9777",
+        );
+        assert_eq!(
+            got,
+            [
+                r"s1: Error: agent-send 'be/s1\n' is single-quoted: haproxy sends a literal backslash and n, not a newline; use double quotes"
+            ]
+        );
+    }
+
+    #[test]
+    fn agent_send_without_a_newline_is_an_error() {
+        let got = lint(
+            r#" server s1 127.0.0.1:80 $GOOD agent-send "be/s1""#,
+            ":9777",
+        );
+        assert_eq!(
+            got,
+            [
+                r#"s1: Error: agent-send "be/s1" does not end in a newline: the agent answers complete lines only; end it with \n inside double quotes"#
+            ]
+        );
+        let nul = lint(
+            r#" server s1 127.0.0.1:80 $GOOD agent-send "be/s1\x00\n""#,
+            ":9777",
+        );
+        assert_eq!(
+            nul.len(),
+            1,
+            "haproxy keeps the string up to its NUL: {nul:?}"
+        );
+        clean(r#" server s1 127.0.0.1:80 $GOOD agent-send be/s1\n"#);
+    }
+
+    #[test]
+    fn agent_port_must_be_the_listen_port() {
+        let got = lint(
+            r#" server s1 127.0.0.1:80 $GOOD agent-send "be/s1\n""#,
+            ":9000",
+        );
+        assert_eq!(
+            got,
+            ["s1: Error: agent-port 9777 does not reach the agent, which listens on :9000"]
+        );
+        let none = r#" server s1 127.0.0.1:80 $GOOD agent-send "be/s1\n""#.replace("$GOOD", GOOD);
+        let none = none.replace("agent-port 9777", "");
+        assert_eq!(
+            lint(&none, ":9777"),
+            [
+                r#"s1: Error: no agent-port: haproxy refuses an agent-check without one ("does not have agent port")"#
+            ]
+        );
+        clean(&none.replace("agent-check", "agent-check port 9777"));
+    }
+
+    #[test]
+    fn agent_addr_must_be_the_listen_ip_when_one_is_given() {
+        let line = &r#" server s1 10.0.0.1:80 $GOOD agent-send "be/s1\n""#.replace("$GOOD", GOOD);
+        assert_eq!(lint(line, "127.0.0.1:9777"), Vec::<String>::new());
+        assert_eq!(
+            lint(line, "0.0.0.0:9777"),
+            Vec::<String>::new(),
+            "any address: port only"
+        );
+        assert_eq!(lint(line, "10.0.0.2:9777"), ["s1: Error: agent checks go to agent-addr 127.0.0.1, not to the agent, which listens on 10.0.0.2:9777"]);
+        let own = line.replace("agent-addr 127.0.0.1 ", "");
+        assert_eq!(lint(&own, "127.0.0.1:9777"), ["s1: Error: agent checks go to the server's address (no agent-addr) 10.0.0.1, not to the agent, which listens on 127.0.0.1:9777"]);
+        assert_eq!(lint(&own, "10.0.0.1:9777"), Vec::<String>::new());
+        let host = own.replace("10.0.0.1:80", "web.example:80");
+        assert_eq!(
+            lint(&host, "127.0.0.1:9777"),
+            Vec::<String>::new(),
+            "a hostname is not checked"
+        );
+    }
+
+    #[test]
+    fn missing_slowstart_and_agent_inter_are_warnings() {
+        let line = r#" server s1 127.0.0.1:80 $GOOD agent-send "be/s1\n""#.replace("$GOOD", GOOD);
+        let got = lint(
+            &line
+                .replace("slowstart 10s ", "")
+                .replace(" agent-inter 2s", ""),
+            ":9777",
+        );
+        assert_eq!(
+            got,
+            [
+                format!("s1: Warning: {NO_SLOWSTART}"),
+                format!("s1: Warning: {NO_AGENT_INTER}")
+            ]
+        );
+    }
+
+    #[test]
+    fn an_identity_not_its_own_backend_server_is_a_warning() {
+        let got = lint(
+            r#" server s1 127.0.0.1:80 $GOOD agent-send "be/srv01\n""#,
+            ":9777",
+        );
+        assert_eq!(
+            got,
+            [
+                r#"s1: Warning: agent-send identity "be/srv01" is not "be/s1", this server's <backend>/<server>"#
+            ]
+        );
+        clean(r#" server s1 127.0.0.1:80 $GOOD agent-send " be/s1 \r\n""#);
+    }
+
+    #[test]
+    fn two_servers_sending_one_identity_is_a_warning_on_the_second() {
+        let lines = " server s1 127.0.0.1:80 $GOOD agent-send \"be/s1\\n\"\n server s2 127.0.0.1:80 $GOOD agent-send \"be/s1\\n\"";
+        let got = lint(lines, ":9777");
+        assert_eq!(
+            got,
+            [
+                r#"s2: Warning: agent-send identity "be/s1" is not "be/s2", this server's <backend>/<server>"#,
+                r#"s2: Warning: identity "be/s1" is also sent by be/s1 (h.cfg:2): both get the same reply"#,
+            ]
+        );
+    }
+
+    #[test]
+    fn host_ip_reads_haproxy_address_forms() {
+        for (word, want) in [
+            ("10.0.0.1", Some("10.0.0.1")),
+            ("10.0.0.1:80", Some("10.0.0.1")),
+            ("ipv4@10.0.0.1:80", Some("10.0.0.1")),
+            ("[::1]:80", Some("::1")),
+            ("::1", Some("::1")),
+            ("web:80", None),
+            ("unix@/run/x.sock", None),
+        ] {
+            let want = want.map(|w| w.parse::<IpAddr>().unwrap());
+            assert_eq!(host_ip(word.as_bytes()), want, "{word}");
+        }
+    }
+}

@@ -1,0 +1,144 @@
+//! `lint-haproxy` as a real process on configuration files that the real
+//! haproxy (`haproxy -c`) accepts: the findings it must report, exactly,
+//! the clean file's silence, and the usage error.
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use support::haproxy::{haproxy_bin, haproxy_version};
+use support::BIN;
+
+/// A temp dir removed on drop.
+struct Dir(PathBuf);
+
+impl Dir {
+    fn new(test: &str) -> Dir {
+        let dir = std::env::temp_dir().join(format!("gha-lint-{}-{test}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("create temp dir");
+        Dir(dir)
+    }
+
+    fn write(&self, name: &str, text: &str) -> PathBuf {
+        let path = self.0.join(name);
+        std::fs::write(&path, text).expect("write fixture");
+        path
+    }
+}
+
+impl Drop for Dir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// What haproxy needs besides the backend; a frontend so that `-c` exits 0.
+const HEAD: &str = "\
+global
+    log stdout format raw local0
+
+defaults
+    mode tcp
+    timeout connect 1s
+    timeout client 5s
+    timeout server 5s
+
+frontend fe
+    bind 127.0.0.1:18080
+    default_backend be_web
+
+";
+
+/// Asserts that `haproxy -c -f file` accepts the file (exit 0).
+fn haproxy_accepts(file: &Path) {
+    let out = Command::new(haproxy_bin())
+        .args(["-c", "-f"])
+        .arg(file)
+        .output()
+        .expect("run haproxy -c");
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{} rejects {}:\n{}{}",
+        haproxy_version().1,
+        file.display(),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Runs `gitlab-haproxy-agent lint-haproxy args…`: (code, stdout, stderr).
+fn lint(args: &[&std::ffi::OsStr]) -> (Option<i32>, String, String) {
+    let out = Command::new(BIN)
+        .arg("lint-haproxy")
+        .args(args)
+        .env_remove("GITLAB_HAPROXY_AGENT_LISTEN_ADDR")
+        .output()
+        .expect("run lint-haproxy");
+    let text = |b: Vec<u8>| String::from_utf8(b).expect("utf-8 output");
+    (out.status.code(), text(out.stdout), text(out.stderr))
+}
+
+#[test]
+fn reports_exactly_the_unweighted_and_the_single_quoted_server() {
+    let dir = Dir::new("findings");
+    let file = dir.write(
+        "haproxy.cfg",
+        &format!(
+            "{HEAD}backend be_web
+    default-server check inter 1s slowstart 10s agent-check agent-addr 127.0.0.1 agent-port 9777 agent-inter 2s
+    server srv1 127.0.0.1:8081 weight 100 agent-send \"be_web/srv1\\n\"
+    server srv2 127.0.0.1:8082 agent-send \"be_web/srv2\\n\"
+    server srv3 127.0.0.1:8083 weight 100 agent-send 'be_web/srv3\\n'
+    server srv4 127.0.0.1:8084 weight 100 agent-send \"be_web/srv4\\n\"
+"
+        ),
+    );
+    haproxy_accepts(&file);
+    let (code, out, err) = lint(&[file.as_os_str()]);
+    let f = file.display();
+    let want = format!(
+        "{f}:17: be_web/srv2: error: no weight: haproxy's default weight is 1 and an agent's N% is a share of it (50% of 1 is 0); set one, e.g. weight 100\n\
+         {f}:18: be_web/srv3: error: agent-send 'be_web/srv3\\n' is single-quoted: haproxy sends a literal backslash and n, not a newline; use double quotes\n\
+         4 servers with agent-check, 2 errors, 0 warnings\n"
+    );
+    assert_eq!(
+        (code, out.as_str(), err.as_str()),
+        (Some(1), want.as_str(), "")
+    );
+}
+
+#[test]
+fn a_clean_config_exits_0_with_no_finding() {
+    let dir = Dir::new("clean");
+    let file = dir.write(
+        "haproxy.cfg",
+        &format!(
+            "{HEAD}backend be_web
+    server srv1 127.0.0.1:8081 check weight 100 slowstart 10s agent-check agent-addr 127.0.0.1 agent-port 9777 agent-send \"be_web/srv1\\n\" agent-inter 2s
+    server srv2 127.0.0.1:8082 check weight 100 slowstart 10s agent-check agent-addr 127.0.0.1 agent-port 9777 agent-send \"be_web/srv2\\n\" agent-inter 2s
+    server plain 127.0.0.1:8083 check
+"
+        ),
+    );
+    haproxy_accepts(&file);
+    let (code, out, err) = lint(&[
+        file.as_os_str(),
+        "-listen-addr".as_ref(),
+        "127.0.0.1:9777".as_ref(),
+    ]);
+    let want = "2 servers with agent-check, 0 errors, 0 warnings\n";
+    assert_eq!((code, out.as_str(), err.as_str()), (Some(0), want, ""));
+}
+
+#[test]
+fn no_file_is_a_usage_error_on_one_line() {
+    let (code, out, err) = lint(&[]);
+    assert_eq!((code, out.as_str()), (Some(2), ""));
+    assert_eq!(
+        err,
+        "gitlab-haproxy-agent lint-haproxy: no configuration file given (-h for help)\n"
+    );
+}
