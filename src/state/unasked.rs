@@ -157,7 +157,10 @@ impl Unasked {
             return;
         };
         for d in snapshot.diverted() {
-            if d.last_asked.max(d.since).secs_until(now) < self.after_secs {
+            // Whole-second ticks: an ask in tick T may have come up to a
+            // second before tick T + after, so only more than `after` ticks
+            // is surely `after` seconds (never too early; up to 2 s late).
+            if d.last_asked.max(d.since).secs_until(now) <= self.after_secs {
                 continue;
             }
             if let Some(f) = self.keys.get_mut(d.identity) {

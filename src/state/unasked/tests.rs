@@ -239,8 +239,26 @@ fn a_key_never_asked_since_the_start_counts_from_the_start_not_its_write() {
     );
     let t0 = w.t0;
     w.state.load(old, SystemTime::UNIX_EPOCH, t0);
-    assert_eq!(w.sweep(59).warned, 0);
-    assert_eq!(w.sweep(60).warned, 1);
+    assert_eq!(w.sweep(60).warned, 0);
+    assert_eq!(w.sweep(61).warned, 1);
+}
+
+#[test]
+fn a_key_asked_more_often_than_the_window_is_never_unasked_whatever_the_phase() {
+    // Whole-second ticks: with -unasked-after 1s and an ask every 0.4 s, a
+    // sweep just after a second boundary sees the last ask a tick ago.
+    let mut w = World::new(10);
+    w.unasked = Unasked::new(Duration::from_secs(1), w.t0);
+    w.swap(0, &[("b/a", "drain", 1)]);
+    for i in 0..50u64 {
+        let at = w.t0 + Duration::from_millis(400 * i);
+        w.state.answer(b"b/a", at);
+        let sweep_at = w.t0 + Duration::from_millis(400 * i + 399);
+        assert_eq!(w.unasked.sweep(&mut w.state, sweep_at).warned, 0, "ask {i}");
+    }
+    // Two whole seconds later it is.
+    let later = w.t0 + Duration::from_millis(400 * 49 + 2_001);
+    assert_eq!(w.unasked.sweep(&mut w.state, later).warned, 1);
 }
 
 #[test]
