@@ -18,7 +18,7 @@ pub mod file;
 mod swap;
 pub mod unasked;
 use asked::Asks;
-pub use asked::{Clock, Strangers, Tick};
+pub use asked::{shown_identity, Clock, Strangers, Tick};
 pub use swap::{Source, Swapped, Swapper};
 
 /// How much of an invalid value is kept for showing.
@@ -186,6 +186,14 @@ impl Snapshot {
         self.entries.get(identity).map(|slot| slot.asks.last())
     }
 
+    /// Since when an identity's entry is as it is (its write as this agent
+    /// saw it, or the agent's start); `None`: no key.
+    pub fn unchanged_since(&self, identity: &[u8]) -> Option<Tick> {
+        self.entries
+            .get(identity)
+            .map(|slot| slot.asks.since(self.born))
+    }
+
     /// Starts answering at `now`: entries new in this snapshot are as they
     /// are since then.
     pub fn set_born(&mut self, now: Tick) {
@@ -299,7 +307,8 @@ impl Snapshot {
 ///
 /// Given the asked identities without a key, the same pass carries the
 /// asks over: each new entry gets the later last ask of its old entry (or,
-/// for an identity that had no key, of the strangers' set), and keeps its
+/// for an identity that had no key, of the strangers' set, which it
+/// leaves), and keeps its
 /// old entry's `since` when it did not change; a removed entry's last ask
 /// goes to the strangers' set.
 #[derive(Debug, Default)]
@@ -326,13 +335,13 @@ impl ChangeScan {
                 budget -= 1;
                 let old_slot = old.entries.get(k);
                 let before = old_slot.map(|o| o.entry);
-                if let Some(strangers) = carry.as_deref() {
+                if let Some(strangers) = carry.as_deref_mut() {
                     match old_slot {
                         Some(o) => slot.asks.carry(
                             o.asks.last(),
                             (o.entry == slot.entry).then(|| o.asks.since(old.born)),
                         ),
-                        None => slot.asks.carry(strangers.last(k), None),
+                        None => slot.asks.carry(strangers.take(k), None),
                     }
                 }
                 if before != Some(slot.entry) {

@@ -1,7 +1,8 @@
 //! The words after an operator command: Go-style flags, as the daemon
 //! takes them (`-name value`, `-name=value`, `--name value`; a bool flag
 //! alone or `-name=true|false`), anywhere among the positional words; `--`
-//! ends the flags; a lone `-` is positional.
+//! ends the flags; a lone `-`, and a word like `-5%` (a dash and a digit),
+//! are positional.
 
 use std::ffi::OsString;
 
@@ -37,7 +38,11 @@ impl Args {
             let word = word?;
             let flag = word.strip_prefix("--").or_else(|| word.strip_prefix('-'));
             let flag = match flag {
-                Some(f) if !flags_over && !f.is_empty() && word != "--" => f,
+                Some(f)
+                    if !flags_over && !f.is_empty() && word != "--" && !starts_with_digit(f) =>
+                {
+                    f
+                }
                 _ if word == "--" && !flags_over => {
                     flags_over = true;
                     continue;
@@ -94,6 +99,10 @@ impl Args {
     }
 }
 
+fn starts_with_digit(s: &str) -> bool {
+    s.starts_with(|c: char| c.is_ascii_digit())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -125,6 +134,7 @@ mod tests {
     #[test]
     fn a_lone_dash_and_words_after_double_dash_are_positional() {
         assert_eq!(parse(&["-"]).unwrap().positional, ["-"]);
+        assert_eq!(parse(&["-5%", "-1"]).unwrap().positional, ["-5%", "-1"]);
         let a = parse(&["--", "-json", "-x"]).unwrap();
         assert_eq!(a.positional, ["-json", "-x"]);
         assert!(!a.flag("json"));

@@ -69,6 +69,20 @@ pub(super) fn run(args: &[std::ffi::OsString], io: &mut Io<'_>) -> u8 {
     }
 }
 
+/// `ready|drain|maint N%`, as the agent writes them.
+fn is_agent_reply(line: &[u8]) -> bool {
+    let Some((admin, weight)) = std::str::from_utf8(line)
+        .ok()
+        .and_then(|l| l.split_once(' '))
+    else {
+        return false;
+    };
+    let digits = weight.strip_suffix('%').unwrap_or("");
+    matches!(admin, "ready" | "drain" | "maint")
+        && (1..=3).contains(&digits.len())
+        && digits.bytes().all(|b| b.is_ascii_digit())
+}
+
 /// The reply line (without its newline), or `None` when the agent closed
 /// without one.
 fn ask(addr: SocketAddr, identity: &str) -> Result<Option<String>, String> {
@@ -81,16 +95,49 @@ fn ask(addr: SocketAddr, identity: &str) -> Result<Option<String>, String> {
         .map_err(|e| format!("cannot send: {e}"))?;
     let mut got = Vec::new();
     let read = s.take(4096).read_to_end(&mut got);
+    let shown = |b: &[u8]| crate::logging::escape(b, 200);
     match (read, got.iter().position(|&b| b == b'\n')) {
-        (_, Some(end)) => Ok(Some(String::from_utf8_lossy(&got[..end]).into_owned())),
-        (Ok(_), None) if got.is_empty() => Ok(None),
-        (Ok(_), None) => Err(format!(
-            "a reply without a newline: {:?}",
-            String::from_utf8_lossy(&got)
+        (_, Some(end)) if is_agent_reply(&got[..end]) => {
+            Ok(Some(String::from_utf8_lossy(&got[..end]).into_owned()))
+        }
+        (_, Some(end)) => Err(format!(
+            "not an agent's reply (is {addr} the agent's -listen-addr?): \"{}\"",
+            shown(&got[..end])
         )),
+        (Ok(_), None) if got.is_empty() => Ok(None),
+        (Ok(_), None) => Err(format!("a reply without a newline: \"{}\"", shown(&got))),
         (Err(e), None) if got.is_empty() && e.kind() == std::io::ErrorKind::ConnectionReset => {
             Ok(None)
         }
         (Err(e), None) => Err(format!("no reply line within {}s: {e}", TIMEOUT.as_secs())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_the_agents_reply_grammar_is_a_reply() {
+        for ok in [
+            "ready 100%",
+            "drain 100%",
+            "maint 100%",
+            "ready 0%",
+            "ready 256%",
+        ] {
+            assert!(is_agent_reply(ok.as_bytes()), "{ok}");
+        }
+        for bad in [
+            "HTTP/1.1 400 Bad Request",
+            "up",
+            "ready",
+            "ready 100",
+            "ready 1000%",
+            "down 100%",
+            "",
+        ] {
+            assert!(!is_agent_reply(bad.as_bytes()), "{bad}");
+        }
     }
 }

@@ -6,18 +6,20 @@
 //! probably meant); exit 1 when a key is unasked or the agent does not
 //! answer from consul's state. The rendering is pure over the document.
 
-use std::io::{Read, Write};
+use std::collections::HashMap;
+use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
 use super::{begin, target, usage_error, Io, FINDING, OK};
-use crate::http::{parse_response_head, BodyDecoder, Parse};
+use crate::http::{parse_response_head, BodyDecoder, BodyError, Parse};
 
-const TIMEOUT: Duration = Duration::from_secs(10);
+/// The whole request, connect to last byte.
+const DEADLINE: Duration = Duration::from_secs(30);
 /// `/debug/state` of 100,000 keys is about 20 MB.
-const MAX_BODY: usize = 512 << 20;
+const MAX_BODY: usize = 256 << 20;
 
 const HELP: &str = "\
 usage: gitlab-haproxy-agent status [-pprof-addr ADDR] [-json]
@@ -42,16 +44,17 @@ pub(super) fn run(args: &[std::ffi::OsString], io: &mut Io<'_>) -> u8 {
         Ok(addr) => addr,
         Err(e) => return usage_error(io, "status", &e),
     };
-    let doc = match fetch(addr).and_then(|body| {
-        serde_json::from_slice::<Value>(&body).map_err(|e| format!("/debug/state is not JSON: {e}"))
-    }) {
-        Ok(doc) => doc,
+    let report = fetch(addr).and_then(|body| {
+        let doc = serde_json::from_slice::<Value>(&body);
+        Report::of(&doc.map_err(|e| format!("/debug/state is not JSON: {e}"))?)
+    });
+    let report = match report {
+        Ok(report) => report,
         Err(e) => {
             let _ = writeln!(io.err, "cannot read the agent's state at http://{addr}/debug/state: {e} (is the agent running with this -pprof-addr?)");
             return FINDING;
         }
     };
-    let report = Report::of(&doc);
     let text = if a.flag("json") {
         let mut s = serde_json::to_string_pretty(&report.json()).unwrap_or_default();
         s.push('\n');
@@ -67,11 +70,10 @@ pub(super) fn run(args: &[std::ffi::OsString], io: &mut Io<'_>) -> u8 {
     }
 }
 
-/// GET /debug/state, the body.
+/// GET /debug/state, the body, within [`DEADLINE`] in all.
 fn fetch(addr: SocketAddr) -> Result<Vec<u8>, String> {
-    let mut s = TcpStream::connect_timeout(&addr, TIMEOUT).map_err(|e| e.to_string())?;
-    s.set_read_timeout(Some(TIMEOUT))
-        .map_err(|e| e.to_string())?;
+    let deadline = Instant::now() + DEADLINE;
+    let mut s = TcpStream::connect_timeout(&addr, DEADLINE).map_err(|e| e.to_string())?;
     let req = format!("GET /debug/state HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
     s.write_all(req.as_bytes()).map_err(|e| e.to_string())?;
     let mut buf = Vec::new();
@@ -79,7 +81,18 @@ fn fetch(addr: SocketAddr) -> Result<Vec<u8>, String> {
     let mut body = Vec::new();
     let mut decoder: Option<BodyDecoder> = None;
     loop {
-        let n = s.read(&mut chunk).map_err(|e| e.to_string())?;
+        let left = deadline.saturating_duration_since(Instant::now());
+        let timed_out = || format!("no complete answer within {}s", DEADLINE.as_secs());
+        s.set_read_timeout(Some(left.max(Duration::from_millis(1))))
+            .map_err(|e| e.to_string())?;
+        let n = match s.read(&mut chunk) {
+            Ok(_) | Err(_) if left.is_zero() => return Err(timed_out()),
+            Ok(n) => n,
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
+                return Err(timed_out())
+            }
+            Err(e) => return Err(e.to_string()),
+        };
         buf.extend_from_slice(&chunk[..n]);
         if decoder.is_none() {
             match parse_response_head(&buf, 64 * 1024) {
@@ -94,14 +107,42 @@ fn fetch(addr: SocketAddr) -> Result<Vec<u8>, String> {
             }
         }
         let Some(d) = decoder.as_mut() else { continue };
-        let used = d.feed(&buf, &mut body).map_err(|e| format!("{e:?}"))?;
+        let used = d.feed(&buf, &mut body).map_err(body_error)?;
         buf.drain(..used);
         if d.is_done() {
             return Ok(body);
         }
         if n == 0 {
-            d.eof().map_err(|e| format!("{e:?}"))?;
+            d.eof().map_err(body_error)?;
             return Ok(body);
+        }
+    }
+}
+
+fn body_error(e: BodyError) -> String {
+    match e {
+        BodyError::BadChunk => "a malformed chunked body".into(),
+        BodyError::TooLarge => format!("a body over {} MiB", MAX_BODY >> 20),
+        BodyError::Truncated => "the body was cut short".into(),
+    }
+}
+
+/// Where a diverted key stands with this haproxy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Standing {
+    /// A check asked for it since it was written: the write reached a server.
+    Asked,
+    /// Not asked since its write yet, and younger than `-unasked-after`.
+    Waiting,
+    Unasked,
+}
+
+impl Standing {
+    fn label(self) -> &'static str {
+        match self {
+            Standing::Asked => "asked",
+            Standing::Waiting => "waiting",
+            Standing::Unasked => "unasked",
         }
     }
 }
@@ -112,8 +153,9 @@ struct Row {
     value: String,
     reply: String,
     modify_index: u64,
+    /// Unix seconds and seconds ago.
     last_asked: Option<(u64, u64)>,
-    unasked: bool,
+    standing: Standing,
     did_you_mean: Option<String>,
 }
 
@@ -124,22 +166,28 @@ struct Report {
     age_seconds: Option<f64>,
     unasked_after: u64,
     keys: u64,
-    unknown_identities: usize,
+    unknown_identities: u64,
     rows: Vec<Row>,
 }
 
 impl Report {
-    fn of(doc: &Value) -> Report {
+    /// `Err` when the document is not the agent's `/debug/state`.
+    fn of(doc: &Value) -> Result<Report, String> {
+        if !doc["watcher"].is_object()
+            || !doc
+                .get("state")
+                .is_some_and(|s| s.is_null() || s.is_object())
+        {
+            return Err("/debug/state is not the agent's (no watcher or state)".into());
+        }
         let asking = &doc["asking"];
-        let unasked: std::collections::HashMap<&str, Option<String>> = asking["unasked"]
+        let unasked: HashMap<&str, Option<String>> = asking["unasked"]
             .as_array()
             .into_iter()
             .flatten()
             .filter_map(|u| {
-                Some((
-                    u["identity"].as_str()?,
-                    u["did_you_mean"].as_str().map(str::to_owned),
-                ))
+                let meant = u["did_you_mean"].as_str().map(str::to_owned);
+                Some((u["identity"].as_str()?, meant))
             })
             .collect();
         let identities = doc["state"]["identities"].as_object();
@@ -147,38 +195,28 @@ impl Report {
             .into_iter()
             .flatten()
             .filter(|(_, e)| e["reply"] != "ready 100%")
-            .map(|(id, e)| Row {
-                identity: id.clone(),
-                value: e["value"].as_str().unwrap_or("").to_owned(),
-                reply: e["reply"].as_str().unwrap_or("").to_owned(),
-                modify_index: e["modify_index"].as_u64().unwrap_or(0),
-                last_asked: e["last_asked"]["unix_seconds"]
-                    .as_u64()
-                    .zip(e["last_asked"]["seconds_ago"].as_u64()),
-                unasked: unasked.contains_key(id.as_str()),
-                did_you_mean: unasked.get(id.as_str()).cloned().flatten(),
-            })
+            .map(|(id, e)| Row::of(id, e, &unasked))
             .collect();
-        Report {
+        Ok(Report {
             source: doc["source"].as_str().map(str::to_owned),
             index: doc["state"]["index"].as_u64().unwrap_or(0),
             age_seconds: doc["age_seconds"].as_f64(),
             unasked_after: asking["unasked_after_seconds"].as_u64().unwrap_or(0),
             keys: doc["state"]["keys"].as_u64().unwrap_or(0),
-            unknown_identities: asking["unknown_identities"]
-                .as_object()
-                .map_or(0, |m| m.len()),
+            unknown_identities: asking["unknown_identities_count"].as_u64().unwrap_or(0),
             rows,
-        }
+        })
     }
 
-    fn unasked(&self) -> usize {
-        self.rows.iter().filter(|r| r.unasked).count()
+    fn count(&self, standing: Standing) -> usize {
+        self.rows.iter().filter(|r| r.standing == standing).count()
     }
 
-    /// Answering consul's state, and every diverted key asked for.
+    /// Answering consul's state, and every diverted key asked for since
+    /// its write.
     fn ok(&self) -> bool {
-        self.source.as_deref() == Some("consul") && self.unasked() == 0
+        self.source.as_deref() == Some("consul")
+            && self.rows.iter().all(|r| r.standing == Standing::Asked)
     }
 
     fn headline(&self) -> String {
@@ -203,10 +241,11 @@ impl Report {
             let asked = r
                 .last_asked
                 .map_or("never".into(), |(_, ago)| format!("{ago}s ago"));
-            let note = match (r.unasked, &r.did_you_mean) {
-                (false, _) => String::new(),
-                (true, Some(id)) => format!("UNASKED: did you mean {id}?"),
-                (true, None) => "UNASKED: no close identity is asked for".into(),
+            let note = match (r.standing, &r.did_you_mean) {
+                (Standing::Asked, _) => String::new(),
+                (Standing::Waiting, _) => "WAITING: not asked since its write yet".into(),
+                (Standing::Unasked, Some(id)) => format!("UNASKED: did you mean {id}?"),
+                (Standing::Unasked, None) => "UNASKED: no close identity is asked for".into(),
             };
             cells.push([
                 r.identity.clone(),
@@ -235,13 +274,16 @@ impl Report {
                 lines.push(line.join("  ").trim_end().to_owned());
             }
         }
+        let plural =
+            |n: u64, one: &str, many: &str| format!("{n} {}", if n == 1 { one } else { many });
         lines.push(format!(
-            "{} diverted of {} keys; {} unasked (no check within {}s); {} identities asked without a key",
+            "{} diverted of {}; {} (no check within {}s), {} for a first check since the write; {} asked without a key",
             self.rows.len(),
-            self.keys,
-            self.unasked(),
+            plural(self.keys, "key", "keys"),
+            plural(self.count(Standing::Unasked) as u64, "unasked", "unasked"),
             self.unasked_after,
-            self.unknown_identities
+            plural(self.count(Standing::Waiting) as u64, "waiting", "waiting"),
+            plural(self.unknown_identities, "identity", "identities"),
         ));
         lines.join("\n") + "\n"
     }
@@ -258,7 +300,7 @@ impl Report {
                     "modify_index": r.modify_index,
                     "last_asked_unix_seconds": r.last_asked.map(|(t, _)| t),
                     "last_asked_seconds_ago": r.last_asked.map(|(_, ago)| ago),
-                    "unasked": r.unasked,
+                    "standing": r.standing.label(),
                     "did_you_mean": r.did_you_mean,
                 })
             })
@@ -270,9 +312,37 @@ impl Report {
             "unasked_after_seconds": self.unasked_after,
             "keys": self.keys,
             "diverted": rows,
-            "unasked": self.unasked(),
+            "unasked": self.count(Standing::Unasked),
+            "waiting": self.count(Standing::Waiting),
             "unknown_identities": self.unknown_identities,
         })
+    }
+}
+
+impl Row {
+    fn of(id: &str, e: &Value, unasked: &HashMap<&str, Option<String>>) -> Row {
+        let last_asked = e["last_asked"]["unix_seconds"]
+            .as_u64()
+            .zip(e["last_asked"]["seconds_ago"].as_u64());
+        let since = e["unchanged_since_unix_seconds"]
+            .as_u64()
+            .unwrap_or(u64::MAX);
+        // Whole seconds: an ask in the second of the write may have come
+        // before it, so only a later second counts.
+        let standing = match (unasked.contains_key(id), last_asked) {
+            (true, _) => Standing::Unasked,
+            (false, Some((t, _))) if t > since => Standing::Asked,
+            (false, _) => Standing::Waiting,
+        };
+        Row {
+            identity: id.to_owned(),
+            value: e["value"].as_str().unwrap_or("").to_owned(),
+            reply: e["reply"].as_str().unwrap_or("").to_owned(),
+            modify_index: e["modify_index"].as_u64().unwrap_or(0),
+            last_asked,
+            standing,
+            did_you_mean: unasked.get(id).cloned().flatten(),
+        }
     }
 }
 
@@ -284,20 +354,22 @@ mod tests {
         json!({
             "source": "consul",
             "age_seconds": 2.4,
-            "state": {"index": 42, "keys": 3, "identities": {
-                "be_web/srv01": {"value": "drain", "reply": "drain 100%", "modify_index": 40, "last_asked": null, "unasked": true},
-                "be_web/srv2": {"value": "50%", "reply": "ready 50%", "modify_index": 41, "last_asked": {"unix_seconds": 1000, "seconds_ago": 1}, "unasked": false},
-                "be_web/srv3": {"value": "ready", "reply": "ready 100%", "modify_index": 42, "last_asked": {"unix_seconds": 1000, "seconds_ago": 1}, "unasked": false},
+            "watcher": {"phase": "awaiting_head"},
+            "state": {"index": 42, "keys": 4, "identities": {
+                "be_web/srv01": {"value": "drain", "reply": "drain 100%", "modify_index": 40, "last_asked": null, "unchanged_since_unix_seconds": 900, "unasked": true},
+                "be_web/srv2": {"value": "50%", "reply": "ready 50%", "modify_index": 41, "last_asked": {"unix_seconds": 1000, "seconds_ago": 1}, "unchanged_since_unix_seconds": 900, "unasked": false},
+                "be_web/srv3": {"value": "ready", "reply": "ready 100%", "modify_index": 42, "last_asked": {"unix_seconds": 1000, "seconds_ago": 1}, "unchanged_since_unix_seconds": 900, "unasked": false},
+                "be_web/srv4": {"value": "maint", "reply": "maint 100%", "modify_index": 43, "last_asked": {"unix_seconds": 1000, "seconds_ago": 1}, "unchanged_since_unix_seconds": 1000, "unasked": false},
             }},
             "asking": {"unasked_after_seconds": 60, "unasked": [
                 {"identity": "be_web/srv01", "did_you_mean": "be_web/srv1"}
-            ], "unknown_identities": {"be_web/srv1": {"unix_seconds": 1000, "seconds_ago": 1}}},
+            ], "unknown_identities": {"be_web/srv1": {"unix_seconds": 1000, "seconds_ago": 1}}, "unknown_identities_count": 1},
         })
     }
 
     #[test]
     fn the_table_shows_diverted_keys_and_marks_the_unasked_with_the_identity_meant() {
-        let r = Report::of(&doc());
+        let r = Report::of(&doc()).unwrap();
         assert!(!r.ok());
         assert_eq!(
             r.table(),
@@ -305,10 +377,16 @@ mod tests {
              IDENTITY      VALUE  REPLY       LAST ASKED\n\
              be_web/srv01  drain  drain 100%  never       UNASKED: did you mean be_web/srv1?\n\
              be_web/srv2   50%    ready 50%   1s ago\n\
-             2 diverted of 3 keys; 1 unasked (no check within 60s); 1 identities asked without a key\n"
+             be_web/srv4   maint  maint 100%  1s ago      WAITING: not asked since its write yet\n\
+             3 diverted of 4 keys; 1 unasked (no check within 60s), 1 waiting for a first check since the write; 1 identity asked without a key\n"
         );
         let j = r.json();
-        assert_eq!(j["unasked"], 1);
+        assert_eq!(
+            (j["unasked"].as_u64(), j["waiting"].as_u64()),
+            (Some(1), Some(1))
+        );
+        assert_eq!(j["diverted"][2]["standing"], "waiting");
+        assert_eq!(j["diverted"][1]["standing"], "asked");
         assert_eq!(j["diverted"][0]["did_you_mean"], "be_web/srv1");
         assert!(j["diverted"][0]["last_asked_unix_seconds"].is_null());
         assert_eq!(j["diverted"][1]["last_asked_seconds_ago"], 1);
@@ -318,13 +396,21 @@ mod tests {
     fn all_asked_is_ok_and_no_state_or_the_file_is_a_finding() {
         let mut d = doc();
         d["asking"]["unasked"] = json!([]);
-        assert!(Report::of(&d).ok());
+        d["state"]["identities"]["be_web/srv01"]["last_asked"] =
+            json!({"unix_seconds": 1000, "seconds_ago": 1});
+        d["state"]["identities"]["be_web/srv4"]["last_asked"] =
+            json!({"unix_seconds": 1001, "seconds_ago": 0});
+        assert!(Report::of(&d).unwrap().ok());
         d["source"] = json!("state_file");
-        let r = Report::of(&d);
+        let r = Report::of(&d).unwrap();
         assert!(!r.ok());
         assert!(r.table().starts_with("answering from the state file"));
-        let r = Report::of(&json!({"source": null, "state": null}));
+        let r = Report::of(&json!({"source": null, "state": null, "watcher": {}})).unwrap();
         assert!(!r.ok());
         assert!(r.table().starts_with("NOT ANSWERING"), "{}", r.table());
+        assert!(
+            Report::of(&json!({"hello": 1})).is_err(),
+            "not the agent's document"
+        );
     }
 }

@@ -47,6 +47,7 @@ fn check_value_prints_the_reply_the_agent_would_write() {
 #[test]
 fn check_value_names_why_a_value_would_be_ignored() {
     for (value, label) in [
+        ("-5%", "syntax"),
         ("up", "health_word"),
         ("257%", "out_of_range"),
         ("drain now", "syntax"),

@@ -21,7 +21,11 @@ use crate::contract::Desired;
 use crate::http::{Method, RequestHead, Response};
 use crate::monitoring::metrics::{Metrics, View};
 use crate::state::unasked::Asking;
-use crate::state::{Snapshot, Source, Tick};
+use crate::state::{shown_identity, Snapshot, Source, Tick};
+
+/// `/debug/state` lists at most this many identities asked without a key
+/// (the most recently asked); `unknown_identities_count` has them all.
+pub const MAX_UNKNOWN_SHOWN: usize = 1000;
 
 /// The watcher's side of the status.
 pub struct WatchStatus<'a> {
@@ -167,7 +171,9 @@ pub fn debug_state(st: &Status<'_>) -> String {
             .map(|(id, e)| {
                 let reply = reply_text(e.desired);
                 let unasked = st.asking.is_some_and(|a| a.unasked.get(id).is_some());
-                (id.to_owned(), json!({"value": e.desired.to_string(), "reply": reply, "modify_index": e.modify_index, "last_asked": asked(s.last_asked(id.as_bytes())), "unasked": unasked}))
+                let since = st.asking.zip(s.unchanged_since(id.as_bytes()));
+                let since = since.map(|(a, t)| a.clock.unix_seconds(t));
+                (id.to_owned(), json!({"value": e.desired.to_string(), "reply": reply, "modify_index": e.modify_index, "last_asked": asked(s.last_asked(id.as_bytes())), "unchanged_since_unix_seconds": since, "unasked": unasked}))
             })
             .collect();
         let invalid: Vec<_> = s
@@ -254,19 +260,29 @@ fn asking_json(a: Asking<'_>, now: Instant) -> serde_json::Value {
             })
         })
         .collect();
+    // The most recently asked (a flood of 65,536 would be seconds of JSON
+    // on the loop), then by name.
     let mut strangers: Vec<_> = a.strangers.iter().collect();
-    strangers.sort_unstable();
+    let order = |x: &(&[u8], Tick), y: &(&[u8], Tick)| y.1.cmp(&x.1).then(x.0.cmp(y.0));
+    if strangers.len() > MAX_UNKNOWN_SHOWN {
+        strangers.select_nth_unstable_by(MAX_UNKNOWN_SHOWN, order);
+        strangers.truncate(MAX_UNKNOWN_SHOWN);
+    }
+    strangers.sort_unstable_by(order);
     let unknown: serde_json::Map<String, serde_json::Value> = strangers
         .into_iter()
         .map(|(id, t)| {
-            let id = String::from_utf8_lossy(id).into_owned();
-            (id, asked_json(a, t, now).unwrap_or_default())
+            (
+                shown_identity(id),
+                asked_json(a, t, now).unwrap_or_default(),
+            )
         })
         .collect();
     json!({
         "unasked_after_seconds": a.unasked.after().as_secs(),
         "unasked": unasked,
         "unknown_identities": unknown,
+        "unknown_identities_count": a.strangers.len(),
         "unknown_identities_overflow": a.strangers.overflow(),
     })
 }
@@ -451,6 +467,7 @@ mod tests {
         assert_eq!(ids["be_web/srv2"]["last_asked"]["unix_seconds"], 5_050);
         assert_eq!(ids["be_web/srv2"]["last_asked"]["seconds_ago"], 11);
         assert_eq!(ids["be_web/srv2"]["unasked"], false);
+        assert_eq!(ids["be_web/srv2"]["unchanged_since_unix_seconds"], 5_000);
         let a = &doc["asking"];
         assert_eq!(a["unasked_after_seconds"], 60);
         assert_eq!(a["unasked"].as_array().unwrap().len(), 1);

@@ -158,6 +158,11 @@ impl Strangers {
         true
     }
 
+    /// Removes an identity that now has a key; its last ask.
+    pub fn take(&mut self, identity: &[u8]) -> Tick {
+        self.map.remove(identity).unwrap_or(Tick::NEVER)
+    }
+
     pub fn last(&self, identity: &[u8]) -> Tick {
         self.map.get(identity).copied().unwrap_or(Tick::NEVER)
     }
@@ -184,6 +189,16 @@ impl Strangers {
     /// asked identity need not be UTF-8: show it lossily.
     pub fn iter(&self) -> impl Iterator<Item = (&[u8], Tick)> {
         self.map.iter().map(|(k, t)| (&k[..], *t))
+    }
+}
+
+/// An asked identity as shown (JSON, `status`): as it is when it is UTF-8
+/// without a backslash, else escaped (`\\`, `\xff`), so that two
+/// identities never show alike.
+pub fn shown_identity(identity: &[u8]) -> String {
+    match std::str::from_utf8(identity) {
+        Ok(s) if !s.contains('\\') => s.to_owned(),
+        _ => crate::logging::escape(identity, usize::MAX),
     }
 }
 
@@ -219,6 +234,30 @@ mod tests {
         assert_eq!(a.last(), Tick(9), "an older ask never wins");
         a.carry(Tick(12), Some(Tick(3)));
         assert_eq!((a.last(), a.since(Tick(7))), (Tick(12), Tick(3)));
+    }
+
+    #[test]
+    fn odd_identities_show_apart() {
+        let shown: Vec<String> = [
+            &b"zz/\xff"[..],
+            b"zz/\xfe",
+            "zz/\u{fffd}".as_bytes(),
+            b"a\\xff",
+            b"b/\xc3\xa9",
+        ]
+        .iter()
+        .map(|id| shown_identity(id))
+        .collect();
+        assert_eq!(
+            shown,
+            [
+                "zz/\\xff",
+                "zz/\\xfe",
+                "zz/\u{fffd}",
+                "a\\\\xff",
+                "b/\u{e9}"
+            ]
+        );
     }
 
     #[test]

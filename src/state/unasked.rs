@@ -27,7 +27,7 @@ use crate::logging::escape;
 pub const SUGGEST_BUDGET: usize = 200_000;
 /// Asked identities without a key are forgotten after this long without
 /// an ask (or `-unasked-after`, if longer), at most once a minute.
-const FORGET_AFTER: Duration = Duration::from_secs(3600);
+const FORGET_AFTER: Duration = Duration::from_secs(600);
 
 /// What the monitoring shows of the asks (borrowed from the loop).
 #[derive(Debug, Clone, Copy)]
@@ -260,7 +260,7 @@ fn closest(identity: &[u8], candidates: &[Candidate<'_>]) -> Option<String> {
             Some((d, c.keyed, c.identity))
         })
         .min()
-        .map(|(_, _, id)| String::from_utf8_lossy(id).into_owned())
+        .map(|(_, _, id)| super::shown_identity(id))
 }
 
 /// Levenshtein distance between `a` and `b` if it is at most `max`
