@@ -582,11 +582,19 @@ fn operator_commands_against_a_synced_agent() {
     let out = child.wait_with_output().unwrap();
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stdout).starts_with("invalid: health_word: "));
-    let (code, out, _) = run(
-        &["status", "-pprof-addr", &a.pprof.unwrap().to_string()],
-        &[],
+    // Asked in the second of its write is not surely after it: WAITING
+    // until an ask in a later second (the checks here stand in for haproxy).
+    let pprof = a.pprof.unwrap().to_string();
+    let out = wait_for(
+        Duration::from_secs(5),
+        "status 0: be/s1 asked since its write",
+        || {
+            a.check("be/s1\n");
+            let (code, out, _) = run(&["status", "-pprof-addr", &pprof], &[]);
+            assert!(!out.contains("UNASKED"), "{out}");
+            (code == Some(0)).then_some(out)
+        },
     );
-    assert_eq!(code, Some(0), "asked for, so not unasked: {out}");
     assert!(
         out.lines()
             .any(|l| l.starts_with("be/s1") && l.contains("maint 100%")),

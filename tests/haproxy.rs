@@ -751,10 +751,16 @@ fn the_operator_finds_a_typod_key_and_fixes_it() {
     hap.wait_server("be_web/srv1", "drained", 5 * SEC, is_drain);
     let (code, out, _) = operator(&["ask", "be_web/srv1", "-listen-addr", &listen]);
     assert_eq!((code, out.as_str()), (0, "drain 100%\n"));
-    let (code, out, _) = operator(&["status", "-pprof-addr", &pprof, "-json"]);
-    let doc: serde_json::Value = serde_json::from_str(&out).unwrap();
-    assert_eq!(code, 0, "{out}");
-    assert_eq!(doc["unasked"], 0);
+    let doc = wait_for(5 * SEC, "status 0: srv1 asked since its write", || {
+        let (code, out, _) = operator(&["status", "-pprof-addr", &pprof, "-json"]);
+        let doc: serde_json::Value = serde_json::from_str(&out).unwrap();
+        (code == 0).then_some(doc)
+    });
+    assert_eq!(
+        (doc["unasked"].as_u64(), doc["waiting"].as_u64()),
+        (Some(0), Some(0))
+    );
+    assert_eq!(doc["diverted"][0]["standing"], "asked");
     assert_eq!(doc["diverted"][0]["identity"], "be_web/srv1");
     assert!(
         doc["diverted"][0]["last_asked_seconds_ago"]
