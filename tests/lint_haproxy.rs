@@ -133,6 +133,106 @@ fn a_clean_config_exits_0_with_no_finding() {
     assert_eq!((code, out.as_str(), err.as_str()), (Some(0), want, ""));
 }
 
+/// One agent-checked server line of `be_web`, all right but for `rest`.
+fn server(name: &str, rest: &str) -> String {
+    format!("    server {name} 127.0.0.1:8081 check weight 100 slowstart 10s agent-check agent-port 9777 agent-inter 2s {rest}\n")
+}
+
+#[test]
+fn with_the_wildcard_default_checks_must_go_to_this_host() {
+    let dir = Dir::new("wildcard");
+    let body = [
+        server("srv1", "agent-addr 127.0.0.1 agent-send \"be_web/srv1\\n\""),
+        server("srv2", "agent-addr 10.9.9.9 agent-send \"be_web/srv2\\n\""),
+        server("srv3", "agent-send \"be_web/srv3\\n\"").replace("127.0.0.1:8081", "10.0.0.1:8081"),
+    ]
+    .concat();
+    let file = dir.write("haproxy.cfg", &format!("{HEAD}backend be_web\n{body}"));
+    haproxy_accepts(&file);
+    let (code, out, err) = lint(&[file.as_os_str()]);
+    let f = file.display();
+    let want = format!(
+        "{f}:16: be_web/srv2: error: agent checks go to agent-addr 10.9.9.9, not to this host, where the agent listens on :9777\n\
+         {f}:17: be_web/srv3: error: agent checks go to the server's address (no agent-addr) 10.0.0.1, not to this host, where the agent listens on :9777\n\
+         3 servers with agent-check, 2 errors, 0 warnings\n"
+    );
+    assert_eq!(
+        (code, out.as_str(), err.as_str()),
+        (Some(1), want.as_str(), "")
+    );
+}
+
+#[test]
+fn an_identity_the_agent_never_answers_is_an_error() {
+    let dir = Dir::new("unanswered");
+    let body = [
+        server(
+            "srv1",
+            "agent-addr 127.0.0.1 agent-send \"\\nbe_web/srv1\\n\"",
+        ),
+        server(
+            "srv2",
+            "agent-addr 127.0.0.1 agent-send \"be_web/srv2\\t1\\n\"",
+        ),
+    ]
+    .concat();
+    let file = dir.write("haproxy.cfg", &format!("{HEAD}backend be_web\n{body}"));
+    haproxy_accepts(&file);
+    let (code, out, _) = lint(&[file.as_os_str()]);
+    let f = file.display();
+    let want = format!(
+        "{f}:15: be_web/srv1: error: agent-send \"\\nbe_web/srv1\\n\": the agent answers nothing for this line (its first line is empty once trimmed), so this server never changes\n\
+         {f}:16: be_web/srv2: error: agent-send \"be_web/srv2\\t1\\n\": the agent answers nothing for this line (its first line holds a control byte (below 0x20, or 0x7f)), so this server never changes\n\
+         2 servers with agent-check, 2 errors, 0 warnings\n"
+    );
+    assert_eq!((code, out.as_str()), (Some(1), want.as_str()));
+}
+
+#[test]
+fn a_directory_is_read_as_haproxy_reads_it() {
+    let dir = Dir::new("directory");
+    dir.write("10-head.cfg", HEAD);
+    let web = server("srv1", "agent-addr 127.0.0.1 agent-send \"be_web/srv1\\n\"");
+    dir.write("20-web.cfg", &format!("backend be_web\n{web}"));
+    dir.write("20-web.cfg.bak", "backend be_old\n    server x y\n");
+    dir.write(".30-hidden.cfg", "backend be_hidden\n    server x y\n");
+    let b = server("s", "agent-addr 127.0.0.1").replace("weight 100 ", "");
+    dir.write("30-b.cfg", &format!("backend b\n{b}"));
+    haproxy_accepts(&dir.0);
+    let (code, out, err) = lint(&[dir.0.as_os_str()]);
+    let d = dir.0.display();
+    let want = format!(
+        "{d}/30-b.cfg:2: b/s: error: no weight: haproxy's default weight is 1 and an agent's N% is a share of it (50% of 1 is 0); set one, e.g. weight 100\n\
+         {d}/30-b.cfg:2: b/s: error: no agent-send: haproxy sends nothing and the agent never answers; add agent-send \"b/s\\n\"\n\
+         2 servers with agent-check, 2 errors, 0 warnings\n"
+    );
+    assert_eq!(
+        (code, out.as_str(), err.as_str()),
+        (Some(1), want.as_str(), "")
+    );
+}
+
+#[test]
+fn a_condition_nested_50000_deep_is_refused_not_a_crash() {
+    let dir = Dir::new("deep");
+    let deep = format!(
+        ".if {}1{}\n.endif\n",
+        "(".repeat(50_000),
+        ")".repeat(50_000)
+    );
+    let file = dir.write("haproxy.cfg", &format!("{HEAD}{deep}"));
+    let (code, out, err) = lint(&[file.as_os_str()]);
+    let want = format!(
+        "{}:14: error: haproxy refuses this line: unparsable conditional sub-expression: nested deeper than haproxy's parser allows (MAX_CFG_RECURSION 1024, about 340 parentheses)\n\
+         0 servers with agent-check, 1 errors, 0 warnings\n",
+        file.display()
+    );
+    assert_eq!(
+        (code, out.as_str(), err.as_str()),
+        (Some(1), want.as_str(), "")
+    );
+}
+
 #[test]
 fn no_file_is_a_usage_error_on_one_line() {
     let (code, out, err) = lint(&[]);

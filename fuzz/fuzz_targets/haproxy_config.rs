@@ -2,13 +2,17 @@
 //! bytes as a configuration file.
 //!
 //! Input: byte 0 picks the listen address (any address or 127.0.0.1, port
-//! 9777), the rest is the file. Checks: nothing panics or loops; the
-//! summary counts match the finding lines; a server count never exceeds
-//! what the file's lines could declare (`server-template` is bounded).
+//! 9777), the rest is the file; the host's addresses are 10.0.0.1 and
+//! ::1. Checks: nothing panics, loops or overflows the stack (deep `.if`);
+//! the summary counts match the finding lines; a server count never exceeds
+//! what the file's lines could declare nor the total cap.
 #![no_main]
 
 use gitlab_haproxy_agent::config::ListenAddr;
-use gitlab_haproxy_agent::lint::{lint, model::MAX_TEMPLATE};
+use gitlab_haproxy_agent::lint::{
+    lint,
+    model::{MAX_SERVERS, MAX_TEMPLATE},
+};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
@@ -22,9 +26,11 @@ fuzz_target!(|data: &[u8]| {
     };
     let env = |name: &str| (name == "SET").then(|| "a b".to_owned());
     let files = [("f.cfg".to_owned(), text.to_vec())];
-    let report = lint(&files, &listen, &env);
+    let local = ["10.0.0.1".parse().unwrap(), "::1".parse().unwrap()];
+    let report = lint(&files, &listen, &local, &env);
     let lines = text.split(|&b| b == b'\n').count() as u64;
     assert!(report.agent_checked as u64 <= lines * MAX_TEMPLATE);
+    assert!(report.agent_checked <= MAX_SERVERS);
     let errors = report
         .lines
         .iter()

@@ -1,4 +1,8 @@
-//! `lint-haproxy FILE…`: the files read, [`crate::lint`]'s report printed.
+//! `lint-haproxy FILE…`: the files read (a directory as haproxy reads it),
+//! this host's addresses and name gathered, [`crate::lint`]'s report
+//! printed.
+
+use std::net::IpAddr;
 
 use super::{begin, listen_setting, usage_error, Io, FINDING, OK};
 
@@ -6,14 +10,18 @@ const HELP: &str = "\
 usage: gitlab-haproxy-agent lint-haproxy FILE... [-listen-addr ADDR]
 
 Reads haproxy configuration files as haproxy does (sections, defaults and
-default-server inheritance, server-template, quoting, .if blocks) and, for
-every server with agent-check, reports what keeps the agent's replies from
-working: errors (no explicit weight; agent-send missing or without a real
-newline; agent-port or agent-addr not reaching ADDR) and warnings (no
-slowstart, no agent-inter, an identity that is not <backend>/<server>, two
-servers sending the same identity). ADDR is the agent's -listen-addr:
-default GITLAB_HAPROXY_AGENT_LISTEN_ADDR, else :9777. Exit 0: no error
-(warnings allowed); 1: at least one error; 2: usage.
+default-server inheritance, server-template, quoting, .if blocks; a
+directory FILE stands for its *.cfg files in alphabetical order, as with
+haproxy -f) and, for every server with agent-check, reports what keeps the
+agent's replies from working: errors (no explicit weight; agent-send
+missing, without a real newline, or a first line the agent does not answer;
+agent-port or agent-addr not reaching ADDR) and warnings (no slowstart, no
+agent-inter, an identity that is not <backend>/<server>, two servers
+sending the same identity). ADDR is the agent's -listen-addr: default
+GITLAB_HAPROXY_AGENT_LISTEN_ADDR, else :9777. With a wildcard ADDR (:P,
+0.0.0.0:P, [::]:P) the agent-check target must be an address of this host:
+run the lint on the haproxy host, or give the agent's IP as -listen-addr.
+Exit 0: no error (warnings allowed); 1: at least one error; 2: usage.
 ";
 
 pub(super) fn run(args: &[std::ffi::OsString], io: &mut Io<'_>) -> u8 {
@@ -30,13 +38,164 @@ pub(super) fn run(args: &[std::ffi::OsString], io: &mut Io<'_>) -> u8 {
     };
     let mut files = Vec::new();
     for name in &a.positional {
-        match std::fs::read(name) {
-            Ok(bytes) => files.push((name.clone(), bytes)),
-            Err(e) => return usage_error(io, "lint-haproxy", &format!("cannot read {name}: {e}")),
+        if let Err(e) = read_config(name, &mut files) {
+            return usage_error(io, "lint-haproxy", &e);
         }
     }
-    let report = crate::lint::lint(&files, &listen, io.env);
+    let hostname = hostname();
+    let env = |name: &str| match name {
+        // haproxy overwrites it with the host name before reading.
+        "HAPROXY_LOCALPEER" => hostname.clone(),
+        _ => (io.env)(name),
+    };
+    let report = crate::lint::lint(&files, &listen, &local_addresses(), &env);
     let code = if report.errors > 0 { FINDING } else { OK };
     let _ = io.out.write_all(report.render().as_bytes());
     code
+}
+
+/// Appends `name`'s (name, bytes), or for a directory those of its
+/// configuration files, as haproxy's `cfgfiles_expand_directories`
+/// (`src/haproxy.c`) lists them: `DIR/entry` for each entry that
+/// [`is_config_entry`] takes and that is (or links to) a regular file,
+/// sorted by name (`alphasort`, byte order in haproxy's C locale).
+fn read_config(name: &str, files: &mut Vec<(String, Vec<u8>)>) -> Result<(), String> {
+    let cannot = |e: std::io::Error| format!("cannot read {name}: {e}");
+    if !std::fs::metadata(name).map_err(cannot)?.is_dir() {
+        files.push((name.to_owned(), std::fs::read(name).map_err(cannot)?));
+        return Ok(());
+    }
+    let mut entries = Vec::new();
+    for entry in std::fs::read_dir(name).map_err(cannot)? {
+        let entry = entry.map_err(cannot)?.file_name();
+        let Some(entry) = entry.to_str().filter(|e| is_config_entry(e)) else {
+            continue;
+        };
+        let path = format!("{name}/{entry}");
+        let cannot = |e: std::io::Error| format!("cannot read {path}: {e}");
+        if std::fs::metadata(&path).map_err(cannot)?.is_file() {
+            entries.push(path);
+        }
+    }
+    entries.sort();
+    for path in entries {
+        let bytes = std::fs::read(&path).map_err(|e| format!("cannot read {path}: {e}"))?;
+        files.push((path, bytes));
+    }
+    Ok(())
+}
+
+/// haproxy's test on a directory entry: not hidden, and its first `.cfg`
+/// ends the name (so `a.cfg.cfg` is skipped, as `strstr` finds the first).
+fn is_config_entry(entry: &str) -> bool {
+    !entry.starts_with('.') && entry.find(".cfg").is_some_and(|at| at + 4 == entry.len())
+}
+
+/// This host's name, as haproxy's `gethostname` gives it.
+fn hostname() -> Option<String> {
+    let mut buf = [0u8; 256];
+    // SAFETY: the buffer is valid for its length; one byte is kept for
+    // the NUL that POSIX does not promise on truncation.
+    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len() - 1) };
+    if rc != 0 {
+        return None;
+    }
+    let len = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    Some(String::from_utf8_lossy(&buf[..len]).into_owned())
+}
+
+/// The IPv4 and IPv6 addresses of this host's interfaces (`getifaddrs`);
+/// empty when it fails (loopback still counts as local in the lint).
+fn local_addresses() -> Vec<IpAddr> {
+    let mut addrs = Vec::new();
+    let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: getifaddrs fills `head` with a list freed below, once.
+    if unsafe { libc::getifaddrs(&mut head) } != 0 {
+        return addrs;
+    }
+    let mut cursor = head;
+    while !cursor.is_null() {
+        // SAFETY: `cursor` is a node of the list getifaddrs returned; its
+        // `ifa_addr` is null or points to a sockaddr of `sa_family`'s kind.
+        unsafe {
+            let ifa = &*cursor;
+            if let Some(ip) = sockaddr_ip(ifa.ifa_addr) {
+                addrs.push(ip);
+            }
+            cursor = ifa.ifa_next;
+        }
+    }
+    // SAFETY: `head` came from a successful getifaddrs and is freed once.
+    unsafe { libc::freeifaddrs(head) };
+    addrs
+}
+
+/// The IP of an `AF_INET` / `AF_INET6` sockaddr, else `None`.
+///
+/// # Safety
+/// `sa` is null or points to a sockaddr whose size fits its family.
+unsafe fn sockaddr_ip(sa: *const libc::sockaddr) -> Option<IpAddr> {
+    if sa.is_null() {
+        return None;
+    }
+    match i32::from((*sa).sa_family) {
+        libc::AF_INET => {
+            let sin = &*sa.cast::<libc::sockaddr_in>();
+            Some(IpAddr::from(
+                u32::from_be(sin.sin_addr.s_addr).to_be_bytes(),
+            ))
+        }
+        libc::AF_INET6 => {
+            let sin6 = &*sa.cast::<libc::sockaddr_in6>();
+            Some(IpAddr::from(sin6.sin6_addr.s6_addr))
+        }
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_directory_lists_what_haproxy_loads() {
+        for (entry, want) in [
+            ("a.cfg", true),
+            ("10-web.cfg", true),
+            (".hidden.cfg", false),
+            (".cfg", false),
+            ("a.cfg.bak", false),
+            ("a.cfg.cfg", false),
+            ("a.conf", false),
+            ("cfg", false),
+        ] {
+            assert_eq!(is_config_entry(entry), want, "{entry}");
+        }
+    }
+
+    #[test]
+    fn a_directory_is_read_in_name_order_skipping_what_haproxy_skips() {
+        let dir = std::env::temp_dir().join(format!("gha-lint-dir-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("sub.cfg")).unwrap();
+        for name in ["b.cfg", "a.cfg", "B.cfg", ".h.cfg", "c.txt"] {
+            std::fs::write(dir.join(name), name).unwrap();
+        }
+        let mut files = Vec::new();
+        let name = dir.to_str().unwrap();
+        read_config(name, &mut files).unwrap();
+        let _ = std::fs::remove_dir_all(&dir);
+        let got: Vec<(String, String)> = files
+            .into_iter()
+            .map(|(n, b)| (n, String::from_utf8(b).unwrap()))
+            .collect();
+        let want = ["B.cfg", "a.cfg", "b.cfg"].map(|e| (format!("{name}/{e}"), e.to_owned()));
+        assert_eq!(got, want);
+    }
+
+    #[test]
+    fn local_addresses_include_loopback() {
+        let addrs = local_addresses();
+        assert!(addrs.iter().any(IpAddr::is_loopback), "{addrs:?}");
+    }
 }

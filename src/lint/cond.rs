@@ -15,6 +15,24 @@
 //! what it cannot parse counts as true, so the first such branch is the one
 //! checked. Lone `.elif` / `.else` / `.endif` (which haproxy refuses) are
 //! reported and ignored.
+//!
+//! Two limits are haproxy's and end its reading of the configuration
+//! ([`Line::Abort`]): a condition nested deeper than its parser allows
+//! (`MAX_CFG_RECURSION`, 1024 levels of expression / and / term, so 340
+//! parentheses; haproxy says "unparsable conditional sub-expression"), and
+//! [`MAX_NESTED_IFS`] open `.if` blocks (`MAXNESTEDCONDS`). The reader here
+//! has the same depth budget, so its recursion is bounded too.
+
+/// haproxy's `MAX_CFG_RECURSION` (`include/haproxy/defaults.h`): the depth
+/// budget of its condition parser, one level per expression, `&&` chain
+/// and term.
+pub const MAX_CFG_RECURSION: u32 = 1024;
+
+/// haproxy's `MAXNESTEDCONDS`: the 100th nested `.if` is refused.
+pub const MAX_NESTED_IFS: usize = 100;
+
+const TOO_DEEP: &str = "unparsable conditional sub-expression: nested deeper than haproxy's parser allows (MAX_CFG_RECURSION 1024, about 340 parentheses)";
+const TOO_MANY_IFS: &str = "too many nested '.if', max is 100";
 
 /// One open `.if` block.
 struct Block {
@@ -39,6 +57,8 @@ pub enum Line {
     Directive(Option<&'static str>),
     /// A configuration line: whether the current branches take it.
     Config { active: bool },
+    /// A directive after which haproxy stops reading the configuration.
+    Abort(&'static str),
 }
 
 impl Conditions {
@@ -51,8 +71,15 @@ impl Conditions {
         let condition = || words.get(1..).unwrap_or_default().join(&b' ');
         let reason = match words.first().copied() {
             Some(b".if") => {
+                if self.blocks.len() + 1 >= MAX_NESTED_IFS {
+                    return Line::Abort(TOO_MANY_IFS);
+                }
                 let parent_active = self.active();
-                let taking = parent_active && eval(&condition(), env);
+                let taking = match parent_active.then(|| eval(&condition(), env)) {
+                    None => false,
+                    Some(Ok(taking)) => taking,
+                    Some(Err(reason)) => return Line::Abort(reason),
+                };
                 self.blocks.push(Block {
                     parent_active,
                     taking,
@@ -61,9 +88,15 @@ impl Conditions {
                 None
             }
             Some(b".elif") => {
-                let condition = condition();
+                let evaluated = match self.blocks.last() {
+                    Some(b) if b.parent_active && !b.done => eval(&condition(), env),
+                    _ => Ok(false),
+                };
+                let Ok(taking) = evaluated else {
+                    return Line::Abort(TOO_DEEP);
+                };
                 self.innermost(".elif", |b| {
-                    b.taking = b.parent_active && !b.done && eval(&condition, env);
+                    b.taking = taking;
                     b.done |= b.taking;
                 })
             }
@@ -95,27 +128,35 @@ impl Conditions {
     }
 }
 
-/// Evaluates a condition; what cannot be evaluated is true.
-pub fn eval(text: &[u8], env: &dyn Fn(&str) -> Option<String>) -> bool {
+/// Evaluates a condition; what cannot be evaluated is true; `Err` when
+/// haproxy refuses it for its depth.
+pub fn eval(text: &[u8], env: &dyn Fn(&str) -> Option<String>) -> Result<bool, &'static str> {
     let text = String::from_utf8_lossy(text);
     let mut p = CondParser {
         rest: text.trim(),
         env,
+        too_deep: false,
     };
     if p.rest.is_empty() {
-        return false;
+        return Ok(false);
     }
-    match p.or() {
+    let value = p.or(MAX_CFG_RECURSION);
+    if p.too_deep {
+        return Err(TOO_DEEP);
+    }
+    Ok(match value {
         Some(v) if p.rest.trim().is_empty() => v,
         _ => true,
-    }
+    })
 }
 
 /// A recursive-descent reader over the rest of the condition; `None` is
-/// "cannot parse".
+/// "cannot parse". Each level takes one from `depth`, as haproxy's
+/// `maxdepth`; at 0 the reader gives up and sets `too_deep`.
 struct CondParser<'a, 'e> {
     rest: &'a str,
     env: &'e dyn Fn(&str) -> Option<String>,
+    too_deep: bool,
 }
 
 impl CondParser<'_, '_> {
@@ -132,23 +173,39 @@ impl CondParser<'_, '_> {
         ate
     }
 
-    fn or(&mut self) -> Option<bool> {
-        let mut v = self.and()?;
-        while self.eat("||") {
-            v |= self.and()?;
-        }
-        Some(v)
+    /// Takes one level from `depth`, or marks the condition too deep.
+    fn descend(&mut self, depth: u32) -> Option<u32> {
+        self.too_deep |= depth == 0;
+        depth.checked_sub(1)
     }
 
-    fn and(&mut self) -> Option<bool> {
-        let mut v = self.term()?;
-        while self.eat("&&") {
-            v &= self.term()?;
+    /// `and || and || …`; haproxy reads the right side as a nested
+    /// expression, so each `||` takes a level too.
+    fn or(&mut self, mut depth: u32) -> Option<bool> {
+        let mut v = false;
+        loop {
+            depth = self.descend(depth)?;
+            v |= self.and(depth)?;
+            if !self.eat("||") {
+                return Some(v);
+            }
         }
-        Some(v)
     }
 
-    fn term(&mut self) -> Option<bool> {
+    /// `term && term && …`, each `&&` taking a level as in `or`.
+    fn and(&mut self, mut depth: u32) -> Option<bool> {
+        let mut v = true;
+        loop {
+            depth = self.descend(depth)?;
+            v &= self.term(depth)?;
+            if !self.eat("&&") {
+                return Some(v);
+            }
+        }
+    }
+
+    fn term(&mut self, depth: u32) -> Option<bool> {
+        let depth = self.descend(depth)?;
         let mut negate = false;
         while self.eat("!") {
             negate = !negate;
@@ -165,7 +222,7 @@ impl CondParser<'_, '_> {
                 .take_while(u8::is_ascii_hexdigit);
             digits.into_iter().any(|b| b != b'0')
         } else if self.eat("(") {
-            let v = self.or()?;
+            let v = self.or(depth)?;
             self.eat(")").then_some(v)?
         } else {
             self.predicate()?
@@ -225,7 +282,7 @@ mod tests {
             ("!feature(OPENSSL)", false),
             ("garbage here", true),
         ] {
-            assert_eq!(eval(text.as_bytes(), &env), want, "{text:?}");
+            assert_eq!(eval(text.as_bytes(), &env), Ok(want), "{text:?}");
         }
     }
 
@@ -282,5 +339,41 @@ mod tests {
             ON,
         ];
         assert_eq!(got, want);
+    }
+
+    fn parens(n: usize) -> String {
+        format!("{}1{}", "(".repeat(n), ")".repeat(n))
+    }
+
+    #[test]
+    fn conditions_deeper_than_haproxys_parser_are_refused_without_recursing_further() {
+        // haproxy 2.6.12 takes 340 parentheses and refuses 341.
+        assert_eq!(eval(parens(340).as_bytes(), &env), Ok(true));
+        assert_eq!(eval(parens(341).as_bytes(), &env), Err(TOO_DEEP));
+        assert_eq!(eval(parens(50_000).as_bytes(), &env), Err(TOO_DEEP));
+        let chain = vec!["0"; 2000].join(" || ");
+        assert_eq!(eval(chain.as_bytes(), &env), Err(TOO_DEEP));
+        let chain = vec!["1"; 2000].join(" && ");
+        assert_eq!(eval(chain.as_bytes(), &env), Err(TOO_DEEP));
+        let chain = vec!["0"; 300].join(" || ") + " || 1";
+        assert_eq!(eval(chain.as_bytes(), &env), Ok(true));
+    }
+
+    #[test]
+    fn a_too_deep_if_or_elif_aborts() {
+        let deep = format!(".if {}", parens(50_000));
+        assert_eq!(run(&[&deep]), [Line::Abort(TOO_DEEP)]);
+        let deep = format!(".elif {}", parens(50_000));
+        assert_eq!(run(&[".if 0", &deep])[1], Line::Abort(TOO_DEEP));
+        let dropped = run(&[".if 0", ".if 0", &deep, ".endif", ".endif"]);
+        assert_eq!(dropped, [DIRECTIVE; 5], "a dropped branch is not evaluated");
+    }
+
+    #[test]
+    fn the_hundredth_nested_if_aborts() {
+        let ifs = vec![".if 1"; MAX_NESTED_IFS];
+        let got = run(&ifs);
+        assert_eq!(got[MAX_NESTED_IFS - 2], DIRECTIVE);
+        assert_eq!(got[MAX_NESTED_IFS - 1], Line::Abort(TOO_MANY_IFS));
     }
 }

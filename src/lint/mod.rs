@@ -3,11 +3,16 @@
 //! keeps the agent's answers from reaching it.
 //!
 //! In: the files as (name, bytes), the agent's listen address, the
-//! environment (for haproxy's `${VAR}` and `.if defined(VAR)`). Out: a
+//! addresses of the host the lint runs on (for a wildcard listen address),
+//! the environment (for haproxy's `${VAR}` and `.if defined(VAR)`; the
+//! variables haproxy sets itself before reading its configuration are
+//! added, see [`haproxy_variable`]). Out: a
 //! [`Report`]: findings `file:line: backend/server: error|warning: message`,
 //! sorted by file name then line, then the summary line
 //! `N servers with agent-check, E errors, W warnings`. A line haproxy
 //! refuses is an error too: `file:line: error: haproxy refuses this line:
+//! reason`, and the line where the lint stopped making servers
+//! ([`model::MAX_SERVERS`]) is `file:line: error: the lint stops here:
 //! reason`. Always holds: pure, [`tokenize`] -> [`cond`] -> [`model`] ->
 //! [`rules`]; the command around it (flags, reading the files, the exit
 //! code) is [`crate::cli`]'s.
@@ -17,8 +22,30 @@ pub mod model;
 pub mod rules;
 pub mod tokenize;
 
+use std::net::IpAddr;
+
 use crate::config::ListenAddr;
 use rules::Severity;
+
+/// haproxy's own variables, set before it reads the configuration (2.6
+/// and 3.0 `init_early`, 3.0 around `readcfgfile` in `src/haproxy.c`):
+/// `HAPROXY_LOCALPEER` (the host name, overwritten: the caller's `env`
+/// gives it), `HAPROXY_STARTUP_VERSION` (kept when set); 3.0 adds
+/// `HAPROXY_BRANCH` and `HAPROXY_{HTTP,HTTPS,TCP}_LOG_FMT`. They count as
+/// defined; their values are unknown here and read as empty.
+/// `HAPROXY_CFGFILES` and `HAPROXY_MWORKER` are set only after the
+/// configuration is read, so `.if` does not see them.
+pub fn haproxy_variable(name: &str) -> Option<String> {
+    const SET: &[&str] = &[
+        "HAPROXY_LOCALPEER",
+        "HAPROXY_STARTUP_VERSION",
+        "HAPROXY_BRANCH",
+        "HAPROXY_HTTP_LOG_FMT",
+        "HAPROXY_HTTPS_LOG_FMT",
+        "HAPROXY_TCP_LOG_FMT",
+    ];
+    SET.contains(&name).then(String::new)
+}
 
 /// One output line, before sorting.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -45,15 +72,18 @@ impl Report {
     }
 }
 
-/// The whole lint over files given as (name, bytes), pure.
+/// The whole lint over files given as (name, bytes), pure. `local` holds
+/// this host's addresses (loopback always counts as local).
 pub fn lint(
     files: &[(String, Vec<u8>)],
     listen: &ListenAddr,
+    local: &[IpAddr],
     env: &dyn Fn(&str) -> Option<String>,
 ) -> Report {
-    let model = model::build(files, env);
+    let env = |name: &str| env(name).or_else(|| haproxy_variable(name));
+    let model = model::build(files, &env);
     let names: Vec<String> = files.iter().map(|(name, _)| name.clone()).collect();
-    let findings = rules::check(&model.servers, &names, listen);
+    let findings = rules::check(&model.servers, &names, listen, local);
     let mut report = Report {
         lines: Vec::new(),
         agent_checked: model
@@ -65,7 +95,12 @@ pub fn lint(
         warnings: 0,
     };
     for e in &model.errors {
-        let rest = format!("error: haproxy refuses this line: {}", e.message);
+        let why = if e.refused {
+            "haproxy refuses this line"
+        } else {
+            "the lint stops here"
+        };
+        let rest = format!("error: {why}: {}", e.message);
         report.lines.push((names[e.file].clone(), e.line, rest));
     }
     for f in findings {
@@ -96,7 +131,7 @@ mod tests {
             .iter()
             .map(|(n, t)| (n.to_string(), t.as_bytes().to_vec()))
             .collect();
-        lint(&files, &ListenAddr::AnyDualStack(9777), &|_| None).render()
+        lint(&files, &ListenAddr::AnyDualStack(9777), &[], &|_| None).render()
     }
 
     const CONFIG: &str = "backend be\n server s1 127.0.0.1:80 weight 100 slowstart 1s agent-check agent-port 9777 agent-inter 1s agent-send \"be/s1\\n\"\n";
@@ -129,5 +164,34 @@ mod tests {
     fn refused_lines_count_as_errors() {
         let out = report(&[("refused.cfg", "backend be\n server s1 'x\n")]);
         assert_eq!(out, "refused.cfg:2: error: haproxy refuses this line: unmatched quote\n0 servers with agent-check, 1 errors, 0 warnings\n");
+    }
+
+    #[test]
+    fn variables_haproxy_sets_itself_count_as_defined() {
+        let config =
+            ".if defined(HAPROXY_LOCALPEER) && defined(HAPROXY_STARTUP_VERSION)\n{CONFIG}.endif\n\
+                      .if defined(HAPROXY_CFGFILES) || defined(HAPROXY_MWORKER)\n{CONFIG}.endif\n";
+        let out = report(&[("v.cfg", &config.replace("{CONFIG}", CONFIG))]);
+        assert_eq!(out, "1 servers with agent-check, 0 errors, 0 warnings\n");
+    }
+
+    #[test]
+    fn the_server_cap_is_its_own_kind_of_error() {
+        let config = "backend be\n server-template x 10000 a:1\n".repeat(11);
+        let out = report(&[("big.cfg", &config)]);
+        let want = format!("big.cfg:22: error: the lint stops here: more than {0} servers in all: the lint checks the first {0} and makes none past them\n", model::MAX_SERVERS);
+        assert!(out.starts_with(&want), "{out}");
+    }
+
+    #[test]
+    fn a_server_out_of_section_and_a_trailing_backslash_are_refused() {
+        let out = report(&[(
+            "r.cfg",
+            "server s0 a:1\nbackend be\n server s1 a:1 check \\\n",
+        )]);
+        let want = "r.cfg:1: error: haproxy refuses this line: unknown keyword 'server' out of section\n\
+                    r.cfg:3: error: haproxy refuses this line: unknown keyword '\\' (haproxy has no line continuation: a trailing \\ is a word)\n\
+                    0 servers with agent-check, 2 errors, 0 warnings\n";
+        assert_eq!(out, want);
     }
 }

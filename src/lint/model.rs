@@ -20,18 +20,31 @@
 //!   `srv_parse_addr`, `src/check.c`);
 //! - `server-template P N|LOW-HIGH ADDR …` makes servers `P<LOW>`…`P<HIGH>`
 //!   (`N` is `1-N`), all with the line's settings (`_srv_parse_tmpl_range`);
-//!   at most [`MAX_TEMPLATE`] per line are made;
+//!   at most [`MAX_TEMPLATE`] per line and [`MAX_SERVERS`] in all are made
+//!   (past that, one error on the line that hit the cap, a
+//!   [`LineError`] with `refused: false`, and no more servers);
 //! - a keyword's arguments are skipped by haproxy's own counts (the `skip`
 //!   column of the `srv_kws` tables), so `cookie weight` is a cookie, not a
 //!   weight; an unknown keyword (which haproxy refuses) takes none;
 //! - sections other than `defaults`, `backend` and `listen` are read only to
-//!   know where they end (`peers` and `ring` also have `server` lines).
+//!   know where they end (`peers` and `ring` also have `server` lines);
+//!
+//! and the lines haproxy refuses include a keyword before any section
+//! ("unknown keyword 'server' out of section"), a `\` where a
+//! `server` / `default-server` / `server-template` line expects a keyword
+//! (a trailing `\` is no line continuation: "unknown keyword '\'"), and
+//! the `.if` limits of [`cond`], after which haproxy, and the lint, stop
+//! reading the configuration.
 
 use super::cond::{self, Conditions};
 use super::tokenize::{self, Context, Word};
 
 /// Most servers one `server-template` line makes here.
 pub const MAX_TEMPLATE: u64 = 10_000;
+
+/// Most servers made across all the files: bounds the lint's memory and
+/// time whatever the templates ask for.
+pub const MAX_SERVERS: usize = 100_000;
 
 /// The server-line settings the rules read.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -62,12 +75,14 @@ pub struct Server {
     pub settings: Settings,
 }
 
-/// A line haproxy refuses.
+/// A line haproxy refuses, or the one where the lint stopped making servers.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LineError {
     pub file: usize,
     pub line: usize,
     pub message: String,
+    /// haproxy refuses the line (else: the lint's own [`MAX_SERVERS`] cap).
+    pub refused: bool,
 }
 
 /// Everything the rules need.
@@ -173,13 +188,16 @@ const ONE_ARG: &[&[u8]] = &[
 ];
 
 impl Settings {
-    /// Applies a `server` / `default-server` line's keywords, in order.
-    pub fn apply(&mut self, words: &[Word]) {
+    /// Applies a `server` / `default-server` line's keywords, in order;
+    /// `Some(reason)` when haproxy refuses one the lint knows it refuses.
+    pub fn apply(&mut self, words: &[Word]) -> Option<&'static str> {
+        let mut refused = None;
         let mut i = 0;
         while let Some(word) = words.get(i) {
             let keyword = word.text.as_slice();
             let takes_arg = ONE_ARG.contains(&keyword);
             match (keyword, words.get(i + 1).filter(|_| takes_arg)) {
+                (b"\\", _) => refused = refused.or(Some(BACKSLASH)),
                 (b"agent-check", _) => self.agent_check = true,
                 (b"no-agent-check", _) => self.agent_check = false,
                 (b"weight", Some(_)) => self.weight = true,
@@ -204,12 +222,18 @@ impl Settings {
             }
             i += 1 + usize::from(takes_arg);
         }
+        refused
     }
 }
 
+const BACKSLASH: &str =
+    "unknown keyword '\\' (haproxy has no line continuation: a trailing \\ is a word)";
+
 /// Where the lines being read go.
 enum Section {
-    /// Before any section, or in one the lint does not read.
+    /// Before the file's first section: haproxy refuses any keyword.
+    None,
+    /// In a section the lint does not read.
     Other,
     /// `defaults`: index into `Builder::defaults`.
     Defaults(usize),
@@ -226,6 +250,10 @@ struct Builder {
     defaults: Vec<(Vec<u8>, Settings)>,
     /// The last `defaults` section, which proxies use unless `from` says.
     last_defaults: Option<usize>,
+    /// haproxy stops reading the configuration (an aborting `.if`).
+    aborted: bool,
+    /// [`MAX_SERVERS`] was reached: no more servers are made.
+    full: bool,
     model: Model,
 }
 
@@ -233,6 +261,9 @@ struct Builder {
 pub fn build(files: &[(String, Vec<u8>)], env: &dyn Fn(&str) -> Option<String>) -> Model {
     let mut b = Builder::default();
     for (index, (name, text)) in files.iter().enumerate() {
+        if b.aborted {
+            break;
+        }
         b.file(index, name, text, env);
     }
     b.model
@@ -240,7 +271,7 @@ pub fn build(files: &[(String, Vec<u8>)], env: &dyn Fn(&str) -> Option<String>) 
 
 impl Builder {
     fn file(&mut self, file: usize, name: &str, text: &[u8], env: &dyn Fn(&str) -> Option<String>) {
-        let mut section = Section::Other;
+        let mut section = Section::None;
         let mut label = String::new();
         let mut conditions = Conditions::default();
         for (line, bytes) in tokenize::physical_lines(text) {
@@ -262,6 +293,11 @@ impl Builder {
             let texts: Vec<&[u8]> = words.iter().map(|w| w.text.as_slice()).collect();
             match conditions.line(&texts, env) {
                 cond::Line::Directive(Some(reason)) => self.error(file, line, reason.to_owned()),
+                cond::Line::Abort(reason) => {
+                    self.error(file, line, reason.to_owned());
+                    self.aborted = true;
+                    break;
+                }
                 cond::Line::Config { active: true } if !words.is_empty() => {
                     if SECTIONS.contains(&texts[0]) {
                         label = String::from_utf8_lossy(texts.get(1).unwrap_or(&texts[0])).into();
@@ -280,6 +316,7 @@ impl Builder {
             file,
             line,
             message,
+            refused: true,
         });
     }
 
@@ -323,13 +360,22 @@ impl Builder {
         }
     }
 
-    /// A keyword line inside a section.
+    /// A keyword line inside a section (or before any).
     fn keyword(&mut self, file: usize, line: usize, section: &mut Section, words: &[Word]) {
         let keyword = words[0].text.as_slice();
-        match (section, keyword) {
+        let refused = match (section, keyword) {
+            (Section::None, _) if !keyword.starts_with(b".") => {
+                let keyword = String::from_utf8_lossy(keyword);
+                self.error(
+                    file,
+                    line,
+                    format!("unknown keyword '{keyword}' out of section"),
+                );
+                None
+            }
             (Section::Defaults(i), b"default-server") => self.defaults[*i].1.apply(&words[1..]),
             (Section::Proxy { default_server, .. }, b"default-server") => {
-                default_server.apply(&words[1..]);
+                default_server.apply(&words[1..])
             }
             (
                 Section::Proxy {
@@ -339,16 +385,10 @@ impl Builder {
                 b"server",
             ) if words.len() >= 3 => {
                 let mut settings = default_server.clone();
-                settings.apply(&words[3..]);
-                let server = Server {
-                    file,
-                    line,
-                    backend: name.clone(),
-                    name: String::from_utf8_lossy(&words[1].text).into_owned(),
-                    address: words[2].text.clone(),
-                    settings,
-                };
-                self.model.servers.push(server);
+                let refused = settings.apply(&words[3..]);
+                let name = (name.clone(), words[1].text.clone());
+                self.servers(file, line, name, &words[2].text, settings, None);
+                refused
             }
             (
                 Section::Proxy {
@@ -363,20 +403,60 @@ impl Builder {
                     return;
                 };
                 let mut settings = default_server.clone();
-                settings.apply(&words[4..]);
-                let prefix = String::from_utf8_lossy(&words[1].text);
+                let refused = settings.apply(&words[4..]);
                 let high = high.min(low.saturating_add(MAX_TEMPLATE - 1));
-                let servers = (low..=high).map(|n| Server {
-                    file,
-                    line,
-                    backend: name.clone(),
-                    name: format!("{prefix}{n}"),
-                    address: words[3].text.clone(),
-                    settings: settings.clone(),
-                });
-                self.model.servers.extend(servers);
+                let name = (name.clone(), words[1].text.clone());
+                self.servers(file, line, name, &words[3].text, settings, Some(low..=high));
+                refused
             }
-            _ => {}
+            _ => None,
+        };
+        if let Some(reason) = refused {
+            self.error(file, line, reason.to_owned());
+        }
+    }
+
+    /// Makes the servers of one line: `backend/prefix<n>` for each n of a
+    /// template's `numbers`, or `backend/prefix` alone for a `server` line
+    /// (`None`); stops at [`MAX_SERVERS`] in all.
+    fn servers(
+        &mut self,
+        file: usize,
+        line: usize,
+        (backend, prefix): (String, Vec<u8>),
+        address: &[u8],
+        settings: Settings,
+        numbers: Option<std::ops::RangeInclusive<u64>>,
+    ) {
+        if self.full {
+            return;
+        }
+        let template = numbers.is_some();
+        let numbers = numbers.unwrap_or(0..=0);
+        let wanted = numbers.end() - numbers.start() + 1;
+        let room = MAX_SERVERS - self.model.servers.len();
+        let prefix = String::from_utf8_lossy(&prefix);
+        let servers = numbers.take(room).map(|n| Server {
+            file,
+            line,
+            backend: backend.clone(),
+            name: if template {
+                format!("{prefix}{n}")
+            } else {
+                prefix.to_string()
+            },
+            address: address.to_vec(),
+            settings: settings.clone(),
+        });
+        self.model.servers.extend(servers);
+        if wanted > room as u64 {
+            self.full = true;
+            self.model.errors.push(LineError {
+                file,
+                line,
+                message: format!("more than {MAX_SERVERS} servers in all: the lint checks the first {MAX_SERVERS} and makes none past them"),
+                refused: false,
+            });
         }
     }
 }
@@ -609,6 +689,71 @@ mod tests {
             (s[0].file, s[0].name.as_str(), s[0].settings.weight),
             (1, "s1", true)
         );
+    }
+
+    /// (line, message, refused) of each error of `files`.
+    fn errors(files: &[(&str, &str)]) -> Vec<(usize, String, bool)> {
+        let files: Vec<(String, Vec<u8>)> = files
+            .iter()
+            .map(|(n, t)| (n.to_string(), t.as_bytes().to_vec()))
+            .collect();
+        let model = build(&files, &|_| None);
+        model
+            .errors
+            .into_iter()
+            .map(|e| (e.line, e.message, e.refused))
+            .collect()
+    }
+
+    #[test]
+    fn a_keyword_before_any_section_is_refused() {
+        let got = errors(&[("h.cfg", "# c\n server s0 a:1\n.notice hi\nbackend be\n")]);
+        let want = (
+            2,
+            "unknown keyword 'server' out of section".to_owned(),
+            true,
+        );
+        assert_eq!(got, [want]);
+    }
+
+    #[test]
+    fn a_backslash_keyword_on_a_server_line_is_refused() {
+        let config = "defaults\n default-server weight 1 \\\nbackend be\n server s1 a:1 check \\\n  agent-check\n server s2 a:1 cookie \\\n";
+        let got = errors(&[("h.cfg", config)]);
+        let line = |n| (n, BACKSLASH.to_owned(), true);
+        assert_eq!(got, [line(2), line(4)], "a cookie named \\ is a cookie");
+    }
+
+    #[test]
+    fn servers_stop_at_the_total_cap_with_one_error() {
+        let config = "backend be\n server-template x 1-100000 a:1\n".repeat(15);
+        let files = [("h.cfg".to_owned(), config.into_bytes())];
+        let model = build(&files, &|_| None);
+        assert_eq!(model.servers.len(), MAX_SERVERS);
+        let errors: Vec<_> = model.errors.iter().map(|e| (e.line, e.refused)).collect();
+        assert_eq!(errors, [(22, false)], "{:?}", model.errors);
+        assert_eq!(model.servers.last().unwrap().name, "x10000");
+    }
+
+    #[test]
+    fn an_aborting_if_stops_every_file() {
+        let deep = format!(".if {}1{}\n", "(".repeat(50_000), ")".repeat(50_000));
+        let a = format!("backend be\n server s1 a:1\n{deep} server s2 a:1\n");
+        let files = [
+            ("a.cfg", a.as_str()),
+            ("b.cfg", "backend b\n server s3 a:1\n"),
+        ];
+        let got = errors(&files);
+        assert_eq!(got.len(), 1);
+        assert_eq!((got[0].0, got[0].2), (3, true));
+        assert!(got[0]
+            .1
+            .starts_with("unparsable conditional sub-expression"));
+        let files: Vec<(String, Vec<u8>)> = files
+            .iter()
+            .map(|(n, t)| (n.to_string(), t.as_bytes().to_vec()))
+            .collect();
+        assert_eq!(build(&files, &|_| None).servers.len(), 1);
     }
 
     #[test]

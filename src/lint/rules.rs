@@ -1,16 +1,23 @@
 //! The lint rules over the servers that run `agent-check`, pure.
 //!
-//! In: the model's servers and the agent's listen address. Out: findings,
+//! In: the model's servers, the agent's listen address and this host's
+//! addresses. Out: findings,
 //! each an error or a warning about one server, in server order. Always
 //! holds: a server without `agent-check` gets no finding; a server whose
 //! settings are all right gets none either.
 //!
 //! Errors: no `weight` anywhere in the server's inheritance; no
 //! `agent-send`, or one that does not end in a newline (a single-quoted
-//! `…\n` named as such); no agent port, or one that is not the listen
-//! port; an agent address (`agent-addr`, else `addr`, else the server's own)
-//! that is not the listen IP, when a specific IP is listened on. A hostname
-//! cannot be checked without resolving it, and is passed over in silence.
+//! `…\n` named as such), or whose first line the agent answers nothing
+//! for (empty, a control byte, longer than [`AGENT_MAX_LINE`]: the rule of
+//! [`crate::agent::request::parse`]); no agent port, or one that is not the
+//! listen port; an agent address (`agent-addr`, else `addr`, else the
+//! server's own) that is not the listen IP when a specific IP is listened
+//! on, or not an address of this host (given, or loopback) when the listen
+//! address is a wildcard (`:P`, `0.0.0.0:P`, `[::]:P`): the agent runs
+//! beside haproxy. A hostname cannot be checked without resolving it, and
+//! an unspecified address (`0.0.0.0`) is haproxy's "the client's
+//! destination"; both are passed over in silence.
 //! Warnings: no `slowstart`, no `agent-inter`, an identity (the first line
 //! of `agent-send`, trimmed as the agent trims it) that is not
 //! `<backend>/<server>` of its own server, an identity already sent by an
@@ -20,7 +27,12 @@ use std::collections::HashMap;
 use std::net::IpAddr;
 
 use super::model::{atol, Server};
+use crate::agent::request::{self, Reject, Request};
 use crate::config::ListenAddr;
+
+/// The agent's default `-max-line-bytes`: a longer request line gets no
+/// reply.
+pub const AGENT_MAX_LINE: usize = 256;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Severity {
@@ -39,7 +51,13 @@ pub struct Finding {
 
 /// Every finding about every agent-checked server.
 /// `files` names the model's file indexes.
-pub fn check(servers: &[Server], files: &[String], listen: &ListenAddr) -> Vec<Finding> {
+/// `local` is this host's addresses, for a wildcard listen address.
+pub fn check(
+    servers: &[Server],
+    files: &[String],
+    listen: &ListenAddr,
+    local: &[IpAddr],
+) -> Vec<Finding> {
     let mut findings = Vec::new();
     let mut first_sender: HashMap<Vec<u8>, usize> = HashMap::new();
     for (index, server) in servers.iter().enumerate() {
@@ -64,7 +82,7 @@ pub fn check(servers: &[Server], files: &[String], listen: &ListenAddr) -> Vec<F
                 None
             }
         };
-        for message in reach(server, listen) {
+        for message in reach(server, listen, local) {
             add(Severity::Error, message);
         }
         if !s.slowstart {
@@ -121,19 +139,26 @@ fn agent_send(server: &Server) -> Result<Vec<u8>, String> {
         let shown = text.escape_ascii();
         return Err(format!("agent-send \"{shown}\" does not end in a newline: the agent answers complete lines only; end it with \\n inside double quotes"));
     }
-    let line = text.split(|&b| b == b'\n').next().unwrap_or_default();
-    let line = line.strip_suffix(b"\r").unwrap_or(line);
-    let blank = |b: &u8| *b == b' ' || *b == b'\t';
-    let start = line.iter().position(|b| !blank(b)).unwrap_or(line.len());
-    let end = line
-        .iter()
-        .rposition(|b| !blank(b))
-        .map_or(start, |e| e + 1);
-    Ok(line[start..end].to_vec())
+    let why = match request::parse(text, AGENT_MAX_LINE) {
+        Request::Identity(identity) => return Ok(identity.to_vec()),
+        Request::Partial => unreachable!("the text ends in a newline"),
+        Request::Reject(Reject::Empty) => "its first line is empty once trimmed".to_owned(),
+        Request::Reject(Reject::ControlByte) => {
+            "its first line holds a control byte (below 0x20, or 0x7f)".to_owned()
+        }
+        Request::Reject(Reject::TooLong) => {
+            let len = text.iter().position(|&b| b == b'\n').unwrap_or_default();
+            format!("its first line is {len} bytes, over the agent's {AGENT_MAX_LINE}-byte -max-line-bytes default")
+        }
+    };
+    let shown = text.escape_ascii();
+    Err(format!(
+        "agent-send \"{shown}\": the agent answers nothing for this line ({why}), so this server never changes"
+    ))
 }
 
 /// Whether the agent checks reach the listen address.
-fn reach(server: &Server, listen: &ListenAddr) -> Vec<String> {
+fn reach(server: &Server, listen: &ListenAddr, local: &[IpAddr]) -> Vec<String> {
     let mut problems = Vec::new();
     let s = &server.settings;
     let (want_port, want_ip) = match listen {
@@ -149,19 +174,30 @@ fn reach(server: &Server, listen: &ListenAddr) -> Vec<String> {
         )),
         Some(_) => {}
     }
-    let Some(want_ip) = want_ip else {
-        return problems;
-    };
     let (written, whose) = match &s.agent_addr {
         Some(addr) => (addr, "agent-addr"),
         None => (&server.address, "the server's address (no agent-addr)"),
     };
-    if let Some(ip) = host_ip(written).filter(|ip| *ip != want_ip) {
-        problems.push(format!(
+    let Some(ip) = host_ip(written).filter(|ip| !ip.is_unspecified()) else {
+        return problems;
+    };
+    match want_ip {
+        Some(want_ip) if ip != want_ip => problems.push(format!(
             "agent checks go to {whose} {ip}, not to the agent, which listens on {listen}"
-        ));
+        )),
+        None if !is_local(ip, local) => problems.push(format!(
+            "agent checks go to {whose} {ip}, not to this host, where the agent listens on {listen}"
+        )),
+        _ => {}
     }
     problems
+}
+
+/// Loopback, or one of this host's addresses (an IPv4-mapped IPv6
+/// address as its IPv4 one).
+fn is_local(ip: IpAddr, local: &[IpAddr]) -> bool {
+    let ip = ip.to_canonical();
+    ip.is_loopback() || local.iter().any(|l| l.to_canonical() == ip)
 }
 
 /// The IP of an address word (`1.2.3.4`, `1.2.3.4:80`, `[::1]:80`, `::1`,
@@ -194,7 +230,8 @@ mod tests {
         assert_eq!(m.errors, []);
         let listen = crate::config::parse_listen_addr(listen).unwrap().unwrap();
         let names = ["h.cfg".to_owned()];
-        check(&m.servers, &names, &listen)
+        let local = ["192.0.2.7".parse().unwrap(), "2001:db8::7".parse().unwrap()];
+        check(&m.servers, &names, &listen, &local)
             .into_iter()
             .map(|f| {
                 format!(
@@ -313,6 +350,95 @@ mod tests {
             Vec::<String>::new(),
             "a hostname is not checked"
         );
+    }
+
+    #[test]
+    fn with_a_wildcard_listen_address_the_target_must_be_this_host() {
+        let line = &r#" server s1 10.0.0.1:80 $GOOD agent-send "be/s1\n""#.replace("$GOOD", GOOD);
+        let own = line.replace("agent-addr 127.0.0.1 ", "");
+        for listen in [":9777", "0.0.0.0:9777", "[::]:9777"] {
+            assert_eq!(
+                lint(line, listen),
+                Vec::<String>::new(),
+                "loopback is local"
+            );
+            assert_eq!(
+                lint(&own, listen),
+                [format!("s1: Error: agent checks go to the server's address (no agent-addr) 10.0.0.1, not to this host, where the agent listens on {listen}")]
+            );
+            let far = line.replace("127.0.0.1", "10.9.9.9");
+            assert_eq!(
+                lint(&far, listen),
+                [format!("s1: Error: agent checks go to agent-addr 10.9.9.9, not to this host, where the agent listens on {listen}")]
+            );
+            for here in [
+                "192.0.2.7",
+                "::ffff:192.0.2.7",
+                "2001:db8::7",
+                "::1",
+                "127.0.0.2",
+            ] {
+                let here = line.replace("agent-addr 127.0.0.1", &format!("agent-addr {here}"));
+                assert_eq!(lint(&here, listen), Vec::<String>::new(), "{here}");
+            }
+            let host = own.replace("10.0.0.1:80", "web.example:80");
+            assert_eq!(
+                lint(&host, listen),
+                Vec::<String>::new(),
+                "a hostname is not checked"
+            );
+        }
+    }
+
+    #[test]
+    fn an_identity_the_agent_never_answers_is_an_error() {
+        let long = "x".repeat(AGENT_MAX_LINE + 1);
+        for (send, shown, why) in [
+            (
+                r"\nbe/s1\n",
+                r"\nbe/s1\n",
+                "its first line is empty once trimmed",
+            ),
+            (
+                r" \t\r\n",
+                r" \t\r\n",
+                "its first line is empty once trimmed",
+            ),
+            (
+                r"be/s1\t1\n",
+                r"be/s1\t1\n",
+                "its first line holds a control byte (below 0x20, or 0x7f)",
+            ),
+            (
+                r"be/s1\x7f\n",
+                r"be/s1\x7f\n",
+                "its first line holds a control byte (below 0x20, or 0x7f)",
+            ),
+            (
+                &format!(r"{long}\n"),
+                &format!(r"{long}\n"),
+                "its first line is 257 bytes, over the agent's 256-byte -max-line-bytes default",
+            ),
+        ] {
+            let got = lint(
+                &format!(r#" server s1 127.0.0.1:80 $GOOD agent-send "{send}""#),
+                ":9777",
+            );
+            assert_eq!(
+                got,
+                [format!(
+                    r#"s1: Error: agent-send "{shown}": the agent answers nothing for this line ({why}), so this server never changes"#
+                )],
+                "{send}"
+            );
+        }
+        let fits = format!(r"{}\r\n", "x".repeat(AGENT_MAX_LINE - 1));
+        let got = lint(
+            &format!(r#" server s1 127.0.0.1:80 $GOOD agent-send "{fits}""#),
+            ":9777",
+        );
+        assert_eq!(got.len(), 1, "answered, only the identity warning: {got:?}");
+        assert!(got[0].contains("Warning: agent-send identity"), "{got:?}");
     }
 
     #[test]
