@@ -74,7 +74,10 @@ pub(super) fn run(args: &[std::ffi::OsString], io: &mut Io<'_>) -> u8 {
 fn fetch(addr: SocketAddr) -> Result<Vec<u8>, String> {
     let deadline = Instant::now() + DEADLINE;
     let mut s = TcpStream::connect_timeout(&addr, DEADLINE).map_err(|e| e.to_string())?;
-    let req = format!("GET /debug/state HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    // Only the diverted identities: the whole state of a large KV is
+    // seconds of JSON on the agent's one thread.
+    let req =
+        format!("GET /debug/state?diverted HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
     s.write_all(req.as_bytes()).map_err(|e| e.to_string())?;
     let mut buf = Vec::new();
     let mut chunk = vec![0; 64 * 1024];
