@@ -131,7 +131,8 @@ fn agent_send(server: &Server) -> Result<Vec<u8>, String> {
     };
     // haproxy keeps the string with strdup: it ends at the first NUL.
     let text = word.text.split(|&b| b == 0).next().unwrap_or_default();
-    if !text.ends_with(b"\n") {
+    // The agent answers the first line: a newline anywhere completes it.
+    if !text.contains(&b'\n') {
         if word.single_quoted_tail && text.ends_with(b"\\n") {
             let shown = String::from_utf8_lossy(text);
             return Err(format!("agent-send '{shown}' is single-quoted: haproxy sends a literal backslash and n, not a newline; use double quotes"));
@@ -141,7 +142,7 @@ fn agent_send(server: &Server) -> Result<Vec<u8>, String> {
     }
     let why = match request::parse(text, AGENT_MAX_LINE) {
         Request::Identity(identity) => return Ok(identity.to_vec()),
-        Request::Partial => unreachable!("the text ends in a newline"),
+        Request::Partial => unreachable!("the text holds a newline"),
         Request::Reject(Reject::Empty) => "its first line is empty once trimmed".to_owned(),
         Request::Reject(Reject::ControlByte) => {
             "its first line holds a control byte (below 0x20, or 0x7f)".to_owned()
@@ -174,16 +175,25 @@ fn reach(server: &Server, listen: &ListenAddr, local: &[IpAddr]) -> Vec<String> 
         )),
         Some(_) => {}
     }
-    let (written, whose) = match &s.agent_addr {
-        Some(addr) => (addr, "agent-addr"),
-        None => (&server.address, "the server's address (no agent-addr)"),
+    let (ip, whose) = match &s.agent_addr {
+        Some(addr) => (host_ip(addr, false), "agent-addr"),
+        None if is_socket(&server.address) => {
+            let shown = server.address.escape_ascii();
+            problems.push(format!("agent checks go to the server's socket {shown} (no agent-addr), not to the agent, which listens on TCP {listen}"));
+            return problems;
+        }
+        None => (host_ip(&server.address, true), "the server's address (no agent-addr)"),
     };
-    let Some(ip) = host_ip(written).filter(|ip| !ip.is_unspecified()) else {
+    let Some(ip) = ip.filter(|ip| !ip.is_unspecified()) else {
         return problems;
     };
+    let v4_only = matches!(listen, ListenAddr::Addr(a) if a.ip() == IpAddr::from([0, 0, 0, 0]));
     match want_ip {
         Some(want_ip) if ip != want_ip => problems.push(format!(
             "agent checks go to {whose} {ip}, not to the agent, which listens on {listen}"
+        )),
+        None if v4_only && ip.to_canonical().is_ipv6() => problems.push(format!(
+            "agent checks go to {whose} {ip}, an IPv6 address, but the agent listens on {listen}, IPv4 only"
         )),
         None if !is_local(ip, local) => problems.push(format!(
             "agent checks go to {whose} {ip}, not to this host, where the agent listens on {listen}"
@@ -193,6 +203,15 @@ fn reach(server: &Server, listen: &ListenAddr, local: &[IpAddr]) -> Vec<String> 
     problems
 }
 
+/// A server address that is a socket, not an IP: `/path`, `unix@`,
+/// `abns@`, `sockpair@`.
+fn is_socket(word: &[u8]) -> bool {
+    word.starts_with(b"/")
+        || [&b"unix@"[..], b"abns@", b"sockpair@", b"fd@"]
+            .iter()
+            .any(|p| word.starts_with(p))
+}
+
 /// Loopback, or one of this host's addresses (an IPv4-mapped IPv6
 /// address as its IPv4 one).
 fn is_local(ip: IpAddr, local: &[IpAddr]) -> bool {
@@ -200,18 +219,24 @@ fn is_local(ip: IpAddr, local: &[IpAddr]) -> bool {
     ip.is_loopback() || local.iter().any(|l| l.to_canonical() == ip)
 }
 
-/// The IP of an address word (`1.2.3.4`, `1.2.3.4:80`, `[::1]:80`, `::1`,
-/// `ipv4@…`), or `None` for a hostname, a UNIX socket, a variable.
-fn host_ip(word: &[u8]) -> Option<IpAddr> {
+/// The IP of an address word (`1.2.3.4`, `[::1]`, `ipv6@…`), or `None` for
+/// a hostname, a UNIX socket, a variable. With `port` (a server address),
+/// an unbracketed word's last `:` starts the port, as haproxy's
+/// `str2sa_range` reads it (`::1:80` is `::1` port 80); without (an
+/// `agent-addr`), the word is the address.
+fn host_ip(word: &[u8], port: bool) -> Option<IpAddr> {
     let text = std::str::from_utf8(word).ok()?;
     let text = text.rsplit_once('@').map_or(text, |(_, rest)| rest);
-    if let Ok(ip) = text.parse() {
-        return Some(ip);
-    }
     if let Some(bracketed) = text.strip_prefix('[') {
         return bracketed.split_once(']')?.0.parse().ok();
     }
-    text.rsplit_once(':')?.0.parse().ok()
+    if let Ok(ip @ IpAddr::V4(_)) = text.parse() {
+        return Some(ip);
+    }
+    match (port, text.rsplit_once(':')) {
+        (true, Some((host, _))) => host.parse().ok(),
+        _ => text.parse().ok(),
+    }
 }
 
 #[cfg(test)]
@@ -353,6 +378,33 @@ mod tests {
     }
 
     #[test]
+    fn a_socket_server_without_agent_addr_checks_the_socket_not_the_agent() {
+        let line = &r#" server s1 /run/x.sock $GOOD agent-send "be/s1\n""#.replace("$GOOD", GOOD);
+        assert_eq!(lint(line, ":9777"), Vec::<String>::new(), "agent-addr given");
+        for socket in ["/run/x.sock", "unix@/run/x.sock", "abns@x"] {
+            let own = line
+                .replace("agent-addr 127.0.0.1 ", "")
+                .replace("/run/x.sock", socket);
+            assert_eq!(
+                lint(&own, ":9777"),
+                [format!("s1: Error: agent checks go to the server's socket {socket} (no agent-addr), not to the agent, which listens on TCP :9777")]
+            );
+        }
+    }
+
+    #[test]
+    fn an_unbracketed_ipv6_server_address_ends_at_its_last_colon() {
+        let line = r#" server s1 ipv6@::1:80 weight 100 slowstart 10s agent-check agent-port 9777 agent-inter 2s agent-send "be/s1\n""#;
+        assert_eq!(lint(line, ":9777"), Vec::<String>::new());
+    }
+
+    #[test]
+    fn a_newline_anywhere_completes_the_line_the_agent_answers() {
+        let line = &r#" server s1 10.0.0.1:80 $GOOD agent-send "be/s1\nxx""#.replace("$GOOD", GOOD);
+        assert_eq!(lint(line, ":9777"), Vec::<String>::new());
+    }
+
+    #[test]
     fn with_a_wildcard_listen_address_the_target_must_be_this_host() {
         let line = &r#" server s1 10.0.0.1:80 $GOOD agent-send "be/s1\n""#.replace("$GOOD", GOOD);
         let own = line.replace("agent-addr 127.0.0.1 ", "");
@@ -378,8 +430,13 @@ mod tests {
                 "::1",
                 "127.0.0.2",
             ] {
-                let here = line.replace("agent-addr 127.0.0.1", &format!("agent-addr {here}"));
-                assert_eq!(lint(&here, listen), Vec::<String>::new(), "{here}");
+                let line = line.replace("agent-addr 127.0.0.1", &format!("agent-addr {here}"));
+                let v6 = here.parse::<IpAddr>().unwrap().to_canonical().is_ipv6();
+                let want: Vec<String> = match (listen, v6) {
+                    ("0.0.0.0:9777", true) => vec![format!("s1: Error: agent checks go to agent-addr {here}, an IPv6 address, but the agent listens on 0.0.0.0:9777, IPv4 only")],
+                    _ => vec![],
+                };
+                assert_eq!(lint(&line, listen), want, "{here} {listen}");
             }
             let host = own.replace("10.0.0.1:80", "web.example:80");
             assert_eq!(
@@ -489,17 +546,20 @@ mod tests {
 
     #[test]
     fn host_ip_reads_haproxy_address_forms() {
-        for (word, want) in [
-            ("10.0.0.1", Some("10.0.0.1")),
-            ("10.0.0.1:80", Some("10.0.0.1")),
-            ("ipv4@10.0.0.1:80", Some("10.0.0.1")),
-            ("[::1]:80", Some("::1")),
-            ("::1", Some("::1")),
-            ("web:80", None),
-            ("unix@/run/x.sock", None),
+        for (word, port, want) in [
+            ("10.0.0.1", true, Some("10.0.0.1")),
+            ("10.0.0.1:80", true, Some("10.0.0.1")),
+            ("ipv4@10.0.0.1:80", true, Some("10.0.0.1")),
+            ("[::1]:80", true, Some("::1")),
+            ("ipv6@::1:80", true, Some("::1")),
+            ("fd00::2:80", true, Some("fd00::2")),
+            ("::1", false, Some("::1")),
+            ("fd00::2", false, Some("fd00::2")),
+            ("web:80", true, None),
+            ("unix@/run/x.sock", true, None),
         ] {
             let want = want.map(|w| w.parse::<IpAddr>().unwrap());
-            assert_eq!(host_ip(word.as_bytes()), want, "{word}");
+            assert_eq!(host_ip(word.as_bytes(), port), want, "{word}");
         }
     }
 }
