@@ -186,12 +186,20 @@ impl Snapshot {
         self.entries.get(identity).map(|slot| slot.asks.last())
     }
 
-    /// Since when an identity's entry is as it is (its write as this agent
-    /// saw it, or the agent's start); `None`: no key.
-    pub fn unchanged_since(&self, identity: &[u8]) -> Option<Tick> {
-        self.entries
-            .get(identity)
-            .map(|slot| slot.asks.since(self.born))
+    /// An identity's last ask and since when its entry is as it is (its
+    /// write as this agent saw it, or the agent's start); `None`: no key.
+    /// While `previous`'s asks are still being carried over to this
+    /// snapshot, they count as carried.
+    pub fn asks(&self, identity: &[u8], previous: Option<&Snapshot>) -> Option<(Tick, Tick)> {
+        let slot = self.entries.get(identity)?;
+        let (mut last, mut since) = (slot.asks.last(), slot.asks.since(self.born));
+        if let Some(old) = previous.and_then(|p| Some((p.entries.get(identity)?, p.born))) {
+            last = last.max(old.0.asks.last());
+            if old.0.entry == slot.entry {
+                since = old.0.asks.since(old.1);
+            }
+        }
+        Some((last, since))
     }
 
     /// Starts answering at `now`: entries new in this snapshot are as they

@@ -77,10 +77,11 @@ fn is_agent_reply(line: &[u8]) -> bool {
     else {
         return false;
     };
+    // As the agent writes them: 0..=256, no leading zero.
     let digits = weight.strip_suffix('%').unwrap_or("");
-    matches!(admin, "ready" | "drain" | "maint")
-        && (1..=3).contains(&digits.len())
-        && digits.bytes().all(|b| b.is_ascii_digit())
+    let number = digits.parse::<u16>().ok();
+    let number = number.filter(|n| *n <= 256 && n.to_string() == digits);
+    matches!(admin, "ready" | "drain" | "maint") && number.is_some()
 }
 
 /// The reply line (without its newline), or `None` when the agent closed
@@ -129,6 +130,9 @@ mod tests {
             assert!(is_agent_reply(ok.as_bytes()), "{ok}");
         }
         for bad in [
+            "ready 257%",
+            "ready 00%",
+            "ready +5%",
             "HTTP/1.1 400 Bad Request",
             "up",
             "ready",

@@ -170,6 +170,9 @@ struct Report {
     unasked_after: u64,
     keys: u64,
     unknown_identities: u64,
+    /// Consul requests failed in a row, and the last error.
+    failures: u64,
+    last_error: Option<String>,
     rows: Vec<Row>,
 }
 
@@ -194,11 +197,12 @@ impl Report {
             })
             .collect();
         let identities = doc["state"]["identities"].as_object();
+        let after = asking["unasked_after_seconds"].as_u64().unwrap_or(0);
         let rows = identities
             .into_iter()
             .flatten()
             .filter(|(_, e)| e["reply"] != "ready 100%")
-            .map(|(id, e)| Row::of(id, e, &unasked))
+            .map(|(id, e)| Row::of(id, e, &unasked, after))
             .collect();
         Ok(Report {
             source: doc["source"].as_str().map(str::to_owned),
@@ -206,6 +210,8 @@ impl Report {
             age_seconds: doc["age_seconds"].as_f64(),
             unasked_after: asking["unasked_after_seconds"].as_u64().unwrap_or(0),
             keys: doc["state"]["keys"].as_u64().unwrap_or(0),
+            failures: doc["watcher"]["consecutive_failures"].as_u64().unwrap_or(0),
+            last_error: doc["watcher"]["last_error"].as_str().map(str::to_owned),
             unknown_identities: asking["unknown_identities_count"].as_u64().unwrap_or(0),
             rows,
         })
@@ -219,11 +225,19 @@ impl Report {
     /// its write.
     fn ok(&self) -> bool {
         self.source.as_deref() == Some("consul")
+            && self.failures == 0
             && self.rows.iter().all(|r| r.standing == Standing::Asked)
     }
 
     fn headline(&self) -> String {
         match self.source.as_deref() {
+            Some("consul") if self.failures > 0 => format!(
+                "CONSUL FAILING ({} requests in a row, last: {}): answering from its last read (index {}, {} ago); KV writes are not seen until it answers",
+                self.failures,
+                self.last_error.as_deref().unwrap_or("?"),
+                self.index,
+                self.age_seconds.map_or("?".into(), |a| format!("{a:.0}s")),
+            ),
             Some("consul") => {
                 let age = self.age_seconds.map_or("?".into(), |a| format!("{a:.0}s"));
                 format!("answering from consul: index {}, last read {age} ago", self.index)
@@ -323,7 +337,9 @@ impl Report {
 }
 
 impl Row {
-    fn of(id: &str, e: &Value, unasked: &HashMap<&str, Option<String>>) -> Row {
+    /// `after`: `-unasked-after` in seconds (a key asked within it is
+    /// asked, even if the agent's last sweep, up to 5 s ago, said unasked).
+    fn of(id: &str, e: &Value, unasked: &HashMap<&str, Option<String>>, after: u64) -> Row {
         let last_asked = e["last_asked"]["unix_seconds"]
             .as_u64()
             .zip(e["last_asked"]["seconds_ago"].as_u64());
@@ -333,6 +349,7 @@ impl Row {
         // Whole seconds: an ask in the second of the write may have come
         // before it, so only a later second counts.
         let standing = match (unasked.contains_key(id), last_asked) {
+            (_, Some((t, ago))) if t > since && ago < after.max(1) => Standing::Asked,
             (true, _) => Standing::Unasked,
             (false, Some((t, _))) if t > since => Standing::Asked,
             (false, _) => Standing::Waiting,
@@ -344,7 +361,10 @@ impl Row {
             modify_index: e["modify_index"].as_u64().unwrap_or(0),
             last_asked,
             standing,
-            did_you_mean: unasked.get(id).cloned().flatten(),
+            did_you_mean: match standing {
+                Standing::Unasked => unasked.get(id).cloned().flatten(),
+                _ => None,
+            },
         }
     }
 }
@@ -415,5 +435,37 @@ mod tests {
             Report::of(&json!({"hello": 1})).is_err(),
             "not the agent's document"
         );
+    }
+
+    #[test]
+    fn consul_failing_is_a_finding_even_when_every_key_is_asked() {
+        let mut d = doc();
+        d["asking"]["unasked"] = json!([]);
+        for id in ["be_web/srv01", "be_web/srv4"] {
+            d["state"]["identities"][id]["last_asked"] =
+                json!({"unix_seconds": 1001, "seconds_ago": 0});
+        }
+        assert!(Report::of(&d).unwrap().ok());
+        d["watcher"]["consecutive_failures"] = json!(3);
+        d["watcher"]["last_error"] = json!("connection refused");
+        let r = Report::of(&d).unwrap();
+        assert!(!r.ok());
+        assert!(
+            r.table()
+                .starts_with("CONSUL FAILING (3 requests in a row, last: connection refused)"),
+            "{}",
+            r.table()
+        );
+    }
+
+    #[test]
+    fn a_key_asked_since_the_last_sweep_is_asked_not_unasked() {
+        let mut d = doc();
+        // The sweep said unasked; a check asked since, after the write.
+        d["state"]["identities"]["be_web/srv01"]["last_asked"] =
+            json!({"unix_seconds": 1001, "seconds_ago": 0});
+        let r = Report::of(&d).unwrap();
+        assert_eq!(r.rows[0].standing, Standing::Asked);
+        assert_eq!(r.rows[0].did_you_mean, None);
     }
 }

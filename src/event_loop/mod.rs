@@ -543,6 +543,7 @@ impl EventLoop {
                 clock: self.state.clock(),
                 strangers: self.state.strangers(),
                 unasked: &self.unasked,
+                previous: self.state.carrying_from(),
             }),
         }
     }

@@ -182,7 +182,10 @@ fn reach(server: &Server, listen: &ListenAddr, local: &[IpAddr]) -> Vec<String> 
             problems.push(format!("agent checks go to the server's socket {shown} (no agent-addr), not to the agent, which listens on TCP {listen}"));
             return problems;
         }
-        None => (host_ip(&server.address, true), "the server's address (no agent-addr)"),
+        None => (
+            host_ip(&server.address, true),
+            "the server's address (no agent-addr)",
+        ),
     };
     let Some(ip) = ip.filter(|ip| !ip.is_unspecified()) else {
         return problems;
@@ -380,7 +383,11 @@ mod tests {
     #[test]
     fn a_socket_server_without_agent_addr_checks_the_socket_not_the_agent() {
         let line = &r#" server s1 /run/x.sock $GOOD agent-send "be/s1\n""#.replace("$GOOD", GOOD);
-        assert_eq!(lint(line, ":9777"), Vec::<String>::new(), "agent-addr given");
+        assert_eq!(
+            lint(line, ":9777"),
+            Vec::<String>::new(),
+            "agent-addr given"
+        );
         for socket in ["/run/x.sock", "unix@/run/x.sock", "abns@x"] {
             let own = line
                 .replace("agent-addr 127.0.0.1 ", "")

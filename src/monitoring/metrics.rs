@@ -765,6 +765,7 @@ mod tests {
             clock: state.clock(),
             strangers: state.strangers(),
             unasked: &unasked,
+            previous: None,
         });
         let t = render(&view);
         let series = "gitlab_haproxy_agent_diverted_key_last_asked_timestamp_seconds";

@@ -179,9 +179,10 @@ pub fn debug_state(st: &Status<'_>, only_diverted: bool) -> String {
             .map(|(id, e)| {
                 let reply = reply_text(e.desired);
                 let unasked = st.asking.is_some_and(|a| a.unasked.get(id).is_some());
-                let since = st.asking.zip(s.unchanged_since(id.as_bytes()));
-                let since = since.map(|(a, t)| a.clock.unix_seconds(t));
-                (id.to_owned(), json!({"value": e.desired.to_string(), "reply": reply, "modify_index": e.modify_index, "last_asked": asked(s.last_asked(id.as_bytes())), "unchanged_since_unix_seconds": since, "unasked": unasked}))
+                let asks = st.asking.and_then(|a| Some((a, s.asks(id.as_bytes(), a.previous)?)));
+                let since = asks.map(|(a, (_, since))| a.clock.unix_seconds(since));
+                let last = asks.map(|(_, (last, _))| last);
+                (id.to_owned(), json!({"value": e.desired.to_string(), "reply": reply, "modify_index": e.modify_index, "last_asked": asked(last), "unchanged_since_unix_seconds": since, "unasked": unasked}))
             })
             .collect();
         let invalid: Vec<_> = s
@@ -223,7 +224,7 @@ pub fn debug_state(st: &Status<'_>, only_diverted: bool) -> String {
         "last_change_unix_seconds": last_change,
         "absent_reply": "ready 100%",
         "state": state,
-        "asking": st.asking.map(|a| asking_json(a, st.now)),
+        "asking": st.asking.map(|a| asking_json(a, st.now, !only_diverted)),
         "watcher": {
             "phase": st.watch.phase,
             "index": st.watch.index,
@@ -251,8 +252,9 @@ fn asked_json(a: Asking<'_>, t: Tick, now: Instant) -> Option<serde_json::Value>
 }
 
 /// `/debug/state`'s `asking`: the unasked keys with the identity probably
-/// meant, and the identities asked for that have no key.
-fn asking_json(a: Asking<'_>, now: Instant) -> serde_json::Value {
+/// meant, and the identities asked for that have no key (listed only
+/// `with_unknown`; counted always).
+fn asking_json(a: Asking<'_>, now: Instant, with_unknown: bool) -> serde_json::Value {
     let unasked: Vec<_> = a
         .unasked
         .sorted()
@@ -271,7 +273,10 @@ fn asking_json(a: Asking<'_>, now: Instant) -> serde_json::Value {
         .collect();
     // The most recently asked (a flood of 65,536 would be seconds of JSON
     // on the loop), then by name.
-    let mut strangers: Vec<_> = a.strangers.iter().collect();
+    let mut strangers: Vec<_> = match with_unknown {
+        true => a.strangers.iter().collect(),
+        false => Vec::new(),
+    };
     let order = |x: &(&[u8], Tick), y: &(&[u8], Tick)| y.1.cmp(&x.1).then(x.0.cmp(y.0));
     if strangers.len() > MAX_UNKNOWN_SHOWN {
         strangers.select_nth_unstable_by(MAX_UNKNOWN_SHOWN, order);
@@ -469,6 +474,7 @@ mod tests {
             clock: state.clock(),
             strangers: state.strangers(),
             unasked: &unasked,
+            previous: None,
         });
         let doc: serde_json::Value = serde_json::from_str(&debug_state(&st, false)).unwrap();
         let ids = &doc["state"]["identities"];
@@ -507,7 +513,13 @@ mod tests {
             only["state"]["identities"]["be_web/srv2"],
             ids["be_web/srv2"]
         );
-        assert_eq!(only["asking"], doc["asking"]);
+        assert_eq!(only["asking"]["unasked"], doc["asking"]["unasked"]);
+        assert_eq!(only["asking"]["unknown_identities_count"], 1);
+        assert_eq!(
+            only["asking"]["unknown_identities"],
+            json!({}),
+            "counted, not listed"
+        );
     }
 
     #[test]

@@ -141,6 +141,11 @@ impl Swapper {
         self.retiring.is_some()
     }
 
+    /// The state whose asks are being carried over, while they are.
+    pub fn carrying_from(&self) -> Option<&Snapshot> {
+        self.retiring.as_ref().map(|(old, _)| &**old)
+    }
+
     /// Whether an old state is still being compared or freed: the loop
     /// calls [`Swapper::step`] every turn until it is not.
     pub fn busy(&self) -> bool {

@@ -35,6 +35,9 @@ pub struct Asking<'a> {
     pub clock: &'a Clock,
     pub strangers: &'a Strangers,
     pub unasked: &'a Unasked,
+    /// The state whose asks are still being carried over to the current
+    /// one (see [`crate::state::Snapshot::asks`]).
+    pub previous: Option<&'a crate::state::Snapshot>,
 }
 
 /// One unasked key.

@@ -189,6 +189,24 @@ fn a_sweep_waits_for_the_asks_to_be_carried_over() {
         ],
     );
     assert!(w.state.carrying());
+    // Meanwhile what is shown of b/a's asks is what will be carried over.
+    let (t0, at61) = (
+        w.state.clock().tick(w.at(0)),
+        w.state.clock().tick(w.at(61)),
+    );
+    let now = w.state.current().unwrap();
+    assert_eq!(
+        now.asks(b"b/a", None),
+        Some((Tick::NEVER, w.state.clock().tick(w.at(62))))
+    );
+    assert_eq!(
+        now.asks(b"b/a", w.state.carrying_from()),
+        Some((Tick::NEVER, t0))
+    );
+    w.state.answer(b"b/c", w.at(61));
+    let now = w.state.current().unwrap();
+    let c = now.asks(b"b/c", w.state.carrying_from()).unwrap();
+    assert_eq!(c.0, at61, "asked in the new state");
     assert_eq!(w.sweep(63), Swept::default());
     assert_eq!(
         w.unasked.due(),
