@@ -181,11 +181,6 @@ impl Snapshot {
         Some((slot.reply, slot.entry.desired.admin()))
     }
 
-    /// When a check last asked for an identity with a key (`None`: no key).
-    pub fn last_asked(&self, identity: &[u8]) -> Option<Tick> {
-        self.entries.get(identity).map(|slot| slot.asks.last())
-    }
-
     /// An identity's last ask and since when its entry is as it is (its
     /// write as this agent saw it, or the agent's start); `None`: no key.
     /// While `previous`'s asks are still being carried over to this
@@ -650,17 +645,17 @@ mod tests {
         for id in ["be_web/srv1", "be_web/srv2", "be_web/srv3"] {
             let id = id.as_bytes();
             let admin = snap.get(id).unwrap().desired.admin();
-            assert_eq!(snap.last_asked(id), Some(Tick::NEVER));
+            assert_eq!(snap.asks(id, None).map(|a| a.0), Some(Tick::NEVER));
             assert_eq!(
                 snap.answer(id, now),
                 Some((snap.reply(id), admin)),
                 "{id:?}"
             );
-            assert_eq!(snap.last_asked(id), Some(now));
+            assert_eq!(snap.asks(id, None).map(|a| a.0), Some(now));
         }
         for id in ["be_web/srv4", "absent"] {
             assert_eq!(snap.answer(id.as_bytes(), now), None, "no key: {id}");
-            assert_eq!(snap.last_asked(id.as_bytes()), None);
+            assert_eq!(snap.asks(id.as_bytes(), None), None);
         }
         assert_eq!(
             snap.answer(b"be_web/srv2", now),

@@ -135,13 +135,8 @@ impl Swapper {
         }
     }
 
-    /// Whether the asks of the state before are still being carried over
+    /// The state whose asks are still being carried over, while they are
     /// (a new entry's last ask and `since` are not final until then).
-    pub fn carrying(&self) -> bool {
-        self.retiring.is_some()
-    }
-
-    /// The state whose asks are being carried over, while they are.
     pub fn carrying_from(&self) -> Option<&Snapshot> {
         self.retiring.as_ref().map(|(old, _)| &**old)
     }

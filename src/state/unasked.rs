@@ -125,7 +125,7 @@ impl Unasked {
     /// a swap's asks are still being carried over (the loop is busy then,
     /// so it comes back at once).
     pub fn sweep(&mut self, state: &mut Swapper, now: Instant) -> Swept {
-        if state.carrying() {
+        if state.carrying_from().is_some() {
             self.next = now;
             return Swept::default();
         }
