@@ -102,6 +102,33 @@ pub fn parse_go_duration(s: &str) -> Option<Option<Duration>> {
     Some((!negative || d.is_zero()).then_some(d))
 }
 
+/// One argv word as Go's `flag` package reads it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GoArg<'a> {
+    /// Not a flag: no leading `-`, or a lone `-`.
+    NotFlag,
+    /// `-name`, `--name`, `-name=value`, `--name=value`: the name and the
+    /// value after `=`, if any.
+    Flag(&'a str, Option<&'a str>),
+    /// `---name` or `-=value`: Go's "bad flag syntax".
+    BadSyntax,
+}
+
+/// Reads one argv word (`--` alone is the caller's: it ends the flags).
+pub fn go_flag(arg: &str) -> GoArg<'_> {
+    let body = match arg.strip_prefix("--").or_else(|| arg.strip_prefix('-')) {
+        Some(body) if !body.is_empty() => body,
+        _ => return GoArg::NotFlag,
+    };
+    if body.starts_with('-') || body.starts_with('=') {
+        return GoArg::BadSyntax;
+    }
+    match body.split_once('=') {
+        Some((name, value)) => GoArg::Flag(name, Some(value)),
+        None => GoArg::Flag(body, None),
+    }
+}
+
 /// Go's `strconv.ParseBool`.
 pub fn parse_go_bool(s: &str) -> Option<bool> {
     match s {

@@ -6,7 +6,7 @@
 
 use std::ffi::OsString;
 
-use crate::gocompat::parse_go_bool;
+use crate::gocompat::{go_flag, parse_go_bool, GoArg};
 
 /// What a command was given.
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -36,25 +36,21 @@ impl Args {
         let mut flags_over = false;
         while let Some(word) = words.next() {
             let word = word?;
-            let flag = word.strip_prefix("--").or_else(|| word.strip_prefix('-'));
-            let flag = match flag {
-                Some(f)
-                    if !flags_over && !f.is_empty() && word != "--" && !starts_with_digit(f) =>
-                {
-                    f
+            if word == "--" && !flags_over {
+                flags_over = true;
+                continue;
+            }
+            let (name, inline) = match go_flag(&word) {
+                GoArg::Flag(name, value) if !flags_over && !starts_with_digit(name) => {
+                    (name, value.map(str::to_owned))
                 }
-                _ if word == "--" && !flags_over => {
-                    flags_over = true;
-                    continue;
+                GoArg::BadSyntax if !flags_over => {
+                    return Err(format!("bad flag syntax: {word:?}"))
                 }
                 _ => {
                     a.positional.push(word);
                     continue;
                 }
-            };
-            let (name, inline) = match flag.split_once('=') {
-                Some((n, v)) => (n, Some(v.to_owned())),
-                None => (flag, None),
             };
             if matches!(name, "h" | "help") {
                 a.help = true;
@@ -150,6 +146,11 @@ mod tests {
             parse(&["x", "-listen-addr"]).unwrap_err(),
             "flag needs an argument: -listen-addr"
         );
+        assert_eq!(
+            parse(&["---json"]).unwrap_err(),
+            "bad flag syntax: \"---json\""
+        );
+        assert_eq!(parse(&["--", "---json"]).unwrap().positional, ["---json"]);
         assert_eq!(
             parse(&["-json=maybe"]).unwrap_err(),
             "invalid value \"maybe\" for flag -json"

@@ -13,6 +13,7 @@ use std::ffi::OsString;
 
 use super::flags::{Kind, LowArgs, Raw, Source, FLAGS};
 use super::{usage_error, validate, UsageError};
+use crate::gocompat::{go_flag, GoArg};
 
 pub(super) enum Lexed {
     Help,
@@ -93,17 +94,11 @@ pub(super) fn lex(args: Vec<OsString>) -> Result<Lexed, UsageError> {
 /// `-name`, `--name`, `-name=value`, `--name=value` -> the name and the
 /// value after `=`, if any.
 fn split_flag(arg: &str) -> Result<(&str, Option<&str>), UsageError> {
-    let body = match arg.strip_prefix("--").or_else(|| arg.strip_prefix('-')) {
-        Some(body) if !body.is_empty() => body,
-        _ => return Err(unexpected_argument(arg)),
-    };
-    if body.starts_with('-') || body.starts_with('=') {
-        return Err(usage_error(format!("bad flag syntax: {arg:?}")));
+    match go_flag(arg) {
+        GoArg::Flag(name, value) => Ok((name, value)),
+        GoArg::NotFlag => Err(unexpected_argument(arg)),
+        GoArg::BadSyntax => Err(usage_error(format!("bad flag syntax: {arg:?}"))),
     }
-    Ok(match body.split_once('=') {
-        Some((name, value)) => (name, Some(value)),
-        None => (body, None),
-    })
 }
 
 /// The one read of the environment: each flag not given on the command line
