@@ -161,7 +161,8 @@ fn text(status: u16, body: &str) -> Response {
 ///
 /// With `only_diverted` (`?diverted`, what `status` asks for), the
 /// identities are the diverted ones only: a 20,000-key state renders in
-/// about 150 ms of the loop's time, its few diverted keys in microseconds.
+/// about 100-150 ms of the loop's time, 5 diverted keys of it in about 1 ms
+/// (`scripts/debug-state-cost.py`).
 pub fn debug_state(st: &Status<'_>, only_diverted: bool) -> String {
     let age = st
         .metrics
