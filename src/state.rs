@@ -12,6 +12,7 @@ use std::hash::{BuildHasherDefault, Hasher};
 
 use crate::consul::kv::KvPair;
 use crate::contract::{parse_identity, parse_value, Admin, Desired, InvalidValue};
+use crate::slice::Slice;
 
 mod asked;
 pub mod file;
@@ -280,7 +281,7 @@ impl Snapshot {
     pub fn changes_from<'a>(&'a self, old: &'a Snapshot) -> Vec<Change<'a>> {
         let mut changes = Vec::new();
         let mut scan = ChangeScan::default();
-        while !scan.step(self, old, usize::MAX, &mut changes, None) {}
+        while !scan.step(self, old, &mut Slice::unlimited(), &mut changes, None) {}
         changes.sort_unstable_by(|a, b| a.identity.cmp(b.identity));
         changes
     }
@@ -322,20 +323,19 @@ pub struct ChangeScan {
 }
 
 impl ChangeScan {
-    /// Looks at up to `max` more entries; `true` once both are scanned.
+    /// Looks at more entries until the slice is spent; `true` once both
+    /// are scanned.
     pub fn step<'a>(
         &mut self,
         new: &'a Snapshot,
         old: &'a Snapshot,
-        max: usize,
+        slice: &mut Slice,
         out: &mut Vec<Change<'a>>,
         mut carry: Option<&mut Strangers>,
     ) -> bool {
-        let mut budget = max;
         if !self.in_old {
-            for (k, slot) in new.entries.iter().skip(self.pos).take(budget) {
+            for (k, slot) in new.entries.iter().skip(self.pos) {
                 self.pos += 1;
-                budget -= 1;
                 let old_slot = old.entries.get(k);
                 let before = old_slot.map(|o| o.entry);
                 if let Some(strangers) = carry.as_deref_mut() {
@@ -347,12 +347,16 @@ impl ChangeScan {
                         None => slot.asks.carry(strangers.take(k), None),
                     }
                 }
-                if before != Some(slot.entry) {
+                let changed = before != Some(slot.entry);
+                if changed {
                     out.push(Change {
                         identity: identity_str(k),
                         old: before,
                         new: Some(slot.entry),
                     });
+                }
+                if slice.spent(scan_cost(k, changed)) {
+                    break;
                 }
             }
             if self.pos < new.entries.len() {
@@ -360,10 +364,14 @@ impl ChangeScan {
             }
             self.in_old = true;
             self.pos = 0;
+            if slice.is_over() {
+                return false;
+            }
         }
-        for (k, slot) in old.entries.iter().skip(self.pos).take(budget) {
+        for (k, slot) in old.entries.iter().skip(self.pos) {
             self.pos += 1;
-            if !new.entries.contains_key(&k[..]) {
+            let removed = !new.entries.contains_key(&k[..]);
+            if removed {
                 if let Some(strangers) = carry.as_deref_mut() {
                     strangers.carry(k, slot.asks.last());
                 }
@@ -373,18 +381,32 @@ impl ChangeScan {
                     new: None,
                 });
             }
+            if slice.spent(scan_cost(k, removed)) {
+                break;
+            }
         }
         self.pos >= old.entries.len()
     }
+}
+
+/// The rough cost of scanning one entry, for the [`Slice`]: a change is
+/// also a log line.
+fn scan_cost(identity: &[u8], changed: bool) -> usize {
+    identity.len() + if changed { 512 } else { 0 }
 }
 
 /// A snapshot being freed a slice at a time.
 pub struct Graveyard(std::collections::hash_map::IntoIter<Box<[u8]>, Slot>);
 
 impl Graveyard {
-    /// Frees up to `max` entries; `true` once all are gone.
-    pub fn free(&mut self, max: usize) -> bool {
-        self.0.by_ref().take(max).for_each(drop);
+    /// Frees entries until the slice is spent; `true` once all are gone.
+    pub fn free(&mut self, slice: &mut Slice) -> bool {
+        // Each entry (key, slot) is dropped at the end of its iteration.
+        for (k, _) in self.0.by_ref() {
+            if slice.spent(k.len()) {
+                break;
+            }
+        }
         self.0.len() == 0
     }
 }
@@ -575,7 +597,7 @@ mod tests {
         let mut sliced = Vec::new();
         let mut scan = ChangeScan::default();
         let mut steps = 0;
-        while !scan.step(&new, &old, 7, &mut sliced, None) {
+        while !scan.step(&new, &old, &mut Slice::items(7), &mut sliced, None) {
             steps += 1;
         }
         assert_eq!(steps, 100 / 7, "50 + 50 entries, 7 a step");
@@ -594,9 +616,9 @@ mod tests {
                 .collect(),
         );
         let mut g = s.into_graveyard();
-        assert!(!g.free(4));
-        assert!(!g.free(4));
-        assert!(g.free(4));
+        assert!(!g.free(&mut Slice::items(4)));
+        assert!(!g.free(&mut Slice::items(4)));
+        assert!(g.free(&mut Slice::items(4)));
     }
 
     const PREFIX: &str = "gitlab-haproxy-agent/state";

@@ -55,6 +55,7 @@ use crate::monitoring::metrics::Metrics;
 use crate::monitoring::server::Role;
 use crate::monitoring::{StateFileStatus, Status, WatchStatus};
 use crate::persist::{self, StateFile};
+use crate::slice::Slice;
 use crate::state::unasked::{Asking, Unasked};
 use crate::state::{Clock, Snapshot, Swapper};
 use agents::AgentSlot;
@@ -82,9 +83,6 @@ const HTTP_REQUESTS_PER_TURN: usize = 16;
 /// `/-/metrics` render costs about 0.1 ms, so a turn spends at most a few
 /// ms on HTTP however many connections pipeline.
 const HTTP_REQUESTS_PER_TURN_ALL: usize = 64;
-/// Entries of a replaced state compared (for the change log) or freed per
-/// loop turn: well under a millisecond each.
-const RETIRE_SLICE: usize = 4096;
 /// Shutdown waits at most this long for in-flight answers.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 
@@ -258,7 +256,9 @@ impl EventLoop {
                     continue;
                 }
             }
-            self.turn(&events, Instant::now());
+            let start = Instant::now();
+            self.turn(&events, start);
+            self.metrics.count_turn(start.elapsed());
         }
     }
 
@@ -363,7 +363,7 @@ impl EventLoop {
     /// being retired, connection timers, parked queries, the unasked-key
     /// sweep, consul, accepts.
     fn on_time(&mut self, now: Instant) {
-        if self.state.step(RETIRE_SLICE) > 0 {
+        if self.state.step(&mut Slice::of_turn(now)) > 0 {
             self.metrics.last_change = Some(SystemTime::now());
         }
         while let Some(key) = self.agents.expired(now) {

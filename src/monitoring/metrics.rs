@@ -65,6 +65,11 @@ pub struct Metrics {
     pub last_change: Option<SystemTime>,
     /// HTTP connections closed by the agent, by listener and [`HttpDrop`].
     pub http_dropped: [[u64; HttpDrop::ALL.len()]; Role::ALL.len()],
+    /// How long each loop turn's work took (from `poll` returning to the
+    /// next `poll`).
+    pub loop_turn: Histogram,
+    /// The longest turn since the last `/-/metrics` render.
+    pub loop_turn_max: Duration,
 }
 
 label_enum! {
@@ -87,6 +92,12 @@ impl Metrics {
         if let Some(d) = took {
             self.request_duration.observe(d);
         }
+    }
+
+    /// One loop turn's work took `d`.
+    pub fn count_turn(&mut self, d: Duration) {
+        self.loop_turn.observe(d);
+        self.loop_turn_max = self.loop_turn_max.max(d);
     }
 
     pub fn count_consul_error(&mut self, reason: ErrorReason) {
@@ -388,12 +399,28 @@ fn consul_cluster(o: &mut Exposition, t: &Traffic) {
     );
 }
 
-/// The loop and the process: poll errors, build, then what /proc says.
+/// The loop and the process: turn times, poll errors, dropped log lines,
+/// build, then what /proc says.
 fn process(o: &mut Exposition, v: &View<'_>) {
+    o.histogram(
+        "loop_turn_seconds",
+        "Time each event-loop turn spent working (between two polls): checks wait at most this long behind the agent's own work.",
+        &v.metrics.loop_turn,
+    );
+    o.gauge(
+        "loop_turn_max_seconds",
+        "The longest event-loop turn since the last /-/metrics render (a stall between scrapes shows here).",
+        v.metrics.loop_turn_max.as_secs_f64(),
+    );
     o.counter(
         "poll_errors_total",
         "Errors from the event loop's poll (epoll_wait) other than EINTR; the loop survives them, and exits only when they persist.",
         v.metrics.poll_errors,
+    );
+    o.counter(
+        "log_lines_dropped_total",
+        "Log lines dropped because the log reader (stderr: journald, a container pipe) was too slow and the bounded queue was full; the loop never waits on a log write.",
+        crate::logging::dropped(),
     );
     o.family("build_info", "gauge", "Build information; always 1.");
     o.int(

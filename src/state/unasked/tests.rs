@@ -5,6 +5,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use super::*;
 use crate::consul::kv::KvPair;
+use crate::slice::Slice;
 use crate::state::{Clock, Snapshot};
 
 const PREFIX: &str = "p";
@@ -35,7 +36,7 @@ impl World {
     fn swap(&mut self, secs: u64, pairs: &[(&str, &str, u64)]) {
         self.swap_only(secs, pairs);
         while self.state.busy() {
-            self.state.step(usize::MAX);
+            self.state.step(&mut Slice::unlimited());
         }
     }
 
@@ -220,9 +221,9 @@ fn a_sweep_waits_for_the_asks_to_be_carried_over() {
         "back as soon as the loop is free"
     );
     assert_eq!(w.unasked.len(), 2);
-    w.state.step(1);
+    w.state.step(&mut Slice::items(1));
     while w.state.busy() {
-        w.state.step(usize::MAX);
+        w.state.step(&mut Slice::unlimited());
     }
     assert_eq!(
         w.sweep(64),
