@@ -77,7 +77,11 @@ fn alerts_with_short_for() -> String {
         .expect("the alert in alerts.yml");
     let rest = &alerts[at..];
     let f = at + rest.find("for: 2m\n").expect("its for: 2m");
-    format!("{}for: 3s\n{}", &alerts[..f], &alerts[f + "for: 2m\n".len()..])
+    format!(
+        "{}for: 3s\n{}",
+        &alerts[..f],
+        &alerts[f + "for: 2m\n".len()..]
+    )
 }
 
 #[test]
@@ -109,7 +113,10 @@ fn dashboard_queries_recording_rules_and_the_consul_alert_work_on_a_real_prometh
     let rules = std::fs::read_to_string(monitoring_dir().join("rules.yml")).unwrap();
     let prometheus = Prometheus::start(
         &targets,
-        &[("rules.yml", rules), ("alerts.yml", alerts_with_short_for())],
+        &[
+            ("rules.yml", rules),
+            ("alerts.yml", alerts_with_short_for()),
+        ],
     );
     let stop = Arc::new(AtomicBool::new(false));
     let checks = traffic(vec![dev.listen(), watcher.listen()], Arc::clone(&stop));
@@ -163,10 +170,7 @@ fn dashboard_queries_recording_rules_and_the_consul_alert_work_on_a_real_prometh
     for rule in rules.iter().filter(|r| r["type"] == "recording") {
         let name = rule["name"].as_str().unwrap();
         let labels = rule["labels"].as_object().cloned().unwrap_or_default();
-        let selector: Vec<String> = labels
-            .iter()
-            .map(|(k, v)| format!("{k}={v}"))
-            .collect();
+        let selector: Vec<String> = labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
         let expr = format!("{name}{{{}}}", selector.join(","));
         assert!(
             !prometheus.query(&expr).is_empty(),
@@ -202,7 +206,10 @@ fn dashboard_queries_recording_rules_and_the_consul_alert_work_on_a_real_prometh
     put_state(back.addr, &prefix);
     let restored = Instant::now();
     wait_for(Duration::from_secs(60), "the alert resolved", || {
-        prometheus.alert_state(ALERT, &instance).is_none().then_some(())
+        prometheus
+            .alert_state(ALERT, &instance)
+            .is_none()
+            .then_some(())
     });
     let resolved_at = restored.elapsed();
     stop.store(true, Ordering::Relaxed);

@@ -66,10 +66,16 @@ impl Prometheus {
         std::fs::write(dir.join("prometheus.yml"), config).unwrap();
         let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
         let mut cmd = Command::new(tool("prometheus"));
-        cmd.arg(format!("--config.file={}", dir.join("prometheus.yml").display()))
-            .arg(format!("--storage.tsdb.path={}", dir.join("data").display()))
-            .arg(format!("--web.listen-address={addr}"))
-            .current_dir(&dir);
+        cmd.arg(format!(
+            "--config.file={}",
+            dir.join("prometheus.yml").display()
+        ))
+        .arg(format!(
+            "--storage.tsdb.path={}",
+            dir.join("data").display()
+        ))
+        .arg(format!("--web.listen-address={addr}"))
+        .current_dir(&dir);
         let proc = Proc::spawn(cmd);
         let prometheus = Prometheus { addr, proc, dir };
         wait_for(Duration::from_secs(30), "prometheus ready", || {
