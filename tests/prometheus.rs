@@ -11,7 +11,8 @@
 
 mod support;
 
-use std::net::SocketAddr;
+use std::io::{Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -41,13 +42,24 @@ fn traffic(agents: Vec<SocketAddr>, stop: Arc<AtomicBool>) -> std::thread::JoinH
                     check(a, line.as_bytes());
                 }
                 if round % 10 == 0 {
-                    check(a, b"be/drained"); // no newline, then the peer closes
+                    no_newline(a);
                     check(a, b"be/\x01\n");
                 }
             }
             std::thread::sleep(Duration::from_millis(20));
         }
     })
+}
+
+/// A request without its newline, then the peer's close: `no_newline`.
+fn no_newline(agent: SocketAddr) {
+    let Ok(mut s) = TcpStream::connect(agent) else {
+        return;
+    };
+    let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
+    let _ = s.write_all(b"be/drained");
+    let _ = s.shutdown(Shutdown::Write);
+    let _ = s.read_to_end(&mut Vec::new());
 }
 
 fn put(kv: SocketAddr, key: &str, value: &str) {
@@ -212,6 +224,10 @@ fn dashboard_queries_recording_rules_and_the_consul_alert_work_on_a_real_prometh
             .then_some(())
     });
     let resolved_at = restored.elapsed();
+    let dump_to = std::env::var_os("GHA_DASHBOARD_DUMP");
+    if dump_to.is_some() {
+        std::thread::sleep(Duration::from_secs(15)); // the recovery, for the picture
+    }
     stop.store(true, Ordering::Relaxed);
     checks.join().unwrap();
     eprintln!(
@@ -219,7 +235,7 @@ fn dashboard_queries_recording_rules_and_the_consul_alert_work_on_a_real_prometh
         started.elapsed()
     );
 
-    if let Some(path) = std::env::var_os("GHA_DASHBOARD_DUMP") {
+    if let Some(path) = dump_to {
         dump(&prometheus, from, &path);
     }
     let _ = std::fs::remove_dir_all(&state_dir);

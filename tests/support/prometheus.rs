@@ -150,7 +150,8 @@ pub struct PanelQuery {
 
 /// Every query of every panel of `monitoring/dashboard.json`, with the
 /// dashboard's variables as an "All" selection puts them (`$job` and
-/// `$instance` match everything, `$__rate_interval` is 1m).
+/// `$instance` match everything, `$__rate_interval` is 4s, what Grafana
+/// makes of it with a 1 s scrape interval).
 pub fn dashboard_queries() -> Vec<PanelQuery> {
     let dashboard = dashboard();
     let mut out = Vec::new();
@@ -165,7 +166,7 @@ pub fn dashboard_queries() -> Vec<PanelQuery> {
                 expr: target["expr"]
                     .as_str()
                     .unwrap()
-                    .replace("$__rate_interval", "1m")
+                    .replace("$__rate_interval", "4s")
                     .replace("$job", ".+")
                     .replace("$instance", ".+"),
                 legend: target["legendFormat"].as_str().unwrap_or("").to_owned(),
