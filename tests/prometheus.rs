@@ -6,6 +6,9 @@
 //! "not answering from consul" alert goes pending, then firing, when that
 //! agent's consul is killed, and resolves when it is back.
 //!
+//! A missing `prometheus` binary fails the test with the line that installs
+//! it (scripts/install-prometheus.sh), never skips it.
+//!
 //! `GHA_DASHBOARD_DUMP=FILE` also writes every panel's queries over the run
 //! (one point a second) to FILE as JSON, which scripts/dashboard-png.py plots.
 
@@ -120,6 +123,9 @@ fn dashboard_queries_recording_rules_and_the_consul_alert_work_on_a_real_prometh
     );
     let dev = Agent::start(&["-dev", "-dev-kv-addr", "127.0.0.1:0"], &[]);
     put_state(dev.dev_kv.unwrap(), "gitlab-haproxy-agent/state");
+    for agent in [&watcher, &dev] {
+        agent.wait_reply("be/drained", "drain 100%", Duration::from_secs(10));
+    }
     let targets = [dev.monitoring.unwrap(), watcher.monitoring.unwrap()];
     let instance = targets[1].to_string();
     let rules = std::fs::read_to_string(monitoring_dir().join("rules.yml")).unwrap();

@@ -76,14 +76,16 @@ impl Prometheus {
         ))
         .arg(format!("--web.listen-address={addr}"))
         .current_dir(&dir);
-        let proc = Proc::spawn(cmd);
-        let prometheus = Prometheus { addr, proc, dir };
+        let mut proc = Proc::spawn(cmd);
         wait_for(Duration::from_secs(30), "prometheus ready", || {
+            if let Ok(Some(status)) = proc.child.try_wait() {
+                panic!("prometheus exited ({status}):\n{}", proc.log().join("\n"));
+            }
             http(addr, "GET", "/-/ready", b"")
                 .filter(|(st, _)| *st == 200)
                 .map(|_| ())
         });
-        prometheus
+        Prometheus { addr, proc, dir }
     }
 
     /// A GET on the HTTP API, `data` of a `success` answer.
