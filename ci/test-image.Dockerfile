@@ -2,8 +2,7 @@
 # pinned nightly with cargo-fuzz), zig and cargo-zigbuild for the release
 # builds (glibc 2.17 symbols, both architectures: no cross gcc), haproxy from
 # Debian and the upstream haproxy LTS lines built from source, a real consul
-# for the integration tests, prometheus and promtool for the metrics check,
-# the rules in monitoring/ and the real-Prometheus test.
+# for the integration tests, promtool for the metrics check.
 # Versions come from ci/versions.yml as build arguments; the defaults below
 # equal them (tests/ci_config.rs checks).
 ARG RUST_VERSION=1.95.0
@@ -57,7 +56,7 @@ RUN set -eux; \
         python3-pip; \
     rm -rf /var/lib/apt/lists/*; \
     /usr/sbin/haproxy -v | grep -q "version ${HAPROXY_MINOR}\."; \
-    promtool --version; prometheus --version
+    promtool --version
 
 COPY --from=consul /bin/consul /usr/local/bin/consul
 RUN consul version
