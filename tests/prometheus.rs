@@ -1,10 +1,11 @@
 //! The dashboard and the rules of `monitoring/` against a real Prometheus
 //! (Debian's package): two real agents (one in `-dev` mode, one watching the
 //! consul stand-in, with a state file) scraped every second while checks and
-//! KV writes run. Every dashboard panel's query returns a series, every
-//! recording rule records one, every rule evaluates without error, and the
-//! "not answering from consul" alert goes pending, then firing, when that
-//! agent's consul is killed, and resolves when it is back.
+//! KV writes run. Every dashboard panel's query returns a series (with the
+//! labels its legend names), every recording rule records one, every rule
+//! evaluates without error, and the "not answering from consul" alert goes
+//! pending, then firing, when that agent's consul is killed, and resolves
+//! when it is back.
 //!
 //! A missing `prometheus` binary fails the test with the line that installs
 //! it (scripts/install-prometheus.sh), never skips it.
@@ -52,6 +53,15 @@ fn traffic(agents: Vec<SocketAddr>, stop: Arc<AtomicBool>) -> std::thread::JoinH
             std::thread::sleep(Duration::from_millis(20));
         }
     })
+}
+
+/// The labels a legend format names (`{{outcome}} {{instance}}`).
+fn legend_labels(legend: &str) -> impl Iterator<Item = &str> {
+    legend
+        .split("{{")
+        .skip(1)
+        .filter_map(|rest| rest.split("}}").next())
+        .map(str::trim)
 }
 
 /// A request without its newline, then the peer's close: `no_newline`.
@@ -158,8 +168,19 @@ fn dashboard_queries_recording_rules_and_the_consul_alert_work_on_a_real_prometh
     let empty = loop {
         let empty: Vec<String> = queries
             .iter()
-            .filter(|q| prometheus.query(&q.expr).is_empty())
-            .map(|q| format!("panel {:?}: {}", q.panel, q.expr))
+            .filter_map(|q| {
+                let series = prometheus.query(&q.expr);
+                let missing = legend_labels(&q.legend)
+                    .find(|l| series.iter().any(|s| s["metric"][l].is_null()));
+                match (series.is_empty(), missing) {
+                    (true, _) => Some(format!("panel {:?}: {} (no series)", q.panel, q.expr)),
+                    (false, Some(l)) => Some(format!(
+                        "panel {:?}: {} (a series without the legend's label {l})",
+                        q.panel, q.expr
+                    )),
+                    (false, None) => None,
+                }
+            })
             .collect();
         if empty.is_empty() || Instant::now() >= deadline {
             break empty;
@@ -168,7 +189,7 @@ fn dashboard_queries_recording_rules_and_the_consul_alert_work_on_a_real_prometh
     };
     assert!(
         empty.is_empty(),
-        "dashboard queries without a series after 60 s:\n{}",
+        "dashboard queries not answered as the panel expects after 60 s:\n{}",
         empty.join("\n")
     );
     let panels_at = started.elapsed();
