@@ -207,24 +207,42 @@ impl Snapshot {
     /// Every entry whose reply is not `ready 100%`, with its asks, in no
     /// particular order.
     pub fn diverted(&self) -> impl Iterator<Item = Diverted<'_>> {
-        let ready = Desired::READY.reply();
         self.entries
             .iter()
-            .filter(move |(_, slot)| slot.reply != ready)
-            .map(|(k, slot)| Diverted {
-                identity: identity_str(k),
-                entry: slot.entry,
-                last_asked: slot.asks.last(),
-                since: slot.asks.since(self.born),
-            })
+            .filter_map(|(k, slot)| self.if_diverted(k, slot))
     }
 
-    /// Every entry asked for since `after`, with its last ask.
-    pub fn asked_since(&self, after: Tick) -> impl Iterator<Item = (&str, Tick)> {
+    /// [`Snapshot::diverted`] resumable: from the `pos`-th entry on (in
+    /// the map's order, which holds while the snapshot is not changed),
+    /// counting every entry passed in `pos`.
+    pub fn diverted_from<'a>(&'a self, pos: &'a mut usize) -> impl Iterator<Item = Diverted<'a>> {
+        let start = *pos;
         self.entries
             .iter()
+            .skip(start)
+            .inspect(move |_| *pos += 1)
+            .filter_map(|(k, slot)| self.if_diverted(k, slot))
+    }
+
+    fn if_diverted<'a>(&'a self, identity: &'a [u8], slot: &Slot) -> Option<Diverted<'a>> {
+        (slot.reply != Desired::READY.reply()).then(|| Diverted {
+            identity: identity_str(identity),
+            entry: slot.entry,
+            last_asked: slot.asks.last(),
+            since: slot.asks.since(self.born),
+        })
+    }
+
+    /// Every entry's identity and last ask, from the `pos`-th entry on,
+    /// counting every entry passed in `pos` (see
+    /// [`Snapshot::diverted_from`]).
+    pub fn asks_from<'a>(&'a self, pos: &'a mut usize) -> impl Iterator<Item = (&'a str, Tick)> {
+        let start = *pos;
+        self.entries
+            .iter()
+            .skip(start)
+            .inspect(move |_| *pos += 1)
             .map(|(k, slot)| (identity_str(k), slot.asks.last()))
-            .filter(move |(_, last)| *last >= after && !last.is_never())
     }
 
     /// The entry for an identity, if the KV holds a valid value for it.

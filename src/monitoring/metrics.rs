@@ -3,7 +3,9 @@
 //! allocation; the Prometheus text exposition (format 0.0.4) is rendered
 //! only when scraped.
 
+use std::collections::BinaryHeap;
 use std::fmt::Write as _;
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use crate::agent::Outcome;
@@ -11,8 +13,9 @@ use crate::consul::client::Traffic;
 use crate::consul::watch::ErrorReason;
 use crate::labels::label_enum;
 use crate::monitoring::server::Role;
+use crate::slice::Slice;
 use crate::state::unasked::Asking;
-use crate::state::{Diverted, InvalidReason, Snapshot};
+use crate::state::{InvalidReason, Snapshot};
 
 /// Upper bounds (seconds) of the request duration histogram: answers take
 /// microseconds, stalls milliseconds, timeouts seconds.
@@ -139,17 +142,111 @@ pub const MAX_DIVERTED_SERIES: usize = 1000;
 
 const P: &str = "gitlab_haproxy_agent_";
 
-/// Renders the whole exposition (text format 0.0.4): each family's `# HELP`
-/// and `# TYPE` once, then its samples.
-pub fn render(v: &View<'_>) -> String {
-    let mut o = Exposition(String::with_capacity(8 * 1024));
-    agent_requests(&mut o, v);
-    http_connections(&mut o, v.metrics);
-    state(&mut o, v);
-    asks(&mut o, v);
-    consul(&mut o, v);
-    process(&mut o, v);
-    o.0
+/// The exposition (text format 0.0.4) being rendered, a slice of the
+/// loop's time at a time: every family but the per-key last-ask series is
+/// written at once (a fixed amount of work); those series are chosen from
+/// the diverted entries slice by slice ([`MetricsRender::step`]), then
+/// written last ([`MetricsRender::finish`]).
+#[derive(Debug)]
+pub struct MetricsRender {
+    out: Exposition,
+    /// The state the series are chosen from.
+    state: Option<Arc<Snapshot>>,
+    pos: usize,
+    /// The best [`MAX_DIVERTED_SERIES`] so far (the worst on top).
+    chosen: BinaryHeap<Series>,
+    diverted: usize,
+}
+
+/// One per-key last-ask series, ranked: unasked keys first, then by
+/// identity.
+#[derive(Debug, PartialEq, Eq, PartialOrd, Ord)]
+struct Series {
+    asked: bool,
+    identity: Box<str>,
+    unix_seconds: u64,
+}
+
+impl MetricsRender {
+    /// Writes every family but the per-key series; `state` is `v`'s
+    /// snapshot, shared, for the slices to come.
+    pub fn new(v: &View<'_>, state: Option<Arc<Snapshot>>) -> MetricsRender {
+        let mut o = Exposition(String::with_capacity(16 * 1024));
+        agent_requests(&mut o, v);
+        http_connections(&mut o, v.metrics);
+        self::state(&mut o, v);
+        asks(&mut o, v);
+        consul(&mut o, v);
+        process(&mut o, v);
+        MetricsRender {
+            out: o,
+            state,
+            pos: 0,
+            chosen: BinaryHeap::new(),
+            diverted: 0,
+        }
+    }
+
+    /// Chooses the series among more diverted entries until the slice is
+    /// spent; `true` once all are seen.
+    pub fn step(&mut self, asking: Option<Asking<'_>>, slice: &mut Slice) -> bool {
+        let (Some(s), Some(a)) = (self.state.as_deref(), asking) else {
+            return true;
+        };
+        for d in s.diverted_from(&mut self.pos) {
+            self.diverted += 1;
+            let asked = a.unasked.get(d.identity).is_none();
+            let worst = self.chosen.peek();
+            let better = self.chosen.len() < MAX_DIVERTED_SERIES
+                || worst.is_some_and(|w| (asked, d.identity) < (w.asked, &*w.identity));
+            if better {
+                self.chosen.push(Series {
+                    asked,
+                    identity: d.identity.into(),
+                    unix_seconds: a.clock.unix_seconds(d.last_asked),
+                });
+                if self.chosen.len() > MAX_DIVERTED_SERIES {
+                    self.chosen.pop();
+                }
+            }
+            if slice.spent(d.identity.len()) {
+                break;
+            }
+        }
+        self.pos >= s.len()
+    }
+
+    /// Writes the per-key series (at most [`MAX_DIVERTED_SERIES`]: a
+    /// bounded amount of work) and returns the exposition.
+    pub fn finish(mut self) -> String {
+        let o = &mut self.out;
+        o.family(
+            "diverted_key_last_asked_timestamp_seconds",
+            "gauge",
+            "Per diverted key (reply not ready 100%): Unix time a check last asked for it here, 0 = never. The max over the fleet finds keys no haproxy asks for.",
+        );
+        for s in self.chosen.into_sorted_vec() {
+            o.int(
+                "diverted_key_last_asked_timestamp_seconds",
+                &[("identity", &s.identity)],
+                s.unix_seconds,
+            );
+        }
+        o.gauge(
+            "diverted_keys_over_series_limit",
+            "Diverted keys left out of diverted_key_last_asked_timestamp_seconds (at most 1000 series; unasked keys come first).",
+            self.diverted.saturating_sub(MAX_DIVERTED_SERIES) as f64,
+        );
+        self.out.0
+    }
+}
+
+/// The whole exposition at once (tests, and off the loop).
+#[cfg(test)]
+pub fn render(v: &View<'_>, state: Option<Arc<Snapshot>>) -> String {
+    let mut r = MetricsRender::new(v, state);
+    while !r.step(v.asking, &mut Slice::unlimited()) {}
+    r.finish()
 }
 
 /// Agent-check connections: outcomes, reply latency, the connection limit.
@@ -271,8 +368,8 @@ fn state(o: &mut Exposition, v: &View<'_>) {
     );
 }
 
-/// Who asks for what: unasked keys, identities asked without a key, and
-/// per diverted key its last ask (for one alert over the whole fleet).
+/// Who asks for what: unasked keys and identities asked without a key
+/// (per diverted key its last ask comes last, see [`MetricsRender`]).
 fn asks(o: &mut Exposition, v: &View<'_>) {
     let a = v.asking;
     o.gauge(
@@ -289,39 +386,6 @@ fn asks(o: &mut Exposition, v: &View<'_>) {
         "unknown_identities_overflow_total",
         "Asks for an identity without a key that were not recorded because -max-unknown-identities was reached.",
         a.map_or(0, |a| a.strangers.overflow()),
-    );
-    o.family(
-        "diverted_key_last_asked_timestamp_seconds",
-        "gauge",
-        "Per diverted key (reply not ready 100%): Unix time a check last asked for it here, 0 = never. The max over the fleet finds keys no haproxy asks for.",
-    );
-    let mut over = 0;
-    if let (Some(s), Some(a)) = (v.snapshot, a) {
-        let mut diverted: Vec<_> = s.diverted().collect();
-        // Unasked first, then by identity.
-        let order = |x: &Diverted<'_>, y: &Diverted<'_>| {
-            let asked = |d: &Diverted<'_>| a.unasked.get(d.identity).is_none();
-            (asked(x), x.identity).cmp(&(asked(y), y.identity))
-        };
-        over = diverted.len().saturating_sub(MAX_DIVERTED_SERIES);
-        if over > 0 {
-            diverted.select_nth_unstable_by(MAX_DIVERTED_SERIES, order);
-            diverted.truncate(MAX_DIVERTED_SERIES);
-        }
-        diverted.sort_unstable_by(order);
-        for d in diverted.iter().take(MAX_DIVERTED_SERIES) {
-            let t = a.clock.unix_seconds(d.last_asked);
-            o.int(
-                "diverted_key_last_asked_timestamp_seconds",
-                &[("identity", d.identity)],
-                t,
-            );
-        }
-    }
-    o.gauge(
-        "diverted_keys_over_series_limit",
-        "Diverted keys left out of diverted_key_last_asked_timestamp_seconds (at most 1000 series; unasked keys come first).",
-        over as f64,
     );
 }
 
@@ -436,6 +500,7 @@ fn process(o: &mut Exposition, v: &View<'_>) {
 
 /// The exposition being written. Names given without the `process_` prefix
 /// get the agent's prefix.
+#[derive(Debug)]
 struct Exposition(String);
 
 impl Exposition {
@@ -635,7 +700,7 @@ mod tests {
     use super::*;
 
     fn scrape(m: &Metrics) -> String {
-        render(&view(m))
+        render(&view(m), None)
     }
 
     fn view(m: &Metrics) -> View<'_> {
@@ -784,7 +849,11 @@ mod tests {
         }
         state.answer(b"nobody/asks", at);
         let mut unasked = Unasked::new(Duration::from_secs(60), t0);
-        unasked.sweep(&mut state, t0 + Duration::from_secs(61));
+        unasked.step(
+            &mut state,
+            t0 + Duration::from_secs(61),
+            &mut Slice::unlimited(),
+        );
         let m = Metrics::default();
         let mut view = view(&m);
         view.snapshot = state.current();
@@ -794,7 +863,21 @@ mod tests {
             unasked: &unasked,
             previous: None,
         });
-        let t = render(&view);
+        let t = render(&view, state.shared());
+        // Chosen a few entries a slice, the same series.
+        let mut sliced = MetricsRender::new(&view, state.shared());
+        let mut slices = 0;
+        while !sliced.step(view.asking, &mut Slice::items(100)) {
+            slices += 1;
+        }
+        assert!(slices > 9, "{slices} slices");
+        let keyed = |t: &str| -> Vec<String> {
+            t.lines()
+                .filter(|l| l.contains("diverted"))
+                .map(str::to_owned)
+                .collect()
+        };
+        assert_eq!(keyed(&sliced.finish()), keyed(&t));
         let series = "gitlab_haproxy_agent_diverted_key_last_asked_timestamp_seconds";
         let n = t
             .lines()
