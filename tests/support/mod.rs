@@ -546,5 +546,6 @@ pub fn free_port() -> u16 {
         .port()
 }
 pub mod haproxy;
+pub mod prometheus;
 pub mod proxy;
 pub mod tls;
