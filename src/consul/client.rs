@@ -14,7 +14,9 @@
 //! the decode in progress), and a transition consumes the phase it leaves,
 //! so no phase can touch a connection or a buffer that is not there.
 //!
-//! The client is generic over how it connects ([`Connect`]): the loop gives
+//! The transport steps (connect, handshake, write, read a response) are
+//! [`crate::consul::transport`]'s; this is the watch's phase machine over
+//! them. The client is generic over how it connects ([`Connect`]): the loop gives
 //! it sockets ([`SocketConnector`]), plain or under TLS
 //! ([`crate::consul::tls`]), tests and the fuzzer an in-memory stream
 //! ([`crate::consul::memstream`]) and a virtual clock. A transport with
@@ -38,368 +40,30 @@
 //! kept connection found closed before any byte of the answer is retried
 //! once at once on a fresh one.
 
-use std::io::{self, Read, Write};
-use std::sync::Arc;
+use std::io::{self, Read};
 use std::time::{Duration, Instant};
 
 use mio::Interest;
-use rustls_pki_types::ServerName;
 
-use crate::config::{ConsulConfig, ConsulEndpoint};
-use crate::consul::tls::{TlsError, TlsStream};
-use crate::consul::watch::{Decoding, ErrorReason, Failure, Response, Update, Watch};
-use crate::http::{
-    content_coding, parse_response_head, BodyDecoder, BodyError, Coding, InflateError, Inflater,
-    Parse, ResponseHead,
+use crate::config::ConsulConfig;
+use crate::consul::transport::{
+    connect_step, handshake_step, receive_step, send_step, Body, Conn, Received, Rx,
 };
+pub use crate::consul::transport::{
+    Connect, Socket, SocketConnector, Stream, Transport, CONNECT_TIMEOUT, HANDSHAKE_TIMEOUT,
+    READ_BUDGET,
+};
+use crate::consul::watch::{Decoding, ErrorReason, Failure, Response, Update, Watch};
+use crate::http::ResponseHead;
 use crate::slice::Slice;
 
-/// Connecting must succeed within this.
-pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
-/// The TLS handshake must be done within this after the connect (consul's
-/// own `https_handshake_timeout`).
-pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
 /// Headroom on top of the longest hold consul may apply (wait × 17/16).
 pub const RESPONSE_SLACK: Duration = Duration::from_secs(5);
-const MAX_HEAD_BYTES: usize = 64 * 1024;
-const READ_CHUNK: usize = 64 * 1024;
-/// Read (and inflate) at most this much of a response per call (a 13 MB
-/// listing read in one go holds every answer for milliseconds).
-pub const READ_BUDGET: usize = 1024 * 1024;
 /// A kept connection that fails this soon after its request started, before
 /// any byte of the answer, was closed while idle (the close crossed our
 /// request): retried at once. Later, the close came while consul held the
 /// request (a restart): a drop, retried after the jittered backoff.
 pub const IDLE_CLOSE_RACE: Duration = Duration::from_secs(1);
-
-/// A byte stream to consul: nonblocking reads and writes, the end of a
-/// nonblocking connect, and a handshake of its own (TLS) after it.
-pub trait Transport: Read + Write {
-    /// `Ok(true)` once connected, `Ok(false)` while still connecting.
-    fn connected(&mut self) -> io::Result<bool>;
-
-    /// Drives the transport's own handshake on a connected stream:
-    /// `Ok(true)` once done. A plain stream has none.
-    fn handshake(&mut self) -> io::Result<bool> {
-        Ok(true)
-    }
-
-    /// Bytes of the transport's own wait for the stream to take them (TLS
-    /// records): wait for writable too, whatever the phase waits for.
-    fn wants_write(&self) -> bool {
-        false
-    }
-}
-
-/// Opens connections to consul.
-pub trait Connect {
-    type Stream: Transport;
-    /// Starts a nonblocking connect.
-    fn connect(&mut self) -> io::Result<Self::Stream>;
-}
-
-/// A socket to consul.
-pub enum Socket {
-    Tcp(mio::net::TcpStream),
-    Unix(mio::net::UnixStream),
-}
-
-impl Transport for Socket {
-    /// Finishes a nonblocking connect per mio's docs: `take_error`, then
-    /// `peer_addr` (NotConnected means "not yet").
-    fn connected(&mut self) -> io::Result<bool> {
-        let (err, peer) = match self {
-            Socket::Tcp(s) => (s.take_error()?, s.peer_addr().map(|_| ())),
-            Socket::Unix(s) => (s.take_error()?, s.peer_addr().map(|_| ())),
-        };
-        if let Some(e) = err {
-            return Err(e);
-        }
-        match peer {
-            Ok(()) => Ok(true),
-            Err(e) if e.kind() == io::ErrorKind::NotConnected => Ok(false),
-            Err(e) => Err(e),
-        }
-    }
-}
-
-impl Read for Socket {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        match self {
-            Socket::Tcp(s) => s.read(buf),
-            Socket::Unix(s) => s.read(buf),
-        }
-    }
-}
-
-impl Write for Socket {
-    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        match self {
-            Socket::Tcp(s) => s.write(buf),
-            Socket::Unix(s) => s.write(buf),
-        }
-    }
-
-    fn flush(&mut self) -> io::Result<()> {
-        Ok(())
-    }
-}
-
-/// The connection to consul: a socket, or TLS over it.
-pub enum Stream {
-    Plain(Socket),
-    Tls(Box<TlsStream<Socket>>),
-}
-
-impl Stream {
-    /// The socket, for the loop to register.
-    pub fn source(&mut self) -> &mut dyn mio::event::Source {
-        let socket = match self {
-            Stream::Plain(s) => s,
-            Stream::Tls(t) => t.socket(),
-        };
-        match socket {
-            Socket::Tcp(s) => s,
-            Socket::Unix(s) => s,
-        }
-    }
-
-    fn transport(&mut self) -> &mut dyn Transport {
-        match self {
-            Stream::Plain(s) => s,
-            Stream::Tls(t) => &mut **t,
-        }
-    }
-}
-
-impl Transport for Stream {
-    fn connected(&mut self) -> io::Result<bool> {
-        self.transport().connected()
-    }
-
-    fn handshake(&mut self) -> io::Result<bool> {
-        self.transport().handshake()
-    }
-
-    fn wants_write(&self) -> bool {
-        match self {
-            Stream::Plain(_) => false,
-            Stream::Tls(t) => t.wants_write(),
-        }
-    }
-}
-
-impl Read for Stream {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        self.transport().read(buf)
-    }
-}
-
-impl Write for Stream {
-    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        self.transport().write(buf)
-    }
-
-    fn flush(&mut self) -> io::Result<()> {
-        Ok(())
-    }
-}
-
-/// Connects sockets to the configured endpoint, under TLS when configured.
-pub struct SocketConnector {
-    endpoint: ConsulEndpoint,
-    tls: Option<(Arc<rustls::ClientConfig>, ServerName<'static>)>,
-}
-
-impl SocketConnector {
-    pub fn new(config: &ConsulConfig) -> SocketConnector {
-        SocketConnector {
-            endpoint: config.endpoint.clone(),
-            tls: config
-                .tls
-                .as_ref()
-                .map(|t| (Arc::clone(&t.config.0), t.server_name.clone())),
-        }
-    }
-}
-
-impl Connect for SocketConnector {
-    type Stream = Stream;
-
-    fn connect(&mut self) -> io::Result<Stream> {
-        let socket = match &self.endpoint {
-            ConsulEndpoint::Tcp(addr) => {
-                let s = mio::net::TcpStream::connect(*addr)?;
-                s.set_nodelay(true)?;
-                Socket::Tcp(s)
-            }
-            ConsulEndpoint::Unix(path) => Socket::Unix(mio::net::UnixStream::connect(path)?),
-        };
-        Ok(match &self.tls {
-            None => Stream::Plain(socket),
-            Some((config, name)) => Stream::Tls(Box::new(TlsStream::new(
-                socket,
-                Arc::clone(config),
-                name.clone(),
-            )?)),
-        })
-    }
-}
-
-/// One connection and what it has carried.
-struct Conn<S> {
-    stream: S,
-    /// Names the connection for the loop's registration bookkeeping.
-    id: u64,
-    /// It has carried a complete response before: a close before any byte
-    /// of the next answer is consul (or a proxy) dropping an idle
-    /// keep-alive connection, retried once at once.
-    reused: bool,
-}
-
-/// A request in flight, reading its response.
-struct Rx<S> {
-    conn: Conn<S>,
-    deadline: Instant,
-    inbuf: Vec<u8>,
-    /// Wire bytes received for this request.
-    received: usize,
-    /// The read budget ran out with bytes possibly still in the socket
-    /// (edge-triggered: no new event would say so).
-    more: bool,
-}
-
-impl<S: Read> Rx<S> {
-    /// One read of at most `want` bytes onto the end of `inbuf`.
-    fn read_some(&mut self, want: usize) -> io::Result<usize> {
-        let len = self.inbuf.len();
-        self.inbuf.resize(len + want, 0);
-        let r = self.conn.stream.read(&mut self.inbuf[len..]);
-        let got = *r.as_ref().unwrap_or(&0);
-        self.inbuf.truncate(len + got);
-        self.received += got;
-        r
-    }
-}
-
-/// A final response head and its body so far.
-struct Body {
-    head: ResponseHead,
-    decoder: BodyDecoder,
-    /// The body as decoded (inflated, for a gzip body).
-    bytes: Vec<u8>,
-    gzip: Option<Box<Gzip>>,
-}
-
-/// A gzip body on its way through the inflater.
-struct Gzip {
-    inflater: Inflater,
-    /// Framed bytes not inflated yet (the step of a turn ran out).
-    coded: Vec<u8>,
-    /// A framing error (or a close mid-body) met after these bytes: it is
-    /// reported once they are inflated, so that an error inside them comes
-    /// first, as it came first on the wire, however the bytes were split.
-    framing_error: Option<BodyError>,
-}
-
-/// How far a body got with what was buffered.
-enum Absorbed {
-    /// The whole body is in (and inflated).
-    Complete,
-    /// More bytes are needed from the socket.
-    NeedInput,
-    /// The turn's budget ran out with work left: come back next turn.
-    Spent,
-}
-
-impl Body {
-    /// The body of `head`, decoded as its framing and coding say.
-    fn new(head: ResponseHead, max_body: usize) -> Result<Body, Failure> {
-        let encodings = head
-            .headers
-            .iter()
-            .filter(|(name, _)| name == "content-encoding")
-            .map(|(_, v)| v.as_slice());
-        let gzip = match content_coding(encodings) {
-            Ok(Coding::Identity) => None,
-            Ok(Coding::Gzip) => Some(Box::new(Gzip {
-                inflater: Inflater::new(max_body),
-                coded: Vec::new(),
-                framing_error: None,
-            })),
-            Err(why) => return Err(Failure::new(ErrorReason::BadBody, why)),
-        };
-        // A gzip body is bounded once inflated (and on the wire), not as
-        // framed: bytes that do not compress grow a little.
-        let framed_bound = if gzip.is_some() { usize::MAX } else { max_body };
-        Ok(Body {
-            decoder: BodyDecoder::new(head.framing, framed_bound),
-            head,
-            bytes: Vec::new(),
-            gzip,
-        })
-    }
-
-    /// Takes the framed body bytes at the front of `inbuf` and inflates
-    /// them (a gzip body), counting what was inflated against `budget`.
-    fn absorb(
-        &mut self,
-        inbuf: &mut Vec<u8>,
-        budget: &mut usize,
-        max_body: usize,
-    ) -> Result<Absorbed, Failure> {
-        let Some(gz) = &mut self.gzip else {
-            let used = self
-                .decoder
-                .feed(inbuf, &mut self.bytes)
-                .map_err(|e| body_failure(e, max_body))?;
-            inbuf.drain(..used);
-            return Ok(match self.decoder.is_done() {
-                true => Absorbed::Complete,
-                false => Absorbed::NeedInput,
-            });
-        };
-        if gz.framing_error.is_none() {
-            match self.decoder.feed(inbuf, &mut gz.coded) {
-                Ok(used) => drop(inbuf.drain(..used)),
-                Err(e) => gz.framing_error = Some(e),
-            }
-        }
-        let before = self.bytes.len();
-        let used = gz
-            .inflater
-            .feed(&gz.coded, &mut self.bytes, *budget)
-            .map_err(|e| inflate_failure(e, max_body))?;
-        gz.coded.drain(..used);
-        *budget -= self.bytes.len() - before;
-        if *budget == 0 {
-            return Ok(Absorbed::Spent);
-        }
-        if let Some(e) = gz.framing_error {
-            return Err(body_failure(e, max_body));
-        }
-        if !self.decoder.is_done() {
-            return Ok(Absorbed::NeedInput);
-        }
-        gz.inflater
-            .finish()
-            .map_err(|e| inflate_failure(e, max_body))?;
-        Ok(Absorbed::Complete)
-    }
-
-    /// The peer closed: a close-delimited body is complete; anything else
-    /// is truncated (for a gzip body, reported after what came before).
-    fn eof(&mut self) -> Result<(), BodyError> {
-        match (self.decoder.eof(), &mut self.gzip) {
-            (Ok(()), _) => Ok(()),
-            (Err(e), Some(gz)) => {
-                gz.framing_error.get_or_insert(e);
-                Ok(())
-            }
-            (Err(e), None) => Err(e),
-        }
-    }
-}
 
 /// What the client waits for; see the table in the module docs.
 enum Phase<S> {
@@ -781,21 +445,62 @@ impl<C: Connect> Client<C> {
                     decoding,
                 }),
                 Phase::Connecting {
-                    conn,
+                    mut conn,
                     request,
                     deadline,
-                } => connect_step(conn, request, deadline, now + HANDSHAKE_TIMEOUT),
+                } => match connect_step(&mut conn) {
+                    Ok(true) => Next::Go(Phase::Handshaking {
+                        conn,
+                        request,
+                        deadline: now + HANDSHAKE_TIMEOUT,
+                    }),
+                    Ok(false) => Next::Wait(Phase::Connecting {
+                        conn,
+                        request,
+                        deadline,
+                    }),
+                    Err(failure) => Next::fail(conn, failure),
+                },
                 Phase::Handshaking {
-                    conn,
+                    mut conn,
                     request,
                     deadline,
-                } => handshake_step(conn, request, deadline, now + self.response_within()),
+                } => match handshake_step(&mut conn) {
+                    Ok(true) => Next::Go(Phase::Sending {
+                        conn,
+                        request,
+                        written: 0,
+                        deadline: now + self.response_within(),
+                    }),
+                    Ok(false) => Next::Wait(Phase::Handshaking {
+                        conn,
+                        request,
+                        deadline,
+                    }),
+                    Err(failure) => Next::fail(conn, failure),
+                },
                 Phase::Sending {
-                    conn,
+                    mut conn,
                     request,
-                    written,
+                    mut written,
                     deadline,
-                } => send_step(conn, request, written, deadline),
+                } => match send_step(&mut conn, &request, &mut written) {
+                    Ok(true) => Next::Go(Phase::ExpectHead {
+                        rx: Rx::new(conn, deadline),
+                    }),
+                    Ok(false) => Next::Wait(Phase::Sending {
+                        conn,
+                        request,
+                        written,
+                        deadline,
+                    }),
+                    // A kept connection found closed: retried at once.
+                    Err(failure) => Next::Fail {
+                        retry_fresh: conn.reused && failure.reason == ErrorReason::Reset,
+                        conn: Some(conn),
+                        failure,
+                    },
+                },
                 Phase::ExpectHead { rx } => self.receive(rx, None, now),
                 Phase::ExpectBody { rx, body } => self.receive(rx, Some(body), now),
             };
@@ -839,65 +544,21 @@ impl<C: Connect> Client<C> {
     fn receive(
         &mut self,
         mut rx: Rx<C::Stream>,
-        mut body: Option<Body>,
+        body: Option<Body>,
         now: Instant,
     ) -> Next<C::Stream> {
-        let max_body = self.spec.max_body_bytes;
-        // Chunk extensions, trailers or interim heads could otherwise
-        // stretch the body bound to any amount of input.
-        let max_wire = max_body.saturating_mul(2).saturating_add(MAX_HEAD_BYTES);
-        let mut budget = READ_BUDGET;
-        loop {
-            // Parse what is buffered first, then read.
-            if body.is_none() {
-                match take_final_head(&mut rx.inbuf, max_body) {
-                    Ok(b) => body = b,
-                    Err(failure) => return Next::fail(rx.conn, failure),
-                }
-            }
-            if let Some(mut b) = body.take() {
-                match b.absorb(&mut rx.inbuf, &mut budget, max_body) {
-                    Ok(Absorbed::Complete) => return self.complete(rx, b, now),
-                    Ok(Absorbed::NeedInput) => body = Some(b),
-                    Ok(Absorbed::Spent) => {
-                        rx.more = true;
-                        return Next::Wait(Phase::ExpectBody { rx, body: b });
-                    }
-                    Err(failure) => return Next::fail(rx.conn, failure),
-                }
-            }
-            if rx.received > max_wire {
-                let failure = Failure::new(
-                    ErrorReason::TooLarge,
-                    format!("response over {max_wire} bytes on the wire (2 × -consul-max-body-bytes + 64 KiB)"),
-                );
-                return Next::fail(rx.conn, failure);
-            }
-            if budget == 0 {
-                rx.more = true;
-                return Next::Wait(receiving(rx, body));
-            }
-            let read = rx.read_some(READ_CHUNK.min(budget));
-            if let Ok(n) = read {
-                self.traffic.bytes_received += n as u64;
-            }
-            match read {
-                Ok(0) => return self.on_eof(rx, body, budget, now),
-                Ok(n) => budget -= n,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    rx.more = false;
-                    return Next::Wait(receiving(rx, body));
-                }
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => {
-                    let retry_fresh = self.closed_while_idle(&rx, now) && is_reset(&e);
-                    return Next::Fail {
-                        conn: Some(rx.conn),
-                        failure: io_failure(&e),
-                        retry_fresh,
-                    };
-                }
-            }
+        let before = rx.received;
+        let received = receive_step(&mut rx, body, self.spec.max_body_bytes);
+        self.traffic.bytes_received += (rx.received - before) as u64;
+        match received {
+            Received::Complete(body) => self.complete(rx, body, now),
+            Received::Wait(body) => Next::Wait(receiving(rx, body)),
+            Received::Dropped(failure) => Next::Fail {
+                retry_fresh: self.closed_while_idle(&rx, now),
+                conn: Some(rx.conn),
+                failure,
+            },
+            Received::Failed(failure) => Next::fail(rx.conn, failure),
         }
     }
 
@@ -909,41 +570,6 @@ impl<C: Connect> Client<C> {
     fn closed_while_idle(&self, rx: &Rx<C::Stream>, now: Instant) -> bool {
         let started = rx.deadline - self.response_within();
         rx.conn.reused && rx.received == 0 && now < started + IDLE_CLOSE_RACE
-    }
-
-    /// The peer closed; `budget` is what is left of the turn's.
-    fn on_eof(
-        &mut self,
-        mut rx: Rx<C::Stream>,
-        body: Option<Body>,
-        mut budget: usize,
-        now: Instant,
-    ) -> Next<C::Stream> {
-        let Some(mut b) = body else {
-            return Next::Fail {
-                retry_fresh: self.closed_while_idle(&rx, now),
-                conn: Some(rx.conn),
-                failure: Failure::new(
-                    ErrorReason::Reset,
-                    "consul closed the connection before a response",
-                ),
-            };
-        };
-        let max_body = self.spec.max_body_bytes;
-        if let Err(e) = b.eof() {
-            return Next::fail(rx.conn, body_failure(e, max_body));
-        }
-        // A close-delimited body is complete now; a gzip one may still
-        // have inflating left, a budget per turn (the socket is only read
-        // again, for EOF, once it is all inflated).
-        match b.absorb(&mut rx.inbuf, &mut budget, max_body) {
-            Ok(Absorbed::Complete) => self.complete(rx, b, now),
-            Ok(_) => {
-                rx.more = true;
-                Next::Wait(Phase::ExpectBody { rx, body: b })
-            }
-            Err(failure) => Next::fail(rx.conn, failure),
-        }
     }
 
     /// A whole response is in: keep the connection only if it may carry
@@ -1030,174 +656,10 @@ impl<C: Connect> Client<C> {
     }
 }
 
-/// Takes the final response head off the front of `inbuf`, skipping
-/// interim ones (100 Continue, 103 Early Hints: the real response follows):
-/// `None` while it is incomplete.
-fn take_final_head(inbuf: &mut Vec<u8>, max_body: usize) -> Result<Option<Body>, Failure> {
-    // Interim heads are skipped by offset and drained once, so a storm of
-    // them costs linear time.
-    let mut skipped = 0;
-    let mut parsed = parse_response_head(inbuf, MAX_HEAD_BYTES);
-    while let Parse::Done(head, used) = &parsed {
-        if head.status >= 200 {
-            break;
-        }
-        skipped += used;
-        parsed = parse_response_head(&inbuf[skipped..], MAX_HEAD_BYTES);
-    }
-    inbuf.drain(..skipped);
-    match parsed {
-        Parse::Partial => Ok(None),
-        Parse::Invalid(why) => Err(Failure::new(
-            ErrorReason::BadBody,
-            format!("bad response head: {why}"),
-        )),
-        Parse::Done(head, used) => {
-            inbuf.drain(..used);
-            Body::new(head, max_body).map(Some)
-        }
-    }
-}
-
 fn receiving<S>(rx: Rx<S>, body: Option<Body>) -> Phase<S> {
     match body {
         None => Phase::ExpectHead { rx },
         Some(body) => Phase::ExpectBody { rx, body },
-    }
-}
-
-/// `handshake_deadline`: the deadline of the handshake if connected now.
-fn connect_step<S: Transport>(
-    mut conn: Conn<S>,
-    request: Vec<u8>,
-    deadline: Instant,
-    handshake_deadline: Instant,
-) -> Next<S> {
-    match conn.stream.connected() {
-        Ok(true) => Next::Go(Phase::Handshaking {
-            conn,
-            request,
-            deadline: handshake_deadline,
-        }),
-        Ok(false) => Next::Wait(Phase::Connecting {
-            conn,
-            request,
-            deadline,
-        }),
-        Err(e) => Next::Fail {
-            conn: Some(conn),
-            failure: Failure::new(ErrorReason::Connect, e.to_string()),
-            retry_fresh: false,
-        },
-    }
-}
-
-/// `response_deadline`: the deadline of the response if the handshake is
-/// done now.
-fn handshake_step<S: Transport>(
-    mut conn: Conn<S>,
-    request: Vec<u8>,
-    deadline: Instant,
-    response_deadline: Instant,
-) -> Next<S> {
-    match conn.stream.handshake() {
-        Ok(true) => Next::Go(Phase::Sending {
-            conn,
-            request,
-            written: 0,
-            deadline: response_deadline,
-        }),
-        Ok(false) => Next::Wait(Phase::Handshaking {
-            conn,
-            request,
-            deadline,
-        }),
-        Err(e) => Next::fail(conn, io_failure(&e)),
-    }
-}
-
-fn send_step<S: Transport>(
-    mut conn: Conn<S>,
-    request: Vec<u8>,
-    mut written: usize,
-    deadline: Instant,
-) -> Next<S> {
-    while written < request.len() {
-        match conn.stream.write(&request[written..]) {
-            Ok(0) => {
-                return Next::Fail {
-                    retry_fresh: conn.reused,
-                    conn: Some(conn),
-                    failure: Failure::new(ErrorReason::Reset, "connection closed while sending"),
-                }
-            }
-            Ok(n) => written += n,
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                return Next::Wait(Phase::Sending {
-                    conn,
-                    request,
-                    written,
-                    deadline,
-                })
-            }
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => {
-                return Next::Fail {
-                    retry_fresh: conn.reused && is_reset(&e),
-                    conn: Some(conn),
-                    failure: io_failure(&e),
-                }
-            }
-        }
-    }
-    Next::Go(Phase::ExpectHead {
-        rx: Rx {
-            conn,
-            deadline,
-            inbuf: Vec::new(),
-            received: 0,
-            more: false,
-        },
-    })
-}
-
-fn is_reset(e: &io::Error) -> bool {
-    io_failure(e).reason == ErrorReason::Reset
-}
-
-fn io_failure(e: &io::Error) -> Failure {
-    if let Some(tls) = TlsError::of(e) {
-        return Failure::new(ErrorReason::Tls, tls.to_string());
-    }
-    let reason = match e.kind() {
-        io::ErrorKind::TimedOut => ErrorReason::Timeout,
-        io::ErrorKind::ConnectionRefused => ErrorReason::Connect,
-        _ => ErrorReason::Reset,
-    };
-    Failure::new(reason, e.to_string())
-}
-
-fn body_failure(e: BodyError, max: usize) -> Failure {
-    match e {
-        BodyError::TooLarge => Failure::new(
-            ErrorReason::TooLarge,
-            format!("response over -consul-max-body-bytes ({max})"),
-        ),
-        BodyError::BadChunk => Failure::new(ErrorReason::BadBody, "bad chunked framing"),
-        BodyError::Truncated => Failure::new(
-            ErrorReason::BadBody,
-            "connection closed mid-body (truncated body)",
-        ),
-    }
-}
-
-fn inflate_failure(e: InflateError, max: usize) -> Failure {
-    match e {
-        InflateError::TooLarge => Failure::new(
-            ErrorReason::TooLarge,
-            format!("gzip body inflates past -consul-max-body-bytes ({max})"),
-        ),
-        e => Failure::new(ErrorReason::BadBody, e.to_string()),
     }
 }
 

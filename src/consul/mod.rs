@@ -1,7 +1,8 @@
 //! The consul side: KV JSON decoding ([`kv`], pure), the watch logic (index
 //! rules, rate limit, backoff: [`watch`], pure) and the nonblocking HTTP/1.1
-//! client connection that runs it inside the loop ([`client`]), under TLS
-//! when configured ([`tls`]); the
+//! client connection that runs it inside the loop ([`client`]), over the
+//! transport steps ([`transport`]: connect, handshake, write, read a
+//! response), under TLS when configured ([`tls`]); the
 //! watch's health as operators see it: outages, the last error ([`health`]).
 
 pub mod client;
@@ -9,4 +10,5 @@ pub mod health;
 pub mod kv;
 pub mod memstream;
 pub mod tls;
+pub mod transport;
 pub mod watch;
