@@ -214,7 +214,8 @@ impl EventLoop {
                 let Some(gen) = self.https.gen(key) else {
                     return HttpProgress::Close;
                 };
-                match self.renders.ask(kind, (key, gen, head_only), now) {
+                let changes = self.metrics.changes();
+                match self.renders.ask(kind, (key, gen, head_only), now, changes) {
                     Some(body) => self.respond_shared(key, kind, body, head_only, now),
                     // Answered when the render is done (render_slice).
                     None => HttpProgress::NeedRead,
@@ -230,7 +231,7 @@ impl EventLoop {
         renders.forget(|&(key, gen, _)| self.https.gen(key) != Some(gen));
         let shared = self.state.shared();
         let st = self.status(now);
-        let metrics_started = renders.start(&st, shared.as_ref());
+        let metrics_started = renders.start(&st, shared.as_ref(), self.metrics.changes());
         let mut done = Vec::new();
         renders.step(st.asking, &mut Slice::of_turn(now), now, &mut done);
         self.renders = renders;

@@ -97,6 +97,15 @@ impl Metrics {
         }
     }
 
+    /// A count that moves whenever something a render shows may have
+    /// changed in substance: a check answered, a consul answer, a swap.
+    /// (Gauges of time, like ages, move without it.)
+    pub fn changes(&self) -> u64 {
+        let requests: u64 = self.requests.iter().sum();
+        let errors: u64 = self.consul_errors.iter().sum();
+        requests + errors + self.swaps + self.consul_unchanged + self.consul_index_resets
+    }
+
     /// One loop turn's work took `d`.
     pub fn count_turn(&mut self, d: Duration) {
         self.loop_turn.observe(d);

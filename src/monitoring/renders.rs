@@ -5,8 +5,11 @@
 //! a connection key), the loop's status when a render starts, and a
 //! [`Slice`] per turn. Out: each waiter with the shared body it asked
 //! for. Always holds: a kind is rendered at most once per [`FRESH_FOR`]
-//! (a request within that of the last render gets the same bytes, a
-//! pipelining flood costs nothing); one render per kind at a time, shared
+//! while nothing changed (a request within that of the last render, with
+//! the loop's change count the same, gets the same bytes: a pipelining
+//! flood costs nothing; after a state swap or an answered check it gets a
+//! new render, so what it reads is never older than what it did); one
+//! render per kind at a time, shared
 //! by every request that came while it was built; the body is one
 //! reference-counted buffer, so a connection that never reads holds a
 //! reference, not a copy: memory is at most a few renders per kind (one
@@ -74,8 +77,11 @@ pub struct Renders<W> {
 
 #[derive(Debug)]
 struct Slot<W> {
-    fresh: Option<(Body, Instant)>,
-    job: Option<Job>,
+    /// The last body, when it was done, and the change count it was
+    /// started at.
+    fresh: Option<(Body, Instant, u64)>,
+    /// The render in progress, and the change count it was started at.
+    job: Option<(Job, u64)>,
     waiting: Vec<W>,
 }
 
@@ -98,13 +104,16 @@ impl<W> Default for Renders<W> {
 }
 
 impl<W> Renders<W> {
-    /// A request for `kind` at `now`: the body rendered within
-    /// [`FRESH_FOR`], else `None` and the waiter is queued for the next
-    /// render ([`Renders::step`] hands it out).
-    pub fn ask(&mut self, kind: Heavy, waiter: W, now: Instant) -> Option<Body> {
+    /// A request for `kind` at `now`, when the loop's change count is
+    /// `changes`: the body rendered within [`FRESH_FOR`] at the same count,
+    /// else `None` and the waiter is queued for the next render
+    /// ([`Renders::step`] hands it out).
+    pub fn ask(&mut self, kind: Heavy, waiter: W, now: Instant, changes: u64) -> Option<Body> {
         let slot = &mut self.slots[kind.index()];
         match &slot.fresh {
-            Some((body, at)) if now < *at + FRESH_FOR && slot.job.is_none() => {
+            Some((body, at, seen))
+                if now < *at + FRESH_FOR && *seen == changes && slot.job.is_none() =>
+            {
                 Some(Arc::clone(body))
             }
             _ => {
@@ -131,16 +140,17 @@ impl<W> Renders<W> {
     }
 
     /// Starts a render for every kind with waiters and none in progress,
-    /// from `st` (its state shared as `state`). `true` if a metrics render
-    /// started (the loop then resets what "since the last scrape" counts).
-    pub fn start(&mut self, st: &Status<'_>, state: Option<&Arc<Snapshot>>) -> bool {
+    /// from `st` (its state shared as `state`) at change count `changes`.
+    /// `true` if a metrics render started (the loop then resets what
+    /// "since the last scrape" counts).
+    pub fn start(&mut self, st: &Status<'_>, state: Option<&Arc<Snapshot>>, changes: u64) -> bool {
         let mut metrics = false;
         for (i, slot) in self.slots.iter_mut().enumerate() {
             if slot.waiting.is_empty() || slot.job.is_some() {
                 continue;
             }
             let state = state.cloned();
-            slot.job = Some(match Heavy::of(i) {
+            let job = match Heavy::of(i) {
                 Heavy::Metrics => {
                     metrics = true;
                     Job::Metrics(Box::new(MetricsRender::new(&metrics_view(st), state)))
@@ -148,7 +158,8 @@ impl<W> Renders<W> {
                 Heavy::DebugState { diverted } => {
                     Job::DebugState(Box::new(DebugStateRender::new(st, state, diverted)))
                 }
-            });
+            };
+            slot.job = Some((job, changes));
         }
         metrics
     }
@@ -165,19 +176,19 @@ impl<W> Renders<W> {
         for (i, slot) in self.slots.iter_mut().enumerate() {
             let finished = match &mut slot.job {
                 None => continue,
-                Some(Job::Metrics(r)) => r.step(asking, slice),
-                Some(Job::DebugState(r)) => r.step(asking, slice),
+                Some((Job::Metrics(r), _)) => r.step(asking, slice),
+                Some((Job::DebugState(r), _)) => r.step(asking, slice),
             };
             if finished {
-                let body = match slot.job.take() {
-                    Some(Job::Metrics(r)) => r.finish(),
-                    Some(Job::DebugState(r)) => r.finish(),
-                    None => String::new(),
+                let (body, changes) = match slot.job.take() {
+                    Some((Job::Metrics(r), c)) => (r.finish(), c),
+                    Some((Job::DebugState(r), c)) => (r.finish(), c),
+                    None => (String::new(), 0),
                 };
                 let body = Arc::new(body.into_bytes());
                 let kind = Heavy::of(i);
                 done.extend(slot.waiting.drain(..).map(|w| (w, kind, Arc::clone(&body))));
-                slot.fresh = Some((body, now));
+                slot.fresh = Some((body, now, changes));
             }
             if slice.is_over() {
                 return;
@@ -260,7 +271,7 @@ mod tests {
         done: &mut Vec<(u32, Heavy, Body)>,
     ) -> usize {
         let shared = state.shared();
-        r.start(st, shared.as_ref());
+        r.start(st, shared.as_ref(), 0);
         let mut slices = 0;
         while r.busy() {
             r.step(st.asking, &mut Slice::items(items), st.now, done);
@@ -279,7 +290,7 @@ mod tests {
         let kind = Heavy::DebugState { diverted: false };
         // 32 connections ask before the render is done: one render.
         for w in 0..32 {
-            assert!(r.ask(kind, w, t0).is_none());
+            assert!(r.ask(kind, w, t0, 0).is_none());
         }
         let mut done = Vec::new();
         let slices = run(&mut r, &st, &state, 1000, &mut done);
@@ -307,11 +318,17 @@ mod tests {
         let text = std::str::from_utf8(&body).unwrap();
         let at = |id: &str| text.find(&format!("\"{id}\":")).unwrap();
         assert!(at("be_web/srv10") < at("be_web/srv2"));
-        // Within a second: the same bytes, at once; after it, a new render.
+        // Within a second and no change: the same bytes, at once; after
+        // it, or after a change, a new render.
+        let soon = t0 + Duration::from_millis(900);
         assert!(r
-            .ask(kind, 99, t0 + Duration::from_millis(900))
+            .ask(kind, 98, soon, 0)
             .is_some_and(|b| Arc::ptr_eq(&b, &body)));
-        assert!(r.ask(kind, 99, t0 + FRESH_FOR).is_none());
+        assert!(r.ask(kind, 99, soon, 1).is_none(), "changed");
+        assert!(
+            r.ask(kind, 100, t0 + FRESH_FOR, 0).is_none(),
+            "a second old"
+        );
     }
 
     #[test]
@@ -320,8 +337,8 @@ mod tests {
         let m = Metrics::default();
         let st = status(&m, &state, &unasked, t0);
         let mut r = Renders::default();
-        r.ask(Heavy::DebugState { diverted: true }, 1, t0);
-        r.ask(Heavy::Metrics, 2, t0);
+        r.ask(Heavy::DebugState { diverted: true }, 1, t0, 0);
+        r.ask(Heavy::Metrics, 2, t0, 0);
         let mut done = Vec::new();
         let slices = run(&mut r, &st, &state, 500, &mut done);
         assert!(slices > 20, "{slices}");
@@ -341,8 +358,8 @@ mod tests {
         let m = Metrics::default();
         let st = status(&m, &state, &unasked, t0);
         let mut r = Renders::default();
-        r.ask(Heavy::Metrics, 7, t0);
-        r.start(&st, state.shared().as_ref());
+        r.ask(Heavy::Metrics, 7, t0, 0);
+        r.start(&st, state.shared().as_ref(), 0);
         r.forget(|w| *w == 7);
         assert!(!r.busy());
         assert!(r.slots[0].job.is_none());
