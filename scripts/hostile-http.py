@@ -365,6 +365,15 @@ def raise_nofile():
     return resource.getrlimit(resource.RLIMIT_NOFILE)
 
 
+def log_fields(line):
+    """(level, msg) of one of the daemon's JSON log lines; ("?", line) if it is not JSON."""
+    try:
+        j = json.loads(line)
+        return j.get("level", "?"), j.get("msg", line)
+    except ValueError:
+        return "?", line
+
+
 class Daemon:
     ADDR_RE = re.compile(r"\b(listen_addr|monitoring_addr|pprof_addr|dev_kv_addr)=([0-9.]+):(\d+)")
 
@@ -387,11 +396,7 @@ class Daemon:
         def read_stderr(proc):
             for raw in proc.stderr:
                 line = raw.decode("utf-8", "replace").rstrip("\n")
-                try:
-                    j = json.loads(line)
-                    level, msg = j.get("level", "?"), j.get("msg", line)
-                except ValueError:
-                    level, msg = "?", line
+                level, msg = log_fields(line)
                 with self.lock:
                     self.lines.append((time.monotonic(), level, msg))
                 if not got.is_set() and msg == "listening":
@@ -610,6 +615,20 @@ def fmt(v, nd=2):
     return "-" if v is None else f"{v:.{nd}f}"
 
 
+def collect_attack(child, grace):
+    """The attack process's JSON stats line; it is killed by PID if it runs `grace` s past its deadline."""
+    try:
+        so, se = child.communicate(timeout=grace)
+        try:
+            return json.loads(so.decode().strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            return {"attack_output": (so + se).decode("utf-8", "replace")[-300:]}
+    except subprocess.TimeoutExpired:
+        os.kill(child.pid, signal.SIGKILL)
+        child.communicate()
+        return {"attack_killed": f"overran {grace:g} s after its deadline"}
+
+
 def run_pattern(name, kind, target, daemon, sampler, seconds):
     keymap = {"monitoring": "monitoring_addr", "pprof": "pprof_addr", "devkv": "dev_kv_addr"}
     if target:
@@ -635,17 +654,7 @@ def run_pattern(name, kind, target, daemon, sampler, seconds):
     # Measure for exactly the attack window.
     time.sleep(max(0.0, t0 + seconds - time.monotonic()))
     stop.set()
-    attack = {}
-    try:
-        so, se = child.communicate(timeout=20)
-        try:
-            attack = json.loads(so.decode().strip().splitlines()[-1])
-        except (ValueError, IndexError):
-            attack = {"attack_output": (so + se).decode("utf-8", "replace")[-300:]}
-    except subprocess.TimeoutExpired:
-        os.kill(child.pid, signal.SIGKILL)
-        child.communicate()
-        attack = {"attack_killed": "overran 20 s after its deadline"}
+    attack = collect_attack(child, 20)
     t_end = time.monotonic()
     for t in th:
         t.join(CHECK_TIMEOUT * 2 + 2)
