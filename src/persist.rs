@@ -25,7 +25,7 @@ use log::{info, warn};
 
 use crate::config::Config;
 use crate::state::file::{self, Loaded};
-use crate::state::{Snapshot, Swapper};
+use crate::state::{Snapshot, Swapper, FIRST_READ_GRACE};
 
 /// How long shutdown waits for the last write.
 pub const SHUTDOWN_WAIT: Duration = Duration::from_secs(2);
@@ -67,9 +67,10 @@ pub fn load(
     file::decode(&bytes, prefix, now, max_age).map_err(|r| r.to_string())
 }
 
-/// Answers from the state file at `path` if it is usable (else logs why
-/// not), then starts its writer.
-pub fn open(config: &Config, path: &Path, state: &mut Swapper) -> io::Result<StateFile> {
+/// Reads the state file at `path` (else logs why it is not used), then
+/// starts its writer. The state read is answered only once the first
+/// consul read has failed or taken too long ([`crate::state::HeldFile`]).
+pub fn open(config: &Config, path: &Path) -> io::Result<(StateFile, Option<Loaded>)> {
     let path = &through_links(path);
     let shown = path.display().to_string();
     let max_bytes = config.consul.max_body_bytes;
@@ -80,21 +81,34 @@ pub fn open(config: &Config, path: &Path, state: &mut Swapper) -> io::Result<Sta
         max_bytes,
         SystemTime::now(),
     );
-    match loaded {
+    let grace_ms = FIRST_READ_GRACE.as_millis() as u64;
+    let loaded = match loaded {
         Ok(l) => {
             let s = &l.snapshot;
-            info!(path = shown.as_str(), age_seconds = l.age.as_secs(), keys = s.len(), invalid = s.invalid().len(), index = s.index();
-                "answering from the state file until consul answers");
-            state.load(l.snapshot, l.written, Instant::now());
+            info!(path = shown.as_str(), age_seconds = l.age.as_secs(), keys = s.len(), invalid = s.invalid().len(), index = s.index(), grace_ms = grace_ms;
+                "state file read: answered only if the first consul read fails or does not complete within the grace");
+            Some(l)
         }
         Err(reason) if fs::symlink_metadata(path).is_err() => {
             info!(path = shown.as_str(), reason = reason.as_str(); "no state file yet: not answering until a first complete consul read");
+            None
         }
         Err(reason) => {
             warn!(path = shown.as_str(), reason = reason.as_str(); "state file ignored: not answering until a first complete consul read");
+            None
         }
-    }
-    StateFile::start(path.to_owned(), config.kv_prefix.clone())
+    };
+    let file = StateFile::start(path.to_owned(), config.kv_prefix.clone())?;
+    Ok((file, loaded))
+}
+
+/// Answers from the state file's state `l` from `now` on, because of
+/// `why` (the first consul read failed, or did not come in time).
+pub fn answer_from(l: Loaded, why: &str, state: &mut Swapper, now: Instant) {
+    let s = &l.snapshot;
+    info!(age_seconds = l.age.as_secs(), keys = s.len(), invalid = s.invalid().len(), index = s.index(), why = why;
+        "answering from the state file until consul answers");
+    state.load(l.snapshot, l.written, now);
 }
 
 /// The file a path names, through symbolic links: each write renames a new

@@ -1,15 +1,19 @@
 //! `-state-file`: a restart while consul is unreachable answers the last
-//! known state; a file that cannot be used, or written, costs one log line
-//! and nothing else. "Consul" is the dev KV here (stopping it is the point).
+//! known state (once the first read failed, or after a second without
+//! one); a restart while consul is reachable never answers it; a file that
+//! cannot be used, or written, costs one log line and nothing else.
+//! "Consul" is the dev KV here (stopping it is the point).
 
 mod support;
 
 use std::path::{Path, PathBuf};
-use std::time::{Duration, SystemTime};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant, SystemTime};
 
 use gitlab_haproxy_agent::consul::kv::KvPair;
 use gitlab_haproxy_agent::state::{file, Snapshot};
-use support::{http, unique_prefix, wait_for, Agent, Kv};
+use support::proxy::{Mode, Proxy};
+use support::{check, http, unique_prefix, wait_for, Agent, Kv};
 
 const SYNC: Duration = Duration::from_secs(10);
 
@@ -52,8 +56,8 @@ fn a_restart_with_consul_down_answers_from_the_state_file_until_consul_answers()
     drop(a);
 
     let a = agent(consul, &prefix, &path, &[]);
-    // Answered at once, from the file, though consul is down.
-    assert_eq!(a.check("be/s1\n").as_deref(), Some("drain 100%"));
+    // Answered from the file as soon as the first read failed.
+    a.wait_reply("be/s1", "drain 100%", SYNC);
     assert_eq!(a.check("be/s2\n").as_deref(), Some("maint 100%"));
     assert_eq!(a.check("be/s3\n").as_deref(), Some("ready 100%"));
     let line = a.proc.wait_log("answering from the state file", SYNC);
@@ -186,7 +190,131 @@ fn a_file_that_cannot_be_used_is_one_line_and_no_answers() {
     let path = dir.join("good.json");
     std::fs::write(&path, &good).unwrap();
     let a = agent(down, &prefix, &path, &[]);
-    assert_eq!(a.check("be/s1\n").as_deref(), Some("drain 100%"));
+    a.wait_reply("be/s1", "drain 100%", SYNC);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Checks of `identity` on `127.0.0.1:port`, back to back from now (the
+/// agent need not be up yet) until the reply `last` or `limit`: each reply
+/// (`None`: none, or not listening yet) with when it came.
+fn checks_until(
+    port: u16,
+    identity: &str,
+    last: &'static str,
+    limit: Duration,
+) -> JoinHandle<Vec<(Duration, Option<String>)>> {
+    let line = format!("{identity}\n");
+    let addr = format!("127.0.0.1:{port}").parse().unwrap();
+    std::thread::spawn(move || {
+        let t0 = Instant::now();
+        let mut replies = Vec::new();
+        while t0.elapsed() < limit {
+            let reply = check(addr, line.as_bytes());
+            let done = reply.as_deref() == Some(last);
+            replies.push((t0.elapsed(), reply));
+            if done {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        replies
+    })
+}
+
+/// Regression (issue 27): with consul reachable, a restart answered the
+/// file from the first accept until consul's first read, a few ms to a few
+/// hundred later: a key drained in the file but deleted in consul since
+/// drained its server again, for one agent interval.
+#[test]
+fn a_restart_with_consul_reachable_never_answers_the_file() {
+    let dir = temp_dir("reachable");
+    let path = dir.join("state.json");
+    let prefix = unique_prefix("reachable");
+    std::fs::write(&path, valid_file(&prefix, SystemTime::now())).unwrap();
+    let kv = Kv::dev();
+    kv.put(&format!("{prefix}/be/s2"), "maint");
+    // The first read takes a few hundred ms (well within the second).
+    let slow = Proxy::start(kv.addr);
+    slow.set_mode(Mode::SlowDrip(Duration::from_millis(2)));
+    let port = support::free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let replies = checks_until(port, "be/s1", "ready 100%", Duration::from_secs(20));
+    let a = agent(slow.addr, &prefix, &path, &["-listen-addr", &listen]);
+    let replies = replies.join().unwrap();
+    let shown: Vec<_> = replies.iter().filter(|(_, r)| r.is_some()).collect();
+    assert_eq!(
+        replies.last().and_then(|(_, r)| r.as_deref()),
+        Some("ready 100%"),
+        "consul's answer: {shown:?}"
+    );
+    assert!(
+        replies
+            .iter()
+            .all(|(_, r)| r.as_deref() != Some("drain 100%")),
+        "the file's value was answered: {shown:?}"
+    );
+    let unanswered = replies.iter().filter(|(_, r)| r.is_none()).count();
+    assert!(
+        unanswered >= 10,
+        "checks came while consul was read: {unanswered}"
+    );
+    assert_eq!(a.metric("gitlab_haproxy_agent_state_from_file"), 0.0);
+    assert!(!a
+        .proc
+        .log()
+        .iter()
+        .any(|l| l.contains("answering from the state file")));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A consul that takes a request and never answers (as a stalled one
+/// does): the file is answered about a second after the start, and
+/// readiness follows it.
+#[test]
+fn a_restart_with_consul_silent_answers_the_file_after_a_second() {
+    let dir = temp_dir("silent");
+    let path = dir.join("state.json");
+    let prefix = unique_prefix("silent");
+    std::fs::write(&path, valid_file(&prefix, SystemTime::now())).unwrap();
+    // Connections are taken by the kernel and never read.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = support::free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let started = Instant::now();
+    let replies = checks_until(port, "be/s1", "drain 100%", Duration::from_secs(20));
+    let a = agent(
+        silent.local_addr().unwrap(),
+        &prefix,
+        &path,
+        &["-listen-addr", &listen],
+    );
+    let (st, _) = a.monitoring_get("/-/readiness");
+    let early = started.elapsed();
+    let replies = replies.join().unwrap();
+    let (at, reply) = replies.last().unwrap();
+    assert_eq!(
+        reply.as_deref(),
+        Some("drain 100%"),
+        "answered from the file"
+    );
+    assert!(
+        replies.iter().rev().skip(1).all(|(_, r)| r.is_none()),
+        "nothing answered before: {replies:?}"
+    );
+    // The grace starts a little after the spawn; the checks' clock a little
+    // before it.
+    assert!(
+        *at >= Duration::from_millis(950),
+        "not before the second: {at:?}"
+    );
+    assert!(*at < Duration::from_secs(4), "about a second: {at:?}");
+    if early < Duration::from_millis(900) {
+        assert_eq!(st, 503, "not ready while the file is held");
+    }
+    assert_eq!(a.monitoring_get("/-/readiness").0, 200);
+    assert_eq!(a.metric("gitlab_haproxy_agent_state_from_file"), 1.0);
+    let line = a.proc.wait_log("answering from the state file", SYNC);
+    assert!(line.contains("no consul read within the grace"), "{line}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

@@ -212,7 +212,7 @@ fn state(o: &mut Exposition, v: &View<'_>) {
     );
     o.counter(
         "state_file_writes_total",
-        "State files written (-state-file), one per change at most, coalesced under churn.",
+        "State files written (-state-file): one per change at most, coalesced under churn, and an unchanged state rewritten every quarter of -state-max-age (at most hourly).",
         v.state_file_writes,
     );
     o.counter(
