@@ -461,7 +461,7 @@ impl EventLoop {
             Update::TooStale { last_contact } => {
                 // Counted by the watch; routine when a follower lags.
                 let ms = last_contact.map(|d| d.as_millis() as u64);
-                debug!(last_contact_ms = ms; "consul answer too stale (-consul-max-stale): discarded, asking the leader");
+                debug!(last_contact_ms = ms; "stale consul answer past -consul-max-stale, or behind the state applied: discarded, asking the leader");
             }
             Update::Failed(f) => {
                 self.metrics.count_consul_error(f.reason);
