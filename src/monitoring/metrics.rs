@@ -123,7 +123,7 @@ pub struct View<'a> {
 }
 
 /// At most this many `diverted_key_last_asked_timestamp_seconds` series
-/// (unasked keys first, then by identity); the rest are counted.
+/// (the most recently asked first, then by identity); the rest are counted.
 pub const MAX_DIVERTED_SERIES: usize = 1000;
 
 const P: &str = "gitlab_haproxy_agent_";
@@ -287,10 +287,12 @@ fn asks(o: &mut Exposition, v: &View<'_>) {
     let mut over = 0;
     if let (Some(s), Some(a)) = (v.snapshot, a) {
         let mut diverted: Vec<_> = s.diverted().collect();
-        // Unasked first, then by identity.
+        // The most recently asked first (never asked last), then by
+        // identity: a key this agent's haproxy asks is never left out for
+        // one it does not ask, or the fleet's max for it would be another
+        // agent's 0, and the fleet alert would fire for a key that is asked.
         let order = |x: &Diverted<'_>, y: &Diverted<'_>| {
-            let asked = |d: &Diverted<'_>| a.unasked.get(d.identity).is_none();
-            (asked(x), x.identity).cmp(&(asked(y), y.identity))
+            (y.last_asked, x.identity).cmp(&(x.last_asked, y.identity))
         };
         over = diverted.len().saturating_sub(MAX_DIVERTED_SERIES);
         if over > 0 {
@@ -309,7 +311,7 @@ fn asks(o: &mut Exposition, v: &View<'_>) {
     }
     o.gauge(
         "diverted_keys_over_series_limit",
-        "Diverted keys left out of diverted_key_last_asked_timestamp_seconds (at most 1000 series; unasked keys come first).",
+        "Diverted keys left out of diverted_key_last_asked_timestamp_seconds (at most 1000 series; the most recently asked come first).",
         over as f64,
     );
 }
@@ -728,8 +730,12 @@ mod tests {
         assert!(seen.contains("gitlab_haproxy_agent_request_duration_seconds"));
     }
 
+    /// Regression (issue 27): the cap kept unasked keys first, so an agent
+    /// with 1,000 unasked keys exported none of the keys its haproxy asks;
+    /// the fleet's max for those was another agent's 0, and the fleet alert
+    /// fired for keys that are asked.
     #[test]
-    fn diverted_keys_last_asks_are_capped_unasked_first() {
+    fn diverted_keys_last_asks_are_capped_most_recently_asked_first() {
         use crate::consul::kv::KvPair;
         use crate::state::unasked::Unasked;
         use crate::state::{Clock, Swapper};
@@ -750,12 +756,19 @@ mod tests {
             modify_index: 1,
         });
         state.swap(Snapshot::build("p", 1, pairs), t0);
-        // All asked at 30 s but the last one; "nobody/asks" has no key.
-        let at = t0 + Duration::from_secs(30);
-        for i in 0..=MAX_DIVERTED_SERIES {
-            state.answer(format!("b/k{i:04}").as_bytes(), at);
+        // k0000..k0997 asked at 30 s, k1000 and k1001 at 50 s (the last in
+        // identity order, the most recent), k0998 and k0999 never;
+        // "nobody/asks" has no key.
+        for i in 0..MAX_DIVERTED_SERIES - 2 {
+            state.answer(
+                format!("b/k{i:04}").as_bytes(),
+                t0 + Duration::from_secs(30),
+            );
         }
-        state.answer(b"nobody/asks", at);
+        for k in ["b/k1000", "b/k1001"] {
+            state.answer(k.as_bytes(), t0 + Duration::from_secs(50));
+        }
+        state.answer(b"nobody/asks", t0 + Duration::from_secs(30));
         let mut unasked = Unasked::new(Duration::from_secs(60), t0);
         unasked.sweep(&mut state, t0 + Duration::from_secs(61));
         let m = Metrics::default();
@@ -778,16 +791,21 @@ mod tests {
             value(&t, "gitlab_haproxy_agent_diverted_keys_over_series_limit"),
             2.0
         );
-        assert_eq!(value(&t, "gitlab_haproxy_agent_state_unasked_keys"), 1.0);
+        assert_eq!(value(&t, "gitlab_haproxy_agent_state_unasked_keys"), 2.0);
         assert_eq!(value(&t, "gitlab_haproxy_agent_unknown_identities"), 1.0);
-        // The unasked one is never left out, and shows 0 (never).
-        assert_eq!(value(&t, &format!("{series}{{identity=\"b/k1001\"}}")), 0.0);
+        // Every asked key is in, the most recent too, whatever its name.
+        assert_eq!(
+            value(&t, &format!("{series}{{identity=\"b/k1001\"}}")),
+            1_000_050.0
+        );
         assert_eq!(
             value(&t, &format!("{series}{{identity=\"b/k0000\"}}")),
             1_000_030.0
         );
         assert!(!t.contains("b/ready"), "ready keys are not diverted");
-        assert!(!t.contains("b/k0999\""), "past the cap, by identity");
+        for never in ["b/k0998\"", "b/k0999\""] {
+            assert!(!t.contains(never), "never asked: past the cap");
+        }
     }
 
     #[test]
