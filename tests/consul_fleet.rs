@@ -468,31 +468,13 @@ fn a_stale_answer_past_the_bound_is_never_applied_and_asked_of_the_leader() {
         &["-consul-wait", "1s", "-consul-max-stale", "2s"],
     );
     agent.wait_reply("be/s1", "drain 100%", SYNC);
-    wait_for(
-        Duration::from_secs(10),
-        "three stale answers re-asked",
-        || (agent.metric(REASKED) >= 3.0).then_some(()),
-    );
     // Never the follower's value, whatever its higher index.
-    let until = Instant::now() + Duration::from_secs(1);
-    while Instant::now() < until {
-        assert_eq!(agent.check("be/s1\n").as_deref(), Some("drain 100%"));
-    }
+    reasked_and_still(&agent, "drain 100%");
     assert_eq!(agent.metric("gitlab_haproxy_agent_consul_index"), 10.0);
     assert_eq!(agent.metric(&errors("bad_body")), 0.0);
-    // Each stale request is followed at once by a consistent one at the
-    // index of the state applied.
     let targets = consul.targets();
     let first_stale = targets.iter().position(|t| is_stale(t)).unwrap();
-    for pair in targets[first_stale..].windows(2) {
-        if is_stale(&pair[0]) {
-            assert!(!is_stale(&pair[1]), "{targets:#?}");
-            assert!(
-                pair[1].contains("index=10") || !pair[1].contains("index="),
-                "{targets:#?}"
-            );
-        }
-    }
+    each_stale_followed_by_the_leader(&targets[first_stale..], 10);
     // The gauges say what the last response said (the leader's).
     assert_eq!(agent.metric(LAST_CONTACT), 0.0);
     assert_eq!(agent.metric(KNOWN_LEADER), 1.0);
@@ -531,6 +513,25 @@ fn a_stale_answer_behind_the_state_applied_is_never_applied_and_asked_of_the_lea
         known_leader: "true",
     });
     let asked = consul.targets().len();
+    reasked_and_still(&agent, "maint 100%");
+    assert_eq!(agent.metric("gitlab_haproxy_agent_consul_index"), 20.0);
+    assert_eq!(
+        agent.metric("gitlab_haproxy_agent_consul_index_resets_total"),
+        0.0
+    );
+    assert_eq!(agent.metric(SWAPS), swaps, "nothing applied");
+    // Never a reset (a read at index 0).
+    let targets = consul.targets().split_off(asked);
+    assert!(
+        targets.iter().all(|t| t.contains("index=20")),
+        "{targets:#?}"
+    );
+    each_stale_followed_by_the_leader(&targets, 20);
+}
+
+/// Waits for three stale answers discarded and re-asked, then checks for
+/// a second that every check is still answered `reply`.
+fn reasked_and_still(agent: &Agent, reply: &str) {
     wait_for(
         Duration::from_secs(10),
         "three stale answers re-asked",
@@ -538,24 +539,21 @@ fn a_stale_answer_behind_the_state_applied_is_never_applied_and_asked_of_the_lea
     );
     let until = Instant::now() + Duration::from_secs(1);
     while Instant::now() < until {
-        assert_eq!(agent.check("be/s1\n").as_deref(), Some("maint 100%"));
+        assert_eq!(agent.check("be/s1\n").as_deref(), Some(reply));
     }
-    assert_eq!(agent.metric("gitlab_haproxy_agent_consul_index"), 20.0);
-    assert_eq!(
-        agent.metric("gitlab_haproxy_agent_consul_index_resets_total"),
-        0.0
-    );
-    assert_eq!(agent.metric(SWAPS), swaps, "nothing applied");
-    // Each stale request is followed at once by one to the leader, at the
-    // index of the state applied; never a reset (index 0).
-    let targets = consul.targets().split_off(asked);
-    assert!(
-        targets.iter().all(|t| t.contains("index=20")),
-        "{targets:#?}"
-    );
+}
+
+/// Each stale request among `targets` is followed at once by one to the
+/// leader, at `index` (the state applied), or by a first read.
+fn each_stale_followed_by_the_leader(targets: &[String], index: u64) {
+    let at = format!("index={index}");
     for pair in targets.windows(2) {
         if is_stale(&pair[0]) {
             assert!(!is_stale(&pair[1]), "{targets:#?}");
+            assert!(
+                pair[1].contains(&at) || !pair[1].contains("index="),
+                "{targets:#?}"
+            );
         }
     }
 }

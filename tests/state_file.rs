@@ -197,6 +197,16 @@ fn a_file_that_cannot_be_used_is_one_line_and_no_answers() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// A directory for `test` with a state file of a prefix of its own, with
+/// `be/s1` drained: (directory, file, prefix).
+fn a_file_drained(test: &str) -> (PathBuf, PathBuf, String) {
+    let dir = temp_dir(test);
+    let path = dir.join("state.json");
+    let prefix = unique_prefix(test);
+    std::fs::write(&path, valid_file(&prefix, SystemTime::now())).unwrap();
+    (dir, path, prefix)
+}
+
 /// Checks of `identity` on `127.0.0.1:port`, back to back from now (the
 /// agent need not be up yet) until the reply `last` or `limit`: each reply
 /// (`None`: none, or not listening yet) with when it came.
@@ -230,10 +240,7 @@ fn checks_until(
 /// drained its server again, for one agent interval.
 #[test]
 fn a_restart_with_consul_reachable_never_answers_the_file() {
-    let dir = temp_dir("reachable");
-    let path = dir.join("state.json");
-    let prefix = unique_prefix("reachable");
-    std::fs::write(&path, valid_file(&prefix, SystemTime::now())).unwrap();
+    let (dir, path, prefix) = a_file_drained("reachable");
     let kv = Kv::dev();
     kv.put(&format!("{prefix}/be/s2"), "maint");
     // The first read takes a few hundred ms (well within the second).
@@ -275,10 +282,7 @@ fn a_restart_with_consul_reachable_never_answers_the_file() {
 /// readiness follows it.
 #[test]
 fn a_restart_with_consul_silent_answers_the_file_after_a_second() {
-    let dir = temp_dir("silent");
-    let path = dir.join("state.json");
-    let prefix = unique_prefix("silent");
-    std::fs::write(&path, valid_file(&prefix, SystemTime::now())).unwrap();
+    let (dir, path, prefix) = a_file_drained("silent");
     // Connections are taken by the kernel and never read.
     let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = support::free_port();
