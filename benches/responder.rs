@@ -260,7 +260,7 @@ fn allocations_per_check() {
     }
     // 0: line in the socket at accept; 1: registered, whole line later;
     // 2: registered, line in two pieces.
-    let mut measure = |label: &str, n: usize, slow: u8| {
+    let mut measure = |label: &str, lines: &[Vec<u8>], n: usize, slow: u8| {
         let (a0, b0) = allocs();
         for i in 0..n {
             let line = &lines[i % lines.len()];
@@ -290,8 +290,15 @@ fn allocations_per_check() {
             format!("{:.3}", (a1 - a0) as f64 / n as f64),
         ]);
     };
-    measure("fast (line in socket at accept)", 10_000, 0);
-    measure("registered, whole line later", 1_000, 1);
-    measure("registered, line in 2 pieces", 1_000, 2);
+    measure("fast (line in socket at accept)", &lines, 10_000, 0);
+    measure("registered, whole line later", &lines, 1_000, 1);
+    measure("registered, line in 2 pieces", &lines, 1_000, 2);
+    // An identity without a key is remembered at its first ask (its name
+    // kept, bounded by -max-unknown-identities); asked again, it is not.
+    let strangers: Vec<Vec<u8>> = (0..1000)
+        .map(|i| format!("no_key_{i}/srv\n").into_bytes())
+        .collect();
+    measure("no key, first ask", &strangers, 1_000, 0);
+    measure("no key, asked again", &strangers, 1_000, 0);
     t.finish();
 }

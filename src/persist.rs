@@ -4,7 +4,8 @@
 //!
 //! In: the path, the prefix, the snapshots the loop hands over
 //! ([`StateFile::save`]). Out: the file, replaced atomically (a temporary
-//! file in the same directory, fsync, rename, fsync of the directory);
+//! file in the same directory, its name unique to the write, fsync,
+//! rename, fsync of the directory);
 //! counters of writes and failed writes; one warning per spell of failures.
 //! Always holds: at most one write in flight and at most one waiting, the
 //! newest (a burst of changes costs two writes, not one per change); a
@@ -13,6 +14,7 @@
 //! mutex the writer holds for as long as that takes.
 
 use std::fs::{self, File, OpenOptions};
+use std::hash::BuildHasher;
 use std::io::{self, Read, Write};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
@@ -25,7 +27,7 @@ use log::{info, warn};
 
 use crate::config::Config;
 use crate::state::file::{self, Loaded};
-use crate::state::{Snapshot, Swapper};
+use crate::state::{Snapshot, Swapper, FIRST_READ_GRACE};
 
 /// How long shutdown waits for the last write.
 pub const SHUTDOWN_WAIT: Duration = Duration::from_secs(2);
@@ -67,9 +69,10 @@ pub fn load(
     file::decode(&bytes, prefix, now, max_age).map_err(|r| r.to_string())
 }
 
-/// Answers from the state file at `path` if it is usable (else logs why
-/// not), then starts its writer.
-pub fn open(config: &Config, path: &Path, state: &mut Swapper) -> io::Result<StateFile> {
+/// Reads the state file at `path` (else logs why it is not used), then
+/// starts its writer. The state read is answered only once the first
+/// consul read has failed or taken too long ([`crate::state::HeldFile`]).
+pub fn open(config: &Config, path: &Path) -> io::Result<(StateFile, Option<Loaded>)> {
     let path = &through_links(path);
     let shown = path.display().to_string();
     let max_bytes = config.consul.max_body_bytes;
@@ -80,21 +83,34 @@ pub fn open(config: &Config, path: &Path, state: &mut Swapper) -> io::Result<Sta
         max_bytes,
         SystemTime::now(),
     );
-    match loaded {
+    let grace_ms = FIRST_READ_GRACE.as_millis() as u64;
+    let loaded = match loaded {
         Ok(l) => {
             let s = &l.snapshot;
-            info!(path = shown.as_str(), age_seconds = l.age.as_secs(), keys = s.len(), invalid = s.invalid().len(), index = s.index();
-                "answering from the state file until consul answers");
-            state.load(l.snapshot, l.written, Instant::now());
+            info!(path = shown.as_str(), age_seconds = l.age.as_secs(), keys = s.len(), invalid = s.invalid().len(), index = s.index(), grace_ms = grace_ms;
+                "state file read: answered only if the first consul read fails or does not complete within the grace");
+            Some(l)
         }
         Err(reason) if fs::symlink_metadata(path).is_err() => {
             info!(path = shown.as_str(), reason = reason.as_str(); "no state file yet: not answering until a first complete consul read");
+            None
         }
         Err(reason) => {
             warn!(path = shown.as_str(), reason = reason.as_str(); "state file ignored: not answering until a first complete consul read");
+            None
         }
-    }
-    StateFile::start(path.to_owned(), config.kv_prefix.clone())
+    };
+    let file = StateFile::start(path.to_owned(), config.kv_prefix.clone())?;
+    Ok((file, loaded))
+}
+
+/// Answers from the state file's state `l` from `now` on, because of
+/// `why` (the first consul read failed, or did not come in time).
+pub fn answer_from(l: Loaded, why: &str, state: &mut Swapper, now: Instant) {
+    let s = &l.snapshot;
+    info!(age_seconds = l.age.as_secs(), keys = s.len(), invalid = s.invalid().len(), index = s.index(), why = why;
+        "answering from the state file until consul answers");
+    state.load(l.snapshot, l.written, now);
 }
 
 /// The file a path names, through symbolic links: each write renames a new
@@ -122,13 +138,8 @@ fn write_atomically(path: &Path, bytes: &[u8]) -> io::Result<()> {
         _ => Path::new("."),
     };
     let name = path.file_name().unwrap_or_default().to_string_lossy();
-    let tmp = dir.join(format!(".{name}.tmp.{}", std::process::id()));
+    let (mut f, tmp) = create_temporary(dir, &name)?;
     let written = (|| {
-        let mut f = OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&tmp)?;
         f.write_all(bytes)?;
         f.sync_all()?;
         fs::rename(&tmp, path)
@@ -138,6 +149,22 @@ fn write_atomically(path: &Path, bytes: &[u8]) -> io::Result<()> {
     }
     written?;
     File::open(dir)?.sync_all()
+}
+
+/// A new file `.{name}.tmp.{random}` in `dir`, created here and by no one
+/// else (`O_EXCL`): two agents sharing a directory, each PID 1 in its own
+/// container, must never write or rename each other's temporary file.
+fn create_temporary(dir: &Path, name: &str) -> io::Result<(File, PathBuf)> {
+    let random = std::collections::hash_map::RandomState::new();
+    let mut tries = 0u64;
+    loop {
+        let suffix = random.hash_one((std::process::id(), Instant::now(), tries));
+        let tmp = dir.join(format!(".{name}.tmp.{suffix:016x}"));
+        match OpenOptions::new().write(true).create_new(true).open(&tmp) {
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists && tries < 16 => tries += 1,
+            opened => return opened.map(|f| (f, tmp)),
+        }
+    }
 }
 
 /// The newest state waiting to be written, and whether the writer must stop.
@@ -388,6 +415,63 @@ mod tests {
             [std::ffi::OsString::from("state.json")],
             "no temporary file left"
         );
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// Regression (issue 27): the temporary file was `.{name}.tmp.{pid}`,
+    /// opened without `O_EXCL`; two agents on one path with the same PID
+    /// (each PID 1 in its container) renamed each other's file (write
+    /// errors) and could publish one torn by the other. Two writers in one
+    /// process share a PID too.
+    #[test]
+    fn two_writers_on_one_path_never_collide_and_every_read_is_whole() {
+        let dir = temp_dir("two-writers");
+        let path = dir.join("state.json");
+        let mut a = StateFile::start(path.clone(), PREFIX.into()).unwrap();
+        let mut b = StateFile::start(path.clone(), PREFIX.into()).unwrap();
+        let reading = Arc::new(AtomicBool::new(true));
+        let reader = {
+            let (path, reading) = (path.clone(), reading.clone());
+            std::thread::spawn(move || {
+                let mut reads = 0;
+                while reading.load(Ordering::Relaxed) {
+                    if let Ok(bytes) = fs::read(&path) {
+                        file::decode(&bytes, PREFIX, SystemTime::now(), DAY).expect("a whole file");
+                        reads += 1;
+                    }
+                }
+                reads
+            })
+        };
+        // Big enough that writes overlap.
+        let big = |i: u64| {
+            let pairs = (0..2000)
+                .map(|k| KvPair {
+                    key: format!("p/be/s{k}"),
+                    value: b"drain".to_vec(),
+                    modify_index: i,
+                })
+                .collect();
+            Arc::new(Snapshot::build(PREFIX, i, pairs))
+        };
+        for i in 1..=40 {
+            a.save(big(i));
+            b.save(big(i));
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        let counts = [a.shared.clone(), b.shared.clone()];
+        assert!(a.finish(Duration::from_secs(20)) && b.finish(Duration::from_secs(20)));
+        reading.store(false, Ordering::Relaxed);
+        assert!(reader.join().unwrap() > 0, "the file was read");
+        for c in counts {
+            assert_eq!(c.errors.load(Ordering::Relaxed), 0, "no write error");
+            assert!(c.writes.load(Ordering::Relaxed) >= 2);
+        }
+        let names: Vec<_> = fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, [std::ffi::OsString::from("state.json")]);
         fs::remove_dir_all(&dir).unwrap();
     }
 

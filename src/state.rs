@@ -16,10 +16,12 @@ use crate::slice::Slice;
 
 mod asked;
 pub mod file;
+mod held;
 mod swap;
 pub mod unasked;
 use asked::Asks;
 pub use asked::{shown_identity, Clock, Strangers, Tick};
+pub use held::{HeldFile, FIRST_READ_GRACE};
 pub use swap::{Source, Swapped, Swapper};
 
 /// How much of an invalid value is kept for showing.

@@ -289,11 +289,13 @@ struct Answer {
 }
 
 /// A consul whose servers disagree: `stale` requests are answered by a
-/// follower (its own index, value and `X-Consul-LastContact`),
-/// consistent ones by the leader. A blocking request at the index it would
-/// answer is held 300 ms (then answered: a wait that timed out).
+/// follower (its own index, value and `X-Consul-LastContact`, changed with
+/// [`FakeConsul::set_follower`]), consistent ones by the leader. A blocking
+/// request at the index it would answer is held 300 ms (then answered: a
+/// wait that timed out).
 struct FakeConsul {
     addr: SocketAddr,
+    follower: Arc<Mutex<Answer>>,
     /// Request lines received, in order.
     targets: Arc<Mutex<Vec<String>>>,
     stop: Arc<AtomicBool>,
@@ -307,17 +309,19 @@ impl FakeConsul {
         let addr = listener.local_addr().unwrap();
         let targets = Arc::new(Mutex::new(Vec::new()));
         let stop = Arc::new(AtomicBool::new(false));
-        let (t, st, key) = (
+        let follower = Arc::new(Mutex::new(follower));
+        let (t, st, key, fol) = (
             Arc::clone(&targets),
             Arc::clone(&stop),
             format!("{prefix}/be/s1"),
+            Arc::clone(&follower),
         );
         let acceptor = std::thread::spawn(move || {
             while !st.load(Ordering::Relaxed) {
                 match listener.accept() {
                     Ok((conn, _)) => {
                         let (t, st, key) = (Arc::clone(&t), Arc::clone(&st), key.clone());
-                        let (f, l) = (follower.clone(), leader.clone());
+                        let (f, l) = (Arc::clone(&fol), leader.clone());
                         std::thread::spawn(move || serve_fake(conn, &key, &f, &l, &t, &st));
                     }
                     Err(_) => std::thread::sleep(Duration::from_millis(5)),
@@ -326,6 +330,7 @@ impl FakeConsul {
         });
         FakeConsul {
             addr,
+            follower,
             targets,
             stop,
             acceptor: Some(acceptor),
@@ -334,6 +339,10 @@ impl FakeConsul {
 
     fn targets(&self) -> Vec<String> {
         self.targets.lock().unwrap().clone()
+    }
+
+    fn set_follower(&self, follower: Answer) {
+        *self.follower.lock().unwrap() = follower;
     }
 }
 
@@ -350,7 +359,7 @@ impl Drop for FakeConsul {
 fn serve_fake(
     mut conn: TcpStream,
     key: &str,
-    follower: &Answer,
+    follower: &Mutex<Answer>,
     leader: &Answer,
     targets: &Mutex<Vec<String>>,
     stop: &AtomicBool,
@@ -389,7 +398,11 @@ fn serve_fake(
             .lock()
             .unwrap()
             .push(format!("{}?{}", head.path, head.query));
-        let a = if stale { follower } else { leader };
+        let a = if stale {
+            follower.lock().unwrap().clone()
+        } else {
+            leader.clone()
+        };
         let asked: u64 = head
             .query
             .split('&')
@@ -455,34 +468,125 @@ fn a_stale_answer_past_the_bound_is_never_applied_and_asked_of_the_leader() {
         &["-consul-wait", "1s", "-consul-max-stale", "2s"],
     );
     agent.wait_reply("be/s1", "drain 100%", SYNC);
+    // Never the follower's value, whatever its higher index.
+    reasked_and_still(&agent, "drain 100%");
+    assert_eq!(agent.metric("gitlab_haproxy_agent_consul_index"), 10.0);
+    assert_eq!(agent.metric(&errors("bad_body")), 0.0);
+    let targets = consul.targets();
+    let first_stale = targets.iter().position(|t| is_stale(t)).unwrap();
+    each_stale_followed_by_the_leader(&targets[first_stale..], 10);
+    // The gauges say what the last response said (the leader's).
+    assert_eq!(agent.metric(LAST_CONTACT), 0.0);
+    assert_eq!(agent.metric(KNOWN_LEADER), 1.0);
+}
+
+/// Regression (issue 27): a follower within the bound but behind the state
+/// applied (its index lower) was taken as consul's "index went backwards":
+/// the watch reset, re-read the follower's older state and applied it (a
+/// drain undone, then redone when the follower caught up).
+#[test]
+fn a_stale_answer_behind_the_state_applied_is_never_applied_and_asked_of_the_leader() {
+    let prefix = unique_prefix("stale_behind");
+    let caught_up = Answer {
+        index: 20,
+        value: "maint",
+        last_contact: Some("10"),
+        known_leader: "true",
+    };
+    let leader = Answer {
+        last_contact: Some("0"),
+        ..caught_up.clone()
+    };
+    let consul = FakeConsul::start(&prefix, caught_up, leader);
+    let agent = Agent::with_consul(
+        consul.addr,
+        &prefix,
+        &["-consul-wait", "1s", "-consul-max-stale", "2s"],
+    );
+    agent.wait_reply("be/s1", "maint 100%", SYNC);
+    let swaps = agent.metric(SWAPS);
+    // Another follower, well within the bound, still at index 15 (drain).
+    consul.set_follower(Answer {
+        index: 15,
+        value: "drain",
+        last_contact: Some("10"),
+        known_leader: "true",
+    });
+    let asked = consul.targets().len();
+    reasked_and_still(&agent, "maint 100%");
+    assert_eq!(agent.metric("gitlab_haproxy_agent_consul_index"), 20.0);
+    assert_eq!(
+        agent.metric("gitlab_haproxy_agent_consul_index_resets_total"),
+        0.0
+    );
+    assert_eq!(agent.metric(SWAPS), swaps, "nothing applied");
+    // Never a reset (a read at index 0).
+    let targets = consul.targets().split_off(asked);
+    assert!(
+        targets.iter().all(|t| t.contains("index=20")),
+        "{targets:#?}"
+    );
+    each_stale_followed_by_the_leader(&targets, 20);
+}
+
+/// Waits for three stale answers discarded and re-asked, then checks for
+/// a second that every check is still answered `reply`.
+fn reasked_and_still(agent: &Agent, reply: &str) {
     wait_for(
         Duration::from_secs(10),
         "three stale answers re-asked",
         || (agent.metric(REASKED) >= 3.0).then_some(()),
     );
-    // Never the follower's value, whatever its higher index.
     let until = Instant::now() + Duration::from_secs(1);
     while Instant::now() < until {
-        assert_eq!(agent.check("be/s1\n").as_deref(), Some("drain 100%"));
+        assert_eq!(agent.check("be/s1\n").as_deref(), Some(reply));
     }
-    assert_eq!(agent.metric("gitlab_haproxy_agent_consul_index"), 10.0);
-    assert_eq!(agent.metric(&errors("bad_body")), 0.0);
-    // Each stale request is followed at once by a consistent one at the
-    // index of the state applied.
-    let targets = consul.targets();
-    let first_stale = targets.iter().position(|t| is_stale(t)).unwrap();
-    for pair in targets[first_stale..].windows(2) {
+}
+
+/// Each stale request among `targets` is followed at once by one to the
+/// leader, at `index` (the state applied), or by a first read.
+fn each_stale_followed_by_the_leader(targets: &[String], index: u64) {
+    let at = format!("index={index}");
+    for pair in targets.windows(2) {
         if is_stale(&pair[0]) {
             assert!(!is_stale(&pair[1]), "{targets:#?}");
             assert!(
-                pair[1].contains("index=10") || !pair[1].contains("index="),
+                pair[1].contains(&at) || !pair[1].contains("index="),
                 "{targets:#?}"
             );
         }
     }
-    // The gauges say what the last response said (the leader's).
-    assert_eq!(agent.metric(LAST_CONTACT), 0.0);
-    assert_eq!(agent.metric(KNOWN_LEADER), 1.0);
+}
+
+/// A follower that loses the leader during a hold answers only when the
+/// wait ends: a stale blocking request asks for 30 s at most, whatever
+/// `-consul-wait`; the leader is asked with the whole wait.
+#[test]
+fn a_stale_blocking_request_carries_a_wait_of_thirty_seconds_at_most() {
+    let prefix = unique_prefix("stale_wait");
+    let consul = split_brain(&prefix, Some("5000"));
+    let agent = Agent::with_consul(
+        consul.addr,
+        &prefix,
+        &["-consul-wait", "5m", "-consul-max-stale", "2s"],
+    );
+    agent.wait_reply("be/s1", "drain 100%", SYNC);
+    wait_for(Duration::from_secs(10), "a stale blocking request", || {
+        let targets = consul.targets();
+        targets
+            .iter()
+            .any(|t| is_stale(t) && t.contains("index="))
+            .then_some(targets)
+    });
+    let targets = consul.targets();
+    for t in targets.iter().filter(|t| t.contains("index=")) {
+        let wait = if is_stale(t) {
+            "wait=30000ms"
+        } else {
+            "wait=300000ms"
+        };
+        assert!(t.contains(wait), "{t}: {targets:#?}");
+    }
 }
 
 #[test]

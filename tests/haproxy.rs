@@ -772,3 +772,55 @@ fn the_operator_finds_a_typod_key_and_fixes_it() {
         (a.metric("gitlab_haproxy_agent_state_unasked_keys") == 0.0).then_some(())
     });
 }
+
+/// Regression (issue 27): the per-key last-ask series were capped at 1,000
+/// with unasked keys first, so an agent with 1,000 or more unasked keys
+/// exported none of the keys its haproxy asks for. Another agent exported
+/// 0 (or nothing) for those, so the fleet's max read 0, and the README's
+/// alert fired for keys that are asked. Two agents share 1,501 diverted
+/// keys; a real haproxy asks one of them for the last key by identity.
+#[test]
+fn two_agents_sharing_1501_diverted_keys_export_the_asked_ones_last_ask() {
+    let kv = Kv::dev();
+    let prefix = unique_prefix("fleet_cap");
+    let unasked = (0..1500).map(|i| (key(&prefix, &format!("be_gone/s{i:04}")), "drain"));
+    let keys = unasked.chain([(key(&prefix, "be_web/srv1"), "drain")]);
+    assert_eq!(support::put_many(kv.addr, keys), 1501);
+    let extra = ["-unasked-after", "1s"];
+    let asking = agent(&kv, &prefix, &extra);
+    let idle = agent(&kv, &prefix, &extra);
+    let hap = Haproxy::start(
+        "fleet_cap",
+        asking.listen().port(),
+        &[Server::new("be_web", "srv1")],
+    );
+    hap.wait_server("be_web/srv1", "DRAIN", 5 * SEC, is_drain);
+    let series =
+        r#"gitlab_haproxy_agent_diverted_key_last_asked_timestamp_seconds{identity="be_web/srv1"}"#;
+    for (a, n) in [(&asking, 1500.0), (&idle, 1501.0)] {
+        wait_for(10 * SEC, "every key but the asked one unasked", || {
+            (a.metric("gitlab_haproxy_agent_state_unasked_keys") == n).then_some(())
+        });
+    }
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::SystemTime::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    let text = |a: &Agent| a.monitoring_get("/-/metrics").1;
+    let (asking_text, idle_text) = (text(&asking), text(&idle));
+    let over = "gitlab_haproxy_agent_diverted_keys_over_series_limit";
+    assert_eq!(support::metric_value(&asking_text, over), Some(501.0));
+    let last = support::metric_value(&asking_text, series)
+        .unwrap_or_else(|| panic!("the asked key is left out of the series"));
+    assert!(last >= now - 10.0, "a recent last ask: {last} at {now}");
+    // The fleet's max (the alert's expression) is the asking agent's.
+    let fleet_max = [asking_text, idle_text]
+        .iter()
+        .filter_map(|t| support::metric_value(t, series))
+        .fold(f64::MIN, f64::max);
+    assert!(
+        fleet_max >= now - 300.0,
+        "the alert would fire: {fleet_max}"
+    );
+    drop(hap);
+}

@@ -75,6 +75,7 @@ fn lint(args: &[&std::ffi::OsStr]) -> (Option<i32>, String, String) {
         .arg("lint-haproxy")
         .args(args)
         .env_remove("GITLAB_HAPROXY_AGENT_LISTEN_ADDR")
+        .env_remove("GITLAB_HAPROXY_AGENT_MAX_LINE_BYTES")
         .output()
         .expect("run lint-haproxy");
     let text = |b: Vec<u8>| String::from_utf8(b).expect("utf-8 output");

@@ -1,15 +1,22 @@
 //! `-state-file`: a restart while consul is unreachable answers the last
-//! known state; a file that cannot be used, or written, costs one log line
-//! and nothing else. "Consul" is the dev KV here (stopping it is the point).
+//! known state (once the first read failed, or after a second without
+//! one); a restart while consul is reachable never answers it; a file that
+//! cannot be used, or written, costs one log line and nothing else.
+//! "Consul" is the dev KV here (stopping it is the point).
 
 mod support;
 
 use std::path::{Path, PathBuf};
-use std::time::{Duration, SystemTime};
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant, SystemTime};
 
 use gitlab_haproxy_agent::consul::kv::KvPair;
 use gitlab_haproxy_agent::state::{file, Snapshot};
-use support::{http, unique_prefix, wait_for, Agent, Kv};
+use support::proxy::{Mode, Proxy};
+use support::{check, http, unique_prefix, wait_for, Agent, Kv};
 
 const SYNC: Duration = Duration::from_secs(10);
 
@@ -52,8 +59,8 @@ fn a_restart_with_consul_down_answers_from_the_state_file_until_consul_answers()
     drop(a);
 
     let a = agent(consul, &prefix, &path, &[]);
-    // Answered at once, from the file, though consul is down.
-    assert_eq!(a.check("be/s1\n").as_deref(), Some("drain 100%"));
+    // Answered from the file as soon as the first read failed.
+    a.wait_reply("be/s1", "drain 100%", SYNC);
     assert_eq!(a.check("be/s2\n").as_deref(), Some("maint 100%"));
     assert_eq!(a.check("be/s3\n").as_deref(), Some("ready 100%"));
     let line = a.proc.wait_log("answering from the state file", SYNC);
@@ -186,7 +193,135 @@ fn a_file_that_cannot_be_used_is_one_line_and_no_answers() {
     let path = dir.join("good.json");
     std::fs::write(&path, &good).unwrap();
     let a = agent(down, &prefix, &path, &[]);
-    assert_eq!(a.check("be/s1\n").as_deref(), Some("drain 100%"));
+    a.wait_reply("be/s1", "drain 100%", SYNC);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A directory for `test` with a state file of a prefix of its own, with
+/// `be/s1` drained: (directory, file, prefix).
+fn a_file_drained(test: &str) -> (PathBuf, PathBuf, String) {
+    let dir = temp_dir(test);
+    let path = dir.join("state.json");
+    let prefix = unique_prefix(test);
+    std::fs::write(&path, valid_file(&prefix, SystemTime::now())).unwrap();
+    (dir, path, prefix)
+}
+
+/// Checks of `identity` on `127.0.0.1:port`, back to back from now (the
+/// agent need not be up yet) until the reply `last` or `limit`: each reply
+/// (`None`: none, or not listening yet) with when it came.
+fn checks_until(
+    port: u16,
+    identity: &str,
+    last: &'static str,
+    limit: Duration,
+) -> JoinHandle<Vec<(Duration, Option<String>)>> {
+    let line = format!("{identity}\n");
+    let addr = format!("127.0.0.1:{port}").parse().unwrap();
+    std::thread::spawn(move || {
+        let t0 = Instant::now();
+        let mut replies = Vec::new();
+        while t0.elapsed() < limit {
+            let reply = check(addr, line.as_bytes());
+            let done = reply.as_deref() == Some(last);
+            replies.push((t0.elapsed(), reply));
+            if done {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        replies
+    })
+}
+
+/// Regression (issue 27): with consul reachable, a restart answered the
+/// file from the first accept until consul's first read, a few ms to a few
+/// hundred later: a key drained in the file but deleted in consul since
+/// drained its server again, for one agent interval.
+#[test]
+fn a_restart_with_consul_reachable_never_answers_the_file() {
+    let (dir, path, prefix) = a_file_drained("reachable");
+    let kv = Kv::dev();
+    kv.put(&format!("{prefix}/be/s2"), "maint");
+    // The first read takes a few hundred ms (well within the second).
+    let slow = Proxy::start(kv.addr);
+    slow.set_mode(Mode::SlowDrip(Duration::from_millis(2)));
+    let port = support::free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let replies = checks_until(port, "be/s1", "ready 100%", Duration::from_secs(20));
+    let a = agent(slow.addr, &prefix, &path, &["-listen-addr", &listen]);
+    let replies = replies.join().unwrap();
+    let shown: Vec<_> = replies.iter().filter(|(_, r)| r.is_some()).collect();
+    assert_eq!(
+        replies.last().and_then(|(_, r)| r.as_deref()),
+        Some("ready 100%"),
+        "consul's answer: {shown:?}"
+    );
+    assert!(
+        replies
+            .iter()
+            .all(|(_, r)| r.as_deref() != Some("drain 100%")),
+        "the file's value was answered: {shown:?}"
+    );
+    let unanswered = replies.iter().filter(|(_, r)| r.is_none()).count();
+    assert!(
+        unanswered >= 10,
+        "checks came while consul was read: {unanswered}"
+    );
+    assert_eq!(a.metric("gitlab_haproxy_agent_state_from_file"), 0.0);
+    assert!(!a
+        .proc
+        .log()
+        .iter()
+        .any(|l| l.contains("answering from the state file")));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A consul that takes a request and never answers (as a stalled one
+/// does): the file is answered about a second after the start, and
+/// readiness follows it.
+#[test]
+fn a_restart_with_consul_silent_answers_the_file_after_a_second() {
+    let (dir, path, prefix) = a_file_drained("silent");
+    // Connections are taken by the kernel and never read.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = support::free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let started = Instant::now();
+    let replies = checks_until(port, "be/s1", "drain 100%", Duration::from_secs(20));
+    let a = agent(
+        silent.local_addr().unwrap(),
+        &prefix,
+        &path,
+        &["-listen-addr", &listen],
+    );
+    let (st, _) = a.monitoring_get("/-/readiness");
+    let early = started.elapsed();
+    let replies = replies.join().unwrap();
+    let (at, reply) = replies.last().unwrap();
+    assert_eq!(
+        reply.as_deref(),
+        Some("drain 100%"),
+        "answered from the file"
+    );
+    assert!(
+        replies.iter().rev().skip(1).all(|(_, r)| r.is_none()),
+        "nothing answered before: {replies:?}"
+    );
+    // The grace starts a little after the spawn; the checks' clock a little
+    // before it.
+    assert!(
+        *at >= Duration::from_millis(950),
+        "not before the second: {at:?}"
+    );
+    assert!(*at < Duration::from_secs(4), "about a second: {at:?}");
+    if early < Duration::from_millis(900) {
+        assert_eq!(st, 503, "not ready while the file is held");
+    }
+    assert_eq!(a.monitoring_get("/-/readiness").0, 200);
+    assert_eq!(a.metric("gitlab_haproxy_agent_state_from_file"), 1.0);
+    let line = a.proc.wait_log("answering from the state file", SYNC);
+    assert!(line.contains("no consul read within the grace"), "{line}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
@@ -281,4 +416,118 @@ fn kv_down() -> std::net::SocketAddr {
     format!("127.0.0.1:{}", support::free_port())
         .parse()
         .unwrap()
+}
+
+/// The agent's PID as its own PID namespace sees it (the last `NSpid`
+/// field of the child `unshare` forked).
+fn pid_inside(unshare: u32) -> Option<u32> {
+    let children =
+        std::fs::read_to_string(format!("/proc/{unshare}/task/{unshare}/children")).ok()?;
+    let child = children.split_whitespace().next()?;
+    let status = std::fs::read_to_string(format!("/proc/{child}/status")).ok()?;
+    let nspid = status.lines().find_map(|l| l.strip_prefix("NSpid:"))?;
+    nspid.split_whitespace().last()?.parse().ok()
+}
+
+/// Regression (issue 27): the temporary file was named after the PID, and
+/// the packaged Kubernetes example ran 2 replicas on one node's `hostPath`,
+/// each agent PID 1 in its container: they renamed each other's temporary
+/// file (write errors) and could publish a torn one. Needs a PID namespace
+/// (root, or CAP_SYS_ADMIN); where there is none, the unit test
+/// `persist::tests::two_writers_on_one_path_never_collide_and_every_read_is_whole`
+/// covers the same collision (two writers, one PID) and this one says it
+/// was skipped.
+#[test]
+fn two_agents_each_pid_1_in_its_namespace_share_a_state_file() {
+    const UNSHARE: [&str; 4] = ["unshare", "--pid", "--fork", "--kill-child"];
+    let can = Command::new(UNSHARE[0])
+        .args(&UNSHARE[1..])
+        .arg("true")
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !can {
+        eprintln!("SKIPPED: no PID namespace here (unshare --pid needs root or CAP_SYS_ADMIN)");
+        return;
+    }
+    let dir = temp_dir("two-agents");
+    let path = dir.join("state.json");
+    let kv = Kv::dev();
+    let prefix = unique_prefix("two-agents");
+    // A file of some size, so writes take a while and overlap.
+    let filler = (0..2000).map(|i| (format!("{prefix}/be/f{i}"), "drain"));
+    support::put_many(kv.addr, filler);
+    kv.put(&format!("{prefix}/be/s1"), "maint");
+    let consul = kv.addr.to_string();
+    let args = [
+        "-consul-addr",
+        &consul,
+        "-kv-prefix",
+        &prefix,
+        "-consul-wait",
+        "1s",
+        "-state-file",
+        path.to_str().unwrap(),
+    ];
+    let agents: Vec<Agent> = (0..2)
+        .map(|_| Agent::start_under(&UNSHARE, &args, &[]))
+        .collect();
+    for a in &agents {
+        assert_eq!(pid_inside(a.proc.pid()), Some(1), "each agent is PID 1");
+        a.wait_reply("be/s1", "maint 100%", SYNC);
+    }
+    let reading = Arc::new(AtomicBool::new(true));
+    let reader = {
+        let (path, prefix, reading) = (path.clone(), prefix.clone(), reading.clone());
+        std::thread::spawn(move || {
+            let mut reads = 0;
+            while reading.load(Ordering::Relaxed) {
+                if let Ok(bytes) = std::fs::read(&path) {
+                    let day = Duration::from_secs(86_400);
+                    if let Err(e) = file::decode(&bytes, &prefix, SystemTime::now(), day) {
+                        return Err(format!("a read after {reads} was not whole: {e}"));
+                    }
+                    reads += 1;
+                }
+            }
+            Ok(reads)
+        })
+    };
+    let writes = "gitlab_haproxy_agent_state_file_writes_total";
+    let before: Vec<f64> = agents.iter().map(|a| a.metric(writes)).collect();
+    // 20 changes, each written by both agents at about the same time (both
+    // wake on it): 40 writes, about one a second each (the request bucket).
+    for i in 0..20 {
+        let value = if i % 2 == 0 { "drain" } else { "maint" };
+        kv.put(&format!("{prefix}/be/s1"), value);
+        for a in &agents {
+            a.wait_reply("be/s1", &format!("{value} 100%"), SYNC);
+        }
+    }
+    for (a, before) in agents.iter().zip(before) {
+        wait_for(SYNC, "20 writes each", || {
+            (a.metric(writes) >= before + 20.0).then_some(())
+        });
+        let errors = a.metric("gitlab_haproxy_agent_state_file_write_errors_total");
+        assert_eq!(errors, 0.0, "no write error");
+        assert!(!a
+            .proc
+            .log()
+            .iter()
+            .any(|l| l.contains("cannot write the state file")));
+    }
+    reading.store(false, Ordering::Relaxed);
+    let reads = reader.join().unwrap().unwrap();
+    assert!(reads > 0, "the file was read");
+    drop(agents);
+    let left: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(
+        left,
+        [std::ffi::OsString::from("state.json")],
+        "no temporary file left"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
 }

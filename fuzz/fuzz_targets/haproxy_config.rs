@@ -1,8 +1,9 @@
 //! `lint::lint` (tokenizer, conditional blocks, model, rules) on arbitrary
 //! bytes as a configuration file.
 //!
-//! Input: byte 0 picks the listen address (any address or 127.0.0.1, port
-//! 9777), the rest is the file; the host's addresses are 10.0.0.1 and
+//! Input: byte 0 picks the listen address (bit 0: any address or
+//! 127.0.0.1, port 9777) and `-max-line-bytes` (bit 1: 256 or 16), the
+//! rest is the file; the host's addresses are 10.0.0.1 and
 //! ::1. Checks: nothing panics, loops or overflows the stack (deep `.if`);
 //! the summary counts match the finding lines; a server count never exceeds
 //! what the file's lines could declare nor the total cap.
@@ -12,6 +13,7 @@ use gitlab_haproxy_agent::config::ListenAddr;
 use gitlab_haproxy_agent::lint::{
     lint,
     model::{MAX_SERVERS, MAX_TEMPLATE},
+    Agent,
 };
 use libfuzzer_sys::fuzz_target;
 
@@ -27,7 +29,12 @@ fuzz_target!(|data: &[u8]| {
     let env = |name: &str| (name == "SET").then(|| "a b".to_owned());
     let files = [("f.cfg".to_owned(), text.to_vec())];
     let local = ["10.0.0.1".parse().unwrap(), "::1".parse().unwrap()];
-    let report = lint(&files, &listen, &local, &env);
+    let agent = Agent {
+        listen: &listen,
+        // Short or the default: long identities and short lines both met.
+        max_line: if first & 2 == 0 { 256 } else { 16 },
+    };
+    let report = lint(&files, &agent, &local, &env);
     let lines = text.split(|&b| b == b'\n').count() as u64;
     assert!(report.agent_checked as u64 <= lines * MAX_TEMPLATE);
     assert!(report.agent_checked <= MAX_SERVERS);

@@ -23,7 +23,7 @@ loopback). Exits 1 when the agent answers nothing, and says why that happens.
 /// Why the agent may close without a reply, for the operator.
 const NO_REPLY_WHY: &str = "\
 The agent closes without a reply (and haproxy then leaves the server as it is) when:
-  - it has no state yet: no complete consul read and no state file (see /-/readiness, or `gitlab-haproxy-agent status`);
+  - it has no state yet: no complete consul read, and no state file answered (one is, once the first read failed or took over 1s) (see /-/readiness, or `gitlab-haproxy-agent status`);
   - the line is empty, longer than -max-line-bytes (default 256), or holds a control byte;
   - it is shutting down.";
 

@@ -4,10 +4,10 @@
 
 use std::net::IpAddr;
 
-use super::{begin, listen_setting, usage_error, Io, FINDING, OK};
+use super::{begin, listen_setting, setting, usage_error, Io, FINDING, OK};
 
 const HELP: &str = "\
-usage: gitlab-haproxy-agent lint-haproxy FILE... [-listen-addr ADDR]
+usage: gitlab-haproxy-agent lint-haproxy FILE... [-listen-addr ADDR] [-max-line-bytes N]
 
 Reads haproxy configuration files as haproxy does (sections, defaults and
 default-server inheritance, server-template, quoting, .if blocks; a
@@ -21,11 +21,14 @@ sending the same identity). ADDR is the agent's -listen-addr: default
 GITLAB_HAPROXY_AGENT_LISTEN_ADDR, else :9777. With a wildcard ADDR (:P,
 0.0.0.0:P, [::]:P) the agent-check target must be an address of this host:
 run the lint on the haproxy host, or give the agent's IP as -listen-addr.
+N is the agent's -max-line-bytes (a longer first line gets no reply):
+default GITLAB_HAPROXY_AGENT_MAX_LINE_BYTES, else 256.
 Exit 0: no error (warnings allowed); 1: at least one error; 2: usage.
 ";
 
 pub(super) fn run(args: &[std::ffi::OsString], io: &mut Io<'_>) -> u8 {
-    let a = match begin(io, "lint-haproxy", HELP, args, (&["listen-addr"], &[])) {
+    let flags = (&["listen-addr", "max-line-bytes"][..], &[][..]);
+    let a = match begin(io, "lint-haproxy", HELP, args, flags) {
         Ok(a) => a,
         Err(code) => return code,
     };
@@ -35,6 +38,14 @@ pub(super) fn run(args: &[std::ffi::OsString], io: &mut Io<'_>) -> u8 {
     let listen = match listen_setting(&a, io, "listen-addr", ":9777") {
         Ok(listen) => listen,
         Err(e) => return usage_error(io, "lint-haproxy", &e),
+    };
+    let (text, from) = setting(&a, io, "max-line-bytes", "256");
+    let max_line = match crate::config::max_line_bytes(&text) {
+        Ok(n) => n,
+        Err(e) => {
+            let e = format!("invalid value {text:?} for {from}: {e}");
+            return usage_error(io, "lint-haproxy", &e);
+        }
     };
     let mut files = Vec::new();
     for name in &a.positional {
@@ -48,7 +59,11 @@ pub(super) fn run(args: &[std::ffi::OsString], io: &mut Io<'_>) -> u8 {
         "HAPROXY_LOCALPEER" => hostname.clone(),
         _ => (io.env)(name),
     };
-    let report = crate::lint::lint(&files, &listen, &local_addresses(), &env);
+    let target = crate::lint::Agent {
+        listen: &listen,
+        max_line,
+    };
+    let report = crate::lint::lint(&files, &target, &local_addresses(), &env);
     let code = if report.errors > 0 { FINDING } else { OK };
     let _ = io.out.write_all(report.render().as_bytes());
     code

@@ -46,7 +46,7 @@ Operator commands (the first word; exit 0 ok, 1 a finding, 2 usage):
         print the reply a KV value produces, or why the agent would ignore it (- reads stdin)
   status [-pprof-addr ADDR] [-json]
         every diverted key: value, reply, when this haproxy last asked; unasked ones marked
-  lint-haproxy FILE... [-listen-addr ADDR]
+  lint-haproxy FILE... [-listen-addr ADDR] [-max-line-bytes N]
         check the agent-check settings of haproxy configuration files
 Each takes -h for its own help.
 ";
@@ -78,6 +78,21 @@ fn target(
     listen_setting(a, io, flag, default).map(|addr| addr.connect_addr())
 }
 
+/// One of the daemon's settings as the daemon reads it: the flag, else its
+/// variable, else the daemon's default; with where it came from, for an
+/// error.
+fn setting(a: &Args, io: &Io<'_>, flag: &str, default: &str) -> (String, String) {
+    let var = format!(
+        "GITLAB_HAPROXY_AGENT_{}",
+        flag.to_uppercase().replace('-', "_")
+    );
+    match (a.value(flag), (io.env)(&var).filter(|v| !v.is_empty())) {
+        (Some(v), _) => (v.to_owned(), format!("flag -{flag}")),
+        (None, Some(v)) => (v, var),
+        (None, None) => (default.to_owned(), format!("flag -{flag}")),
+    }
+}
+
 /// One of the agent's listen addresses: the flag, else the daemon's
 /// variable for it, else the daemon's default.
 fn listen_setting(
@@ -86,15 +101,7 @@ fn listen_setting(
     flag: &str,
     default: &str,
 ) -> Result<crate::config::ListenAddr, String> {
-    let var = format!(
-        "GITLAB_HAPROXY_AGENT_{}",
-        flag.to_uppercase().replace('-', "_")
-    );
-    let (text, from) = match (a.value(flag), (io.env)(&var).filter(|v| !v.is_empty())) {
-        (Some(v), _) => (v.to_owned(), format!("flag -{flag}")),
-        (None, Some(v)) => (v, var),
-        (None, None) => (default.to_owned(), format!("flag -{flag}")),
-    };
+    let (text, from) = setting(a, io, flag, default);
     match crate::config::parse_listen_addr(&text) {
         Ok(Some(addr)) => Ok(addr),
         Ok(None) => Err(format!("{from} is empty: that listener is disabled")),

@@ -246,7 +246,7 @@ impl Report {
                 "answering from the state file (index {}): consul not read since the start; KV writes are not seen yet",
                 self.index
             ),
-            _ => "NOT ANSWERING: no complete consul read and no state file yet; every check closes without a reply".into(),
+            _ => "NOT ANSWERING: no complete consul read and no state file answered yet; every check closes without a reply".into(),
         }
     }
 

@@ -90,6 +90,8 @@ fn usage_errors_are_one_line_and_exit_2() {
         ("lint-haproxy", &["-nope", "f"]),
         ("lint-haproxy", &["f", "-listen-addr"]),
         ("lint-haproxy", &["f", "-listen-addr", "x"]),
+        ("lint-haproxy", &["f", "-max-line-bytes", "0"]),
+        ("lint-haproxy", &["f", "-max-line-bytes", "x"]),
         ("lint-haproxy", &["/nonexistent/haproxy.cfg"]),
         ("status", &["-pprof-addr"]),
     ] {
@@ -132,6 +134,37 @@ fn addresses_come_from_the_flag_then_the_daemons_variable_then_its_default() {
     let (code, _, err) = run_with("status", &[], b"", &env);
     assert_eq!(code, FINDING);
     assert!(err.contains("127.0.0.3:1"), "{err}");
+}
+
+/// Regression (issue 27): lint-haproxy checked agent-send against 256
+/// bytes even for an agent run with a larger -max-line-bytes.
+#[test]
+fn lint_takes_max_line_bytes_from_the_flag_then_the_environment_then_256() {
+    let dir = std::env::temp_dir().join(format!("gha-cli-lint-mlb-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("long.cfg");
+    let id = format!("be/{}", "x".repeat(297));
+    std::fs::write(&file, format!("backend be\n server s1 127.0.0.1:80 weight 100 slowstart 1s agent-check agent-port 9777 agent-inter 1s agent-send \"{id}\\n\"\n")).unwrap();
+    let file = file.to_str().unwrap();
+    let too_long = "its first line is 300 bytes, over the agent's -max-line-bytes";
+    let (code, out, _) = run_with("lint-haproxy", &[file], b"", &[]);
+    assert_eq!(code, FINDING);
+    assert!(out.contains(&format!("{too_long} 256")), "{out}");
+    let env = [("GITLAB_HAPROXY_AGENT_MAX_LINE_BYTES", "300")];
+    let (code, out, _) = run_with("lint-haproxy", &[file], b"", &env);
+    assert_eq!(code, OK, "the agent's variable: {out}");
+    let (code, out, _) = run_with("lint-haproxy", &[file, "-max-line-bytes=299"], b"", &env);
+    assert_eq!(code, FINDING, "the flag wins");
+    assert!(out.contains(&format!("{too_long} 299")), "{out}");
+    let (code, _, err) = run_with(
+        "lint-haproxy",
+        &[file],
+        b"",
+        &[("GITLAB_HAPROXY_AGENT_MAX_LINE_BYTES", "0")],
+    );
+    assert_eq!(code, USAGE);
+    assert_eq!(err, "gitlab-haproxy-agent lint-haproxy: invalid value \"0\" for GITLAB_HAPROXY_AGENT_MAX_LINE_BYTES: must be between 1 and 65536 (-h for help)\n");
+    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]

@@ -201,7 +201,7 @@ settings! {
         consul_max_body_bytes: "consul-max-body-bytes", Int, "67108864", "largest consul response body accepted (inflated, for a gzip body), at least 1024";
         consul_gzip: "consul-gzip", Text, "auto", "ask consul for gzip bodies: auto (unless consul is on loopback or a unix socket), true or false";
         consul_max_stale: "consul-max-stale", Duration, "0", "let any consul server answer (?stale) if it heard from the leader within this (Go duration); 0: the leader answers";
-        state_file: "state-file", Text, "", "file keeping the last consul state across restarts (written after every change, answered from at start until consul answers); empty disables";
+        state_file: "state-file", Text, "", "file keeping the last consul state across restarts (written after every change, answered from at start if the first consul read fails or takes over 1s, until consul answers); empty disables";
         state_max_age: "state-max-age", Duration, "24h", "oldest state file answered from at start";
         unasked_after: "unasked-after", Duration, "1m", "a diverted key no check asked for this long (since its write or the start) is reported unasked; at least 1s";
         max_unknown_identities: "max-unknown-identities", Int, "65536", "asked identities without a key whose last ask is remembered; more are counted, not kept";

@@ -45,6 +45,7 @@ use std::time::Duration;
 pub use addr::{loopback_if_unspecified, parse_listen_addr, ConsulEndpoint, ListenAddr};
 pub use flags::usage;
 pub use tls::{ConsulTls, SharedConfig};
+pub use validate::max_line_bytes;
 
 /// Everything the consul client needs, validated.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -36,7 +36,8 @@ pub(super) fn config(low: &LowArgs) -> Result<Config, UsageError> {
     let pprof_addr = listen(&low.pprof_addr.value())?;
     let kv_prefix = kv_prefix(&low.kv_prefix.value())?;
     let read_timeout = read_timeout(&low.read_timeout.value())?;
-    let max_line_bytes = number(&low.max_line_bytes.value(), 1, 65536)?;
+    let raw = low.max_line_bytes.value();
+    let max_line_bytes = max_line_bytes(&raw.value).map_err(|e| raw.invalid(e))?;
     let max_connections = number(&low.max_connections.value(), 1, 10_000_000)?;
     let wait = consul_wait(&low.consul_wait.value())?;
     let max_body_bytes = number(&low.consul_max_body_bytes.value(), 1024, usize::MAX)?;
@@ -134,16 +135,25 @@ fn gzip_mode(raw: &Raw) -> Result<GzipMode, UsageError> {
 }
 
 fn number(raw: &Raw, min: usize, max: usize) -> Result<usize, UsageError> {
-    let n = parse_uint(raw.value.as_bytes())
+    bounded(&raw.value, min, max).map_err(|e| raw.invalid(e))
+}
+
+/// `-max-line-bytes` (also read by `lint-haproxy`): 1 to 65536, or why not.
+pub fn max_line_bytes(text: &str) -> Result<usize, String> {
+    bounded(text, 1, 65536)
+}
+
+fn bounded(text: &str, min: usize, max: usize) -> Result<usize, String> {
+    let n = parse_uint(text.as_bytes())
         .ok()
         .and_then(|n| usize::try_from(n).ok());
     match n {
-        None => Err(raw.invalid("not a whole number")),
+        None => Err("not a whole number".to_owned()),
         Some(n) if n < min || n > max => {
             if max == usize::MAX {
-                Err(raw.invalid(format!("must be at least {min}")))
+                Err(format!("must be at least {min}"))
             } else {
-                Err(raw.invalid(format!("must be between {min} and {max}")))
+                Err(format!("must be between {min} and {max}"))
             }
         }
         Some(n) => Ok(n),

@@ -397,9 +397,10 @@ impl<C: Connect> Client<C> {
     }
 
     /// The whole-response deadline, from the request's start:
-    /// consul holds a blocking query up to wait × 17/16.
+    /// consul holds a blocking query up to wait × 17/16 (the request's
+    /// wait: a `stale` one's is capped).
     fn response_within(&self) -> Duration {
-        self.spec.wait * 17 / 16 + RESPONSE_SLACK
+        self.watch.request_wait(self.spec.wait) * 17 / 16 + RESPONSE_SLACK
     }
 
     fn build_request(&self) -> Vec<u8> {

@@ -11,9 +11,11 @@
 //! errors back off 250 ms doubling to 30 s with jitter (the first retry
 //! anywhere in its 250 ms, so a fleet dropped at once reconnects spread
 //! out), reset on success; with `-consul-max-stale` set, requests carry
-//! `stale`, and an answer whose `X-Consul-LastContact` is past the bound (or
-//! missing) is never applied and never moves the index: the next request,
-//! at once, goes without `stale` (to the leader).
+//! `stale` and wait at most [`STALE_WAIT_CAP`], and an answer whose
+//! `X-Consul-LastContact` is past the bound (or missing), or whose index is
+//! below the state applied (a follower behind), is never applied and never
+//! moves the index: the next request, at once, goes without `stale` (to
+//! the leader).
 
 use std::time::{Duration, Instant};
 
@@ -33,6 +35,10 @@ const BUCKET_BURST: f64 = 5.0;
 const BUCKET_REFILL_PER_S: f64 = 1.0;
 const BACKOFF_FIRST: Duration = Duration::from_millis(250);
 const BACKOFF_CAP: Duration = Duration::from_secs(30);
+/// The longest `wait` of a `stale` blocking request: a follower that loses
+/// the leader during the hold stops replicating and answers only when the
+/// wait ends, so a 5 m wait would hide writes for minutes.
+pub const STALE_WAIT_CAP: Duration = Duration::from_secs(30);
 /// Configuration errors (a redirect, 400, 403: bad token, bad namespace):
 /// retried, but no faster than this.
 pub const CONFIG_ERROR_DELAY: Duration = Duration::from_secs(10);
@@ -109,8 +115,9 @@ pub enum Update {
         to: u64,
     },
     /// A `stale` answer from a server out of touch with the leader for
-    /// longer than `-consul-max-stale` (`None`: it did not say): discarded,
-    /// asked again at once without `stale`.
+    /// longer than `-consul-max-stale` (`None`: it did not say), or behind
+    /// the state applied (its index is lower: applying it would step the
+    /// state backwards): discarded, asked again at once without `stale`.
     TooStale {
         last_contact: Option<Duration>,
     },
@@ -233,6 +240,12 @@ impl Watch {
         self.max_stale.is_some() && !self.consistent_next
     }
 
+    /// The `wait` of the request in flight (or just started), given
+    /// `-consul-wait`: capped at [`STALE_WAIT_CAP`] when it is `stale`.
+    pub fn request_wait(&self, configured: Duration) -> Duration {
+        stale_wait(configured, self.asked_stale)
+    }
+
     /// The earliest time the next request may start.
     pub fn next_start(&self, now: Instant) -> Instant {
         let mut at = now;
@@ -287,6 +300,7 @@ impl Watch {
         t.push_str("?recurse=");
         let index = self.request_index();
         if index > 0 {
+            let wait = stale_wait(wait, self.stale_next());
             t.push_str(&format!("&index={index}&wait={}ms", wait.as_millis()));
         }
         if self.stale_next() {
@@ -328,6 +342,13 @@ impl Watch {
         // Index 0 is treated as 1 (consul's documented client rule).
         let new_index = new_index.max(1);
         if new_index < self.index {
+            if asked_stale {
+                // A follower behind the state applied: consul's reset rule
+                // is for the leader's index; this one would undo writes
+                // already answered.
+                let lc = head.header("x-consul-lastcontact");
+                return Response::Done(self.ask_the_leader(last_contact(lc)));
+            }
             let from = self.index;
             self.index = 0;
             self.nonblocking_next = true;
@@ -370,17 +391,21 @@ impl Watch {
     /// A `stale` answer past `-consul-max-stale` (or not saying how stale
     /// it is): discarded whatever it holds, the index untouched, the next
     /// request at once and to the leader.
-    fn too_stale(&mut self, last_contact: Option<&[u8]>) -> Option<Update> {
+    fn too_stale(&mut self, header: Option<&[u8]>) -> Option<Update> {
         let max = self.max_stale?;
-        let last_contact = last_contact
-            .and_then(parse_index)
-            .map(Duration::from_millis);
+        let last_contact = last_contact(header);
         if last_contact.is_some_and(|lc| lc <= max) {
             return None;
         }
+        Some(self.ask_the_leader(last_contact))
+    }
+
+    /// A `stale` answer not applied: the next request, at once, without
+    /// `stale`, at the index of the state applied.
+    fn ask_the_leader(&mut self, last_contact: Option<Duration>) -> Update {
         self.consistent_next = true;
         self.stale_reasks += 1;
-        Some(Update::TooStale { last_contact })
+        Update::TooStale { last_contact }
     }
 
     /// A decode started by [`Watch::on_response`] finished.
@@ -436,6 +461,20 @@ impl Watch {
         };
         let span = (full - floor).as_micros() as u64;
         floor + Duration::from_micros(self.rng.below(span + 1))
+    }
+}
+
+/// `X-Consul-LastContact` (ms), if there is one and it is a number.
+fn last_contact(header: Option<&[u8]>) -> Option<Duration> {
+    header.and_then(parse_index).map(Duration::from_millis)
+}
+
+/// A request's `wait`: `-consul-wait`, capped for a `stale` one.
+fn stale_wait(configured: Duration, stale: bool) -> Duration {
+    if stale {
+        configured.min(STALE_WAIT_CAP)
+    } else {
+        configured
     }
 }
 
@@ -780,7 +819,7 @@ mod tests {
         assert_eq!(target(&w), "/v1/kv/p/?recurse=&stale=");
         w.on_start(now);
         swap(head_stale(&mut w, now, b"7", Some("2000"), BODY));
-        assert_eq!(target(&w), "/v1/kv/p/?recurse=&index=7&wait=60000ms&stale=");
+        assert_eq!(target(&w), "/v1/kv/p/?recurse=&index=7&wait=30000ms&stale=");
         now += Duration::from_secs(30);
         w.on_start(now);
         // A follower 2.5 s behind the leader answers a newer index: never
@@ -803,7 +842,86 @@ mod tests {
         let s = swap(head_stale(&mut w, now, b"9", None, maint));
         assert_eq!(s.reply(b"be/s1"), b"maint 100%\n");
         // And back to stale reads.
-        assert_eq!(target(&w), "/v1/kv/p/?recurse=&index=9&wait=60000ms&stale=");
+        assert_eq!(target(&w), "/v1/kv/p/?recurse=&index=9&wait=30000ms&stale=");
+    }
+
+    /// Regression (issue 27): a stale answer with an index below the one
+    /// applied was taken as consul's "index went backwards" and reset the
+    /// watch: the follower's older state was then read and applied (a drain
+    /// undone, redone when the follower caught up).
+    #[test]
+    fn a_stale_answer_behind_the_state_applied_is_never_applied_and_asked_of_the_leader() {
+        let now = t0();
+        let mut w = Watch::new("p", 1, Duration::from_secs(2));
+        let target = |w: &Watch| w.target("", Duration::from_secs(60), None, None);
+        w.on_start(now);
+        swap(head_stale(&mut w, now, b"20", Some("10"), BODY));
+        w.on_start(now);
+        // A follower within the bound, but at 15.
+        match head_stale(&mut w, now, b"15", Some("10"), BODY) {
+            Update::TooStale { last_contact } => {
+                assert_eq!(last_contact, Some(Duration::from_millis(10)))
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(
+            (w.index(), w.request_index(), w.stale_reasks()),
+            (20, 20, 1)
+        );
+        assert_eq!(w.failures(), 0);
+        assert_eq!(target(&w), "/v1/kv/p/?recurse=&index=20&wait=60000ms");
+        w.on_start(now);
+        // The leader's answer at a lower index is consul's reset rule.
+        match head_stale(&mut w, now, b"15", None, BODY) {
+            Update::Reset { from: 20, to: 15 } => {}
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(w.stale_reasks(), 1);
+        // An equal index from a follower is a wait that ended: no change.
+        let mut w = Watch::new("p", 1, Duration::from_secs(2));
+        w.on_start(now);
+        swap(head_stale(&mut w, now, b"20", Some("10"), BODY));
+        w.on_start(now);
+        assert!(matches!(
+            head_stale(&mut w, now, b"20", Some("10"), BODY),
+            Update::Unchanged
+        ));
+    }
+
+    #[test]
+    fn a_stale_blocking_request_waits_at_most_thirty_seconds() {
+        let now = t0();
+        let five_minutes = Duration::from_secs(300);
+        let mut w = Watch::new("p", 1, Duration::from_secs(2));
+        w.on_start(now);
+        assert_eq!(w.request_wait(five_minutes), STALE_WAIT_CAP);
+        swap(head_stale(&mut w, now, b"7", Some("0"), BODY));
+        assert_eq!(
+            w.target("", five_minutes, None, None),
+            "/v1/kv/p/?recurse=&index=7&wait=30000ms&stale="
+        );
+        assert_eq!(
+            w.target("", Duration::from_secs(10), None, None),
+            "/v1/kv/p/?recurse=&index=7&wait=10000ms&stale=",
+            "a shorter -consul-wait as it is"
+        );
+        w.on_start(now);
+        assert_eq!(
+            w.request_wait(Duration::from_secs(10)),
+            Duration::from_secs(10)
+        );
+        // Too stale: the leader is asked with the full wait.
+        head_stale(&mut w, now, b"9", Some("5000"), BODY);
+        assert_eq!(
+            w.target("", five_minutes, None, None),
+            "/v1/kv/p/?recurse=&index=7&wait=300000ms"
+        );
+        w.on_start(now);
+        assert_eq!(w.request_wait(five_minutes), five_minutes);
+        // Without -consul-max-stale, the full wait always.
+        let mut off = Watch::new("p", 1, Duration::ZERO);
+        off.on_start(now);
+        assert_eq!(off.request_wait(five_minutes), five_minutes);
     }
 
     #[test]

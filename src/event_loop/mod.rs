@@ -63,8 +63,9 @@ use crate::monitoring::server::Role;
 use crate::monitoring::{StateFileStatus, Status, WatchStatus};
 use crate::persist::{self, StateFile};
 use crate::slice::Slice;
+use crate::state::file::Loaded;
 use crate::state::unasked::{Asking, Unasked};
-use crate::state::{Clock, Snapshot, Swapper};
+use crate::state::{Clock, HeldFile, Snapshot, Swapper};
 use agents::AgentSlot;
 use gate::AcceptGate;
 use http::HttpSlot;
@@ -149,6 +150,8 @@ pub struct EventLoop {
     parking: Parking,
     /// `-state-file`: written after every swap, off the loop.
     state_file: Option<StateFile>,
+    /// The state file read at start, until the first consul read decides.
+    held_file: HeldFile<Loaded>,
 
     metrics: Metrics,
     started: SystemTime,
@@ -195,12 +198,11 @@ impl EventLoop {
         let consul = &config.consul;
         let (start, started) = (Instant::now(), SystemTime::now());
         let clock = Clock::new(start, started);
-        let mut state = Swapper::new(&config.kv_prefix, clock, config.max_unknown_identities);
-        let state_file = config
-            .state_file
-            .as_ref()
-            .map(|path| persist::open(config, path, &mut state))
-            .transpose()?;
+        let state = Swapper::new(&config.kv_prefix, clock, config.max_unknown_identities);
+        let (state_file, loaded) = match &config.state_file {
+            Some(path) => persist::open(config, path).map(|(f, l)| (Some(f), l))?,
+            None => (None, None),
+        };
         Ok(EventLoop {
             poll,
             agent_listener,
@@ -233,6 +235,7 @@ impl EventLoop {
             devkv,
             parking: Parking::default(),
             state_file,
+            held_file: HeldFile::new(loaded, start),
             metrics: Metrics::default(),
             started,
             kv_prefix: config.kv_prefix.clone(),
@@ -362,6 +365,7 @@ impl EventLoop {
             self.https.next_deadline(),
             self.parking.next_deadline(),
             Some(self.unasked.due()),
+            self.held_file.deadline(),
             self.agent_gate.deadline(now),
             self.http_gate.deadline(now),
             self.shutdown_deadline,
@@ -389,6 +393,9 @@ impl EventLoop {
         }
         for (key, wait) in self.parking.expired(now) {
             self.answer_parked(key, &wait, now);
+        }
+        if let Some(l) = self.held_file.due(now) {
+            persist::answer_from(l, "no consul read within the grace", &mut self.state, now);
         }
         if self.unasked.due() <= now {
             self.unasked
@@ -453,6 +460,9 @@ impl EventLoop {
                 self.consul_ok(now);
                 self.metrics.swaps += 1;
                 self.swap_in(new, now);
+                if let Some(unused) = self.held_file.consul_answered() {
+                    self.state.discard(unused.snapshot);
+                }
             }
             Update::Unchanged => {
                 self.consul_ok(now);
@@ -468,10 +478,13 @@ impl EventLoop {
             Update::TooStale { last_contact } => {
                 // Counted by the watch; routine when a follower lags.
                 let ms = last_contact.map(|d| d.as_millis() as u64);
-                debug!(last_contact_ms = ms; "consul answer too stale (-consul-max-stale): discarded, asking the leader");
+                debug!(last_contact_ms = ms; "stale consul answer past -consul-max-stale, or behind the state applied: discarded, asking the leader");
             }
             Update::Failed(f) => {
                 self.metrics.count_consul_error(f.reason);
+                if let Some(l) = self.held_file.consul_failed() {
+                    persist::answer_from(l, "the first consul read failed", &mut self.state, now);
+                }
                 let answering = self.state.current().is_some();
                 self.health.failed(f, now, answering);
             }

@@ -2,7 +2,8 @@
 //! haproxy does and reports, for every server that runs `agent-check`, what
 //! keeps the agent's answers from reaching it.
 //!
-//! In: the files as (name, bytes), the agent's listen address, the
+//! In: the files as (name, bytes), the agent's listen address and
+//! `-max-line-bytes` ([`Agent`]), the
 //! addresses of the host the lint runs on (for a wildcard listen address),
 //! the environment (for haproxy's `${VAR}` and `.if defined(VAR)`; the
 //! variables haproxy sets itself before reading its configuration are
@@ -47,6 +48,15 @@ pub fn haproxy_variable(name: &str) -> Option<String> {
     SET.contains(&name).then(String::new)
 }
 
+/// The agent as it runs, which the servers' settings must reach.
+#[derive(Debug, Clone, Copy)]
+pub struct Agent<'a> {
+    /// Its `-listen-addr`.
+    pub listen: &'a ListenAddr,
+    /// Its `-max-line-bytes`: a longer first line gets no reply.
+    pub max_line: usize,
+}
+
 /// One output line, before sorting.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Report {
@@ -76,14 +86,14 @@ impl Report {
 /// this host's addresses (loopback always counts as local).
 pub fn lint(
     files: &[(String, Vec<u8>)],
-    listen: &ListenAddr,
+    agent: &Agent<'_>,
     local: &[IpAddr],
     env: &dyn Fn(&str) -> Option<String>,
 ) -> Report {
     let env = |name: &str| env(name).or_else(|| haproxy_variable(name));
     let model = model::build(files, &env);
     let names: Vec<String> = files.iter().map(|(name, _)| name.clone()).collect();
-    let findings = rules::check(&model.servers, &names, listen, local);
+    let findings = rules::check(&model.servers, &names, agent, local);
     let mut report = Report {
         lines: Vec::new(),
         agent_checked: model
@@ -131,7 +141,11 @@ mod tests {
             .iter()
             .map(|(n, t)| (n.to_string(), t.as_bytes().to_vec()))
             .collect();
-        lint(&files, &ListenAddr::AnyDualStack(9777), &[], &|_| None).render()
+        let agent = Agent {
+            listen: &ListenAddr::AnyDualStack(9777),
+            max_line: 256,
+        };
+        lint(&files, &agent, &[], &|_| None).render()
     }
 
     const CONFIG: &str = "backend be\n server s1 127.0.0.1:80 weight 100 slowstart 1s agent-check agent-port 9777 agent-inter 1s agent-send \"be/s1\\n\"\n";

@@ -1,7 +1,7 @@
 //! The lint rules over the servers that run `agent-check`, pure.
 //!
-//! In: the model's servers, the agent's listen address and this host's
-//! addresses. Out: findings,
+//! In: the model's servers, the agent (its listen address and
+//! `-max-line-bytes`) and this host's addresses. Out: findings,
 //! each an error or a warning about one server, in server order. Always
 //! holds: a server without `agent-check` gets no finding; a server whose
 //! settings are all right gets none either.
@@ -9,7 +9,7 @@
 //! Errors: no `weight` anywhere in the server's inheritance; no
 //! `agent-send`, or one that does not end in a newline (a single-quoted
 //! `…\n` named as such), or whose first line the agent answers nothing
-//! for (empty, a control byte, longer than [`AGENT_MAX_LINE`]: the rule of
+//! for (empty, a control byte, longer than `-max-line-bytes`: the rule of
 //! [`crate::agent::request::parse`]); no agent port, or one that is not the
 //! listen port; an agent address (`agent-addr`, else `addr`, else the
 //! server's own) that is not the listen IP when a specific IP is listened
@@ -27,12 +27,9 @@ use std::collections::HashMap;
 use std::net::IpAddr;
 
 use super::model::{atol, Server};
+use super::Agent;
 use crate::agent::request::{self, Reject, Request};
 use crate::config::ListenAddr;
-
-/// The agent's default `-max-line-bytes`: a longer request line gets no
-/// reply.
-pub const AGENT_MAX_LINE: usize = 256;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Severity {
@@ -55,7 +52,7 @@ pub struct Finding {
 pub fn check(
     servers: &[Server],
     files: &[String],
-    listen: &ListenAddr,
+    agent: &Agent<'_>,
     local: &[IpAddr],
 ) -> Vec<Finding> {
     let mut findings = Vec::new();
@@ -75,14 +72,14 @@ pub fn check(
         if !s.weight {
             add(Severity::Error, NO_WEIGHT.to_owned());
         }
-        let identity = match agent_send(server) {
+        let identity = match agent_send(server, agent.max_line) {
             Ok(identity) => Some(identity),
             Err(message) => {
                 add(Severity::Error, message);
                 None
             }
         };
-        for message in reach(server, listen, local) {
+        for message in reach(server, agent.listen, local) {
             add(Severity::Error, message);
         }
         if !s.slowstart {
@@ -123,8 +120,9 @@ pub const NO_AGENT_INTER: &str =
     "no agent-inter: agent checks run at the health-check inter (2s unless set)";
 
 /// The identity the server sends (its first line, trimmed as the agent
-/// trims it), or why the agent cannot answer it.
-fn agent_send(server: &Server) -> Result<Vec<u8>, String> {
+/// trims it), or why an agent reading lines of at most `max_line` bytes
+/// cannot answer it.
+fn agent_send(server: &Server, max_line: usize) -> Result<Vec<u8>, String> {
     let Some(word) = &server.settings.agent_send else {
         let own = format!("{}/{}", server.backend, server.name);
         return Err(format!("no agent-send: haproxy sends nothing and the agent never answers; add agent-send \"{own}\\n\""));
@@ -140,7 +138,7 @@ fn agent_send(server: &Server) -> Result<Vec<u8>, String> {
         let shown = text.escape_ascii();
         return Err(format!("agent-send \"{shown}\" does not end in a newline: the agent answers complete lines only; end it with \\n inside double quotes"));
     }
-    let why = match request::parse(text, AGENT_MAX_LINE) {
+    let why = match request::parse(text, max_line) {
         Request::Identity(identity) => return Ok(identity.to_vec()),
         Request::Partial => unreachable!("the text holds a newline"),
         Request::Reject(Reject::Empty) => "its first line is empty once trimmed".to_owned(),
@@ -149,7 +147,7 @@ fn agent_send(server: &Server) -> Result<Vec<u8>, String> {
         }
         Request::Reject(Reject::TooLong) => {
             let len = text.iter().position(|&b| b == b'\n').unwrap_or_default();
-            format!("its first line is {len} bytes, over the agent's {AGENT_MAX_LINE}-byte -max-line-bytes default")
+            format!("its first line is {len} bytes, over the agent's -max-line-bytes {max_line}")
         }
     };
     let shown = text.escape_ascii();
@@ -252,6 +250,11 @@ mod tests {
     /// Findings for servers declared in `be` with these lines (`$GOOD`
     /// stands for a correct set of keywords), as "server: severity: message".
     fn lint(lines: &str, listen: &str) -> Vec<String> {
+        lint_lines(lines, listen, 256)
+    }
+
+    /// [`lint`] for an agent run with `-max-line-bytes max_line`.
+    fn lint_lines(lines: &str, listen: &str, max_line: usize) -> Vec<String> {
         let config = format!("backend be\n{}", lines.replace("$GOOD", GOOD));
         let files = [("h.cfg".to_owned(), config.into_bytes())];
         let m = model::build(&files, &|_| None);
@@ -259,7 +262,11 @@ mod tests {
         let listen = crate::config::parse_listen_addr(listen).unwrap().unwrap();
         let names = ["h.cfg".to_owned()];
         let local = ["192.0.2.7".parse().unwrap(), "2001:db8::7".parse().unwrap()];
-        check(&m.servers, &names, &listen, &local)
+        let agent = Agent {
+            listen: &listen,
+            max_line,
+        };
+        check(&m.servers, &names, &agent, &local)
             .into_iter()
             .map(|f| {
                 format!(
@@ -456,7 +463,7 @@ mod tests {
 
     #[test]
     fn an_identity_the_agent_never_answers_is_an_error() {
-        let long = "x".repeat(AGENT_MAX_LINE + 1);
+        let long = "x".repeat(257);
         for (send, shown, why) in [
             (
                 r"\nbe/s1\n",
@@ -481,7 +488,7 @@ mod tests {
             (
                 &format!(r"{long}\n"),
                 &format!(r"{long}\n"),
-                "its first line is 257 bytes, over the agent's 256-byte -max-line-bytes default",
+                "its first line is 257 bytes, over the agent's -max-line-bytes 256",
             ),
         ] {
             let got = lint(
@@ -496,13 +503,37 @@ mod tests {
                 "{send}"
             );
         }
-        let fits = format!(r"{}\r\n", "x".repeat(AGENT_MAX_LINE - 1));
+        let fits = format!(r"{}\r\n", "x".repeat(255));
         let got = lint(
             &format!(r#" server s1 127.0.0.1:80 $GOOD agent-send "{fits}""#),
             ":9777",
         );
         assert_eq!(got.len(), 1, "answered, only the identity warning: {got:?}");
         assert!(got[0].contains("Warning: agent-send identity"), "{got:?}");
+    }
+
+    /// Regression (issue 27): the line was checked against 256 bytes
+    /// whatever the agent's -max-line-bytes.
+    #[test]
+    fn the_line_is_checked_against_the_agents_max_line_bytes() {
+        let line = |n: usize| {
+            let send = format!(r"be/{}\n", "x".repeat(n - 3));
+            format!(r#" server s1 127.0.0.1:80 $GOOD agent-send "{send}""#)
+        };
+        let warned =
+            |got: Vec<String>| got.len() == 1 && got[0].contains("Warning: agent-send identity");
+        assert!(warned(lint_lines(&line(300), ":9777", 300)), "fits 300");
+        assert!(warned(lint_lines(&line(8), ":9777", 8)), "fits 8");
+        let got = lint_lines(&line(301), ":9777", 300);
+        assert!(
+            got[0].contains("its first line is 301 bytes, over the agent's -max-line-bytes 300"),
+            "{got:?}"
+        );
+        let got = lint_lines(&line(9), ":9777", 8);
+        assert!(
+            got[0].contains("9 bytes, over the agent's -max-line-bytes 8"),
+            "{got:?}"
+        );
     }
 
     #[test]

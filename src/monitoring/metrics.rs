@@ -3,6 +3,7 @@
 //! allocation; the Prometheus text exposition (format 0.0.4) is rendered
 //! only when scraped.
 
+use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::fmt::Write as _;
 use std::sync::Arc;
@@ -146,7 +147,7 @@ pub struct View<'a> {
 }
 
 /// At most this many `diverted_key_last_asked_timestamp_seconds` series
-/// (unasked keys first, then by identity); the rest are counted.
+/// (the most recently asked first, then by identity); the rest are counted.
 pub const MAX_DIVERTED_SERIES: usize = 1000;
 
 const P: &str = "gitlab_haproxy_agent_";
@@ -167,13 +168,16 @@ pub struct MetricsRender {
     diverted: usize,
 }
 
-/// One per-key last-ask series, ranked: unasked keys first, then by
-/// identity.
+/// One per-key last-ask series, ranked (the smaller first): the most
+/// recently asked first (never asked last), then by identity. A key this
+/// agent's haproxy asks is never left out for one it does not ask: the
+/// fleet's max for it would be another agent's 0, and the fleet alert would
+/// fire for a key that is asked.
 #[derive(Debug, PartialEq, Eq, PartialOrd, Ord)]
 struct Series {
-    asked: bool,
+    /// Unix seconds of the last ask (0: never), the latest first.
+    last_asked: Reverse<u64>,
     identity: Box<str>,
-    unix_seconds: u64,
 }
 
 impl MetricsRender {
@@ -204,15 +208,14 @@ impl MetricsRender {
         };
         for d in s.diverted_from(&mut self.pos) {
             self.diverted += 1;
-            let asked = a.unasked.get(d.identity).is_none();
+            let last_asked = Reverse(a.clock.unix_seconds(d.last_asked));
             let worst = self.chosen.peek();
             let better = self.chosen.len() < MAX_DIVERTED_SERIES
-                || worst.is_some_and(|w| (asked, d.identity) < (w.asked, &*w.identity));
+                || worst.is_some_and(|w| (last_asked, d.identity) < (w.last_asked, &*w.identity));
             if better {
                 self.chosen.push(Series {
-                    asked,
+                    last_asked,
                     identity: d.identity.into(),
-                    unix_seconds: a.clock.unix_seconds(d.last_asked),
                 });
                 if self.chosen.len() > MAX_DIVERTED_SERIES {
                     self.chosen.pop();
@@ -238,12 +241,12 @@ impl MetricsRender {
             o.int(
                 "diverted_key_last_asked_timestamp_seconds",
                 &[("identity", &s.identity)],
-                s.unix_seconds,
+                s.last_asked.0,
             );
         }
         o.gauge(
             "diverted_keys_over_series_limit",
-            "Diverted keys left out of diverted_key_last_asked_timestamp_seconds (at most 1000 series; unasked keys come first).",
+            "Diverted keys left out of diverted_key_last_asked_timestamp_seconds (at most 1000 series; the most recently asked come first).",
             self.diverted.saturating_sub(MAX_DIVERTED_SERIES) as f64,
         );
         self.out.0
@@ -329,7 +332,7 @@ fn state(o: &mut Exposition, v: &View<'_>) {
     );
     o.counter(
         "state_file_writes_total",
-        "State files written (-state-file), one per change at most, coalesced under churn.",
+        "State files written (-state-file): one per change at most, coalesced under churn, and an unchanged state rewritten every quarter of -state-max-age (at most hourly).",
         v.state_file_writes,
     );
     o.counter(
@@ -829,8 +832,12 @@ mod tests {
         assert!(seen.contains("gitlab_haproxy_agent_request_duration_seconds"));
     }
 
+    /// Regression (issue 27): the cap kept unasked keys first, so an agent
+    /// with 1,000 unasked keys exported none of the keys its haproxy asks;
+    /// the fleet's max for those was another agent's 0, and the fleet alert
+    /// fired for keys that are asked.
     #[test]
-    fn diverted_keys_last_asks_are_capped_unasked_first() {
+    fn diverted_keys_last_asks_are_capped_most_recently_asked_first() {
         use crate::consul::kv::KvPair;
         use crate::state::unasked::Unasked;
         use crate::state::{Clock, Swapper};
@@ -851,12 +858,19 @@ mod tests {
             modify_index: 1,
         });
         state.swap(Snapshot::build("p", 1, pairs), t0);
-        // All asked at 30 s but the last one; "nobody/asks" has no key.
-        let at = t0 + Duration::from_secs(30);
-        for i in 0..=MAX_DIVERTED_SERIES {
-            state.answer(format!("b/k{i:04}").as_bytes(), at);
+        // k0000..k0997 asked at 30 s, k1000 and k1001 at 50 s (the last in
+        // identity order, the most recent), k0998 and k0999 never;
+        // "nobody/asks" has no key.
+        for i in 0..MAX_DIVERTED_SERIES - 2 {
+            state.answer(
+                format!("b/k{i:04}").as_bytes(),
+                t0 + Duration::from_secs(30),
+            );
         }
-        state.answer(b"nobody/asks", at);
+        for k in ["b/k1000", "b/k1001"] {
+            state.answer(k.as_bytes(), t0 + Duration::from_secs(50));
+        }
+        state.answer(b"nobody/asks", t0 + Duration::from_secs(30));
         let mut unasked = Unasked::new(Duration::from_secs(60), t0);
         unasked.step(
             &mut state,
@@ -897,16 +911,21 @@ mod tests {
             value(&t, "gitlab_haproxy_agent_diverted_keys_over_series_limit"),
             2.0
         );
-        assert_eq!(value(&t, "gitlab_haproxy_agent_state_unasked_keys"), 1.0);
+        assert_eq!(value(&t, "gitlab_haproxy_agent_state_unasked_keys"), 2.0);
         assert_eq!(value(&t, "gitlab_haproxy_agent_unknown_identities"), 1.0);
-        // The unasked one is never left out, and shows 0 (never).
-        assert_eq!(value(&t, &format!("{series}{{identity=\"b/k1001\"}}")), 0.0);
+        // Every asked key is in, the most recent too, whatever its name.
+        assert_eq!(
+            value(&t, &format!("{series}{{identity=\"b/k1001\"}}")),
+            1_000_050.0
+        );
         assert_eq!(
             value(&t, &format!("{series}{{identity=\"b/k0000\"}}")),
             1_000_030.0
         );
         assert!(!t.contains("b/ready"), "ready keys are not diverted");
-        assert!(!t.contains("b/k0999\""), "past the cap, by identity");
+        for never in ["b/k0998\"", "b/k0999\""] {
+            assert!(!t.contains(never), "never asked: past the cap");
+        }
     }
 
     #[test]

@@ -149,6 +149,12 @@ impl Swapper {
         }
     }
 
+    /// Frees a state never answered from (the state file, when consul
+    /// answered first) a slice per [`Swapper::step`], as a retired one.
+    pub fn discard(&mut self, unused: Snapshot) {
+        self.graveyard.push_back(unused.into_graveyard());
+    }
+
     /// The state whose asks are still being carried over to the current
     /// one, while they are (a new entry's last ask and `since` are not
     /// final until then).
@@ -373,6 +379,29 @@ mod tests {
         // A file never replaces a state that is already there.
         s.load(snapshot(1, &[]), written, Instant::now());
         assert_eq!(s.current().unwrap().index(), 6);
+    }
+
+    #[test]
+    fn a_discarded_state_is_freed_in_slices_and_never_answered() {
+        let mut s = swapper();
+        s.swap(snapshot(7, &[("b/a", "maint")]), Instant::now());
+        let file: Vec<(String, &str)> = (0..10).map(|i| (format!("b/s{i}"), "drain")).collect();
+        let file: Vec<(&str, &str)> = file.iter().map(|(k, v)| (k.as_str(), *v)).collect();
+        s.discard(snapshot(5, &file));
+        assert!(s.busy());
+        assert_eq!(s.current().unwrap().index(), 7);
+        assert_eq!(reply(&s, "b/s0"), Some(Desired::READY.reply()));
+        let mut steps = 0;
+        while s.busy() {
+            assert_eq!(
+                s.step(&mut Slice::items(3)),
+                0,
+                "no change logged: never answered"
+            );
+            steps += 1;
+        }
+        assert_eq!(steps, 4, "10 entries, 3 a slice");
+        assert_eq!(s.source(), Some(Source::Consul));
     }
 
     #[test]

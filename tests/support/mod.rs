@@ -126,7 +126,20 @@ impl Agent {
     /// `127.0.0.1:0` unless `args` sets it) and waits for its
     /// `listening` line.
     pub fn start(args: &[&str], env: &[(&str, &str)]) -> Agent {
-        let mut cmd = Command::new(BIN);
+        Agent::start_under(&[], args, env)
+    }
+
+    /// [`Agent::start`], the binary run by `wrapper` (a command and its
+    /// arguments, such as `unshare --pid --fork --kill-child`; empty: none).
+    pub fn start_under(wrapper: &[&str], args: &[&str], env: &[(&str, &str)]) -> Agent {
+        let mut cmd = match wrapper.split_first() {
+            Some((run, rest)) => {
+                let mut c = Command::new(run);
+                c.args(rest).arg(BIN);
+                c
+            }
+            None => Command::new(BIN),
+        };
         for (flag, default) in [
             ("-listen-addr", "127.0.0.1:0"),
             ("-monitoring-addr", "127.0.0.1:0"),
