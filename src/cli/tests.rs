@@ -22,6 +22,7 @@ fn run_with(word: &str, args: &[&str], stdin: &[u8], env: &[(&str, &str)]) -> (u
             err: &mut err,
             env: &lookup,
             stdin: &mut input,
+            tty: false,
         },
     );
     let text = |b: Vec<u8>| String::from_utf8(b).unwrap();

@@ -1,0 +1,364 @@
+//! `wait-drained IDENTITY… -timeout D`: polls haproxy (stats sockets,
+//! Prometheus) until every server the identities name holds no session
+//! and no queue anywhere, or the timeout.
+//!
+//! In: the identities, the sources, the timing flags. Out: a live table
+//! (a terminal), a line per change (otherwise) or one JSON document
+//! (`-json`); exit 0 drained, 1 at the timeout, 2 usage. Always holds:
+//! each poll asks every source at once and gives each at most the
+//! interval; what a source says is judged by [`crate::drain`], which never
+//! takes silence for 0.
+
+use std::collections::{HashMap, HashSet};
+use std::ffi::OsString;
+use std::net::SocketAddr;
+use std::os::unix::net::UnixStream;
+use std::time::{Duration, Instant};
+
+use super::fetch::{connect, exchange, http_get, Timed};
+use super::lint::{config_env, read_config};
+use super::{begin, usage_error, Io, FINDING, OK};
+use crate::config::{parse_http_url, parse_stats_socket, StatsSocket};
+use crate::drain::stat::{ServerKey, StatReader};
+use crate::drain::{judge, prom, show, Poll, Reading, Rules, Target};
+use crate::gocompat::parse_go_duration;
+
+const HELP: &str = "\
+usage: gitlab-haproxy-agent wait-drained IDENTITY... -timeout DURATION
+           [-haproxy-socket ADDR]... [-prometheus URL [-expect-instances N]]
+           [-haproxy-config FILE]... [-interval 1s] [-require-drain] [-json]
+
+Waits until no haproxy holds a session or a queued request for the servers
+the identities name, asking haproxy itself:
+  -haproxy-socket ADDR  a stats socket (repeatable): a unix path, or
+                        ipv4@HOST:PORT / ipv6@[HOST]:PORT as haproxy writes
+                        them; asked `show stat` (scur, qcur, status)
+  -prometheus URL       http://HOST:PORT[/prefix] of a Prometheus scraping
+                        haproxy's prometheus-exporter: sums
+                        haproxy_server_current_sessions and _queue over
+                        every instance; -expect-instances N wants at least N
+                        instances reporting each server
+An identity is backend/server (split at the first /), or with
+-haproxy-config FILE (repeatable; a directory as haproxy reads it) the
+agent-send of the agent-checked server lines that send it.
+Drained: every source reports the server with 0 sessions and 0 queued. A
+source that does not report it, cannot be reached, answers garbage, or a
+Prometheus without data (or with fewer instances than asked) is not
+drained, and the command says why. A status other than DRAIN or MAINT
+gets a warning (0 sessions by chance while still taking new ones);
+-require-drain counts it as not drained. Polls every -interval (default
+1s; each source gets at most that long to answer): a live table on a
+terminal, else one line per change; -json prints the last poll as one
+document. Exit 0: all drained; 1: the timeout, naming each server still
+holding sessions, where and how many; 2: usage.
+";
+
+/// The largest Prometheus answer read: the query names only the servers
+/// asked about (7 series per server per haproxy instance).
+const MAX_PROMETHEUS_BODY: usize = 8 << 20;
+const MIN_INTERVAL: Duration = Duration::from_millis(100);
+
+/// Where one poll asks.
+enum Source {
+    Socket { label: String, at: StatsSocket },
+    Prometheus { label: String, addr: SocketAddr, host: String, prefix: String },
+}
+
+impl Source {
+    fn label(&self) -> &str {
+        match self {
+            Source::Socket { label, .. } | Source::Prometheus { label, .. } => label,
+        }
+    }
+
+    /// Asks, by `deadline`.
+    fn read(&self, servers: &[ServerKey], deadline: Instant) -> Reading {
+        let got = match self {
+            Source::Socket { at, .. } => show_stat(at, servers, deadline).map(Reading::Socket),
+            Source::Prometheus { addr, host, prefix, .. } => {
+                let target = prom::query_target(prefix, servers);
+                prometheus(*addr, host, &target, deadline).map(Reading::Prometheus)
+            }
+        };
+        got.unwrap_or_else(Reading::Failed)
+    }
+}
+
+/// Everything the flags say.
+struct Plan {
+    targets: Vec<Target>,
+    sources: Vec<Source>,
+    rules: Rules,
+    timeout: Duration,
+    interval: Duration,
+    json: bool,
+}
+
+pub(super) fn run(args: &[OsString], io: &mut Io<'_>) -> u8 {
+    let flags = (
+        &[
+            "timeout",
+            "interval",
+            "haproxy-socket",
+            "prometheus",
+            "expect-instances",
+            "haproxy-config",
+        ][..],
+        &["json", "require-drain"][..],
+    );
+    let a = match begin(io, "wait-drained", HELP, args, flags) {
+        Ok(a) => a,
+        Err(code) => return code,
+    };
+    let plan = match plan(&a, io) {
+        Ok(plan) => plan,
+        Err(e) => return usage_error(io, "wait-drained", &e),
+    };
+    wait(&plan, io)
+}
+
+fn plan(a: &super::Args, io: &Io<'_>) -> Result<Plan, String> {
+    if a.positional.is_empty() {
+        return Err("no IDENTITY given".into());
+    }
+    let duration = |flag: &str, default: Option<Duration>| match a.value(flag) {
+        None => default.ok_or_else(|| format!("-{flag} is required (e.g. -{flag} 10m)")),
+        Some(v) => match parse_go_duration(v) {
+            Some(Some(d)) if !d.is_zero() => Ok(d),
+            _ => Err(format!("invalid value {v:?} for flag -{flag}: a positive duration, e.g. 10m")),
+        },
+    };
+    let timeout = duration("timeout", None)?;
+    let interval = duration("interval", Some(Duration::from_secs(1)))?;
+    if interval < MIN_INTERVAL {
+        return Err(format!("-interval {} is below {}", show::duration(interval), show::duration(MIN_INTERVAL)));
+    }
+    let mut sources = Vec::new();
+    for v in a.values("haproxy-socket") {
+        let at = parse_stats_socket(v).map_err(|e| format!("invalid value {v:?} for flag -haproxy-socket: {e}"))?;
+        sources.push(Source::Socket { label: v.to_owned(), at });
+    }
+    let urls = a.values("prometheus");
+    for v in &urls {
+        let (addr, host, prefix) =
+            parse_http_url(v).map_err(|e| format!("invalid value {v:?} for flag -prometheus: {e}"))?;
+        let label = v.to_string();
+        sources.push(Source::Prometheus { label, addr, host, prefix });
+    }
+    if sources.is_empty() {
+        return Err("no source: give -haproxy-socket ADDR or -prometheus URL".into());
+    }
+    let expect_instances = match a.value("expect-instances") {
+        None => 0,
+        Some(_) if urls.is_empty() => return Err("-expect-instances needs -prometheus".into()),
+        Some(v) => v
+            .parse::<usize>()
+            .map_err(|_| format!("invalid value {v:?} for flag -expect-instances: a count"))?,
+    };
+    let targets = targets(&a.positional, &a.values("haproxy-config"), io)?;
+    Ok(Plan {
+        targets,
+        sources,
+        rules: Rules {
+            require_drain: a.flag("require-drain"),
+            expect_instances,
+        },
+        timeout,
+        interval,
+        json: a.flag("json"),
+    })
+}
+
+/// Each identity's servers: by the convention, or through the agent-send
+/// of the configuration's server lines.
+fn targets(identities: &[String], configs: &[&str], io: &Io<'_>) -> Result<Vec<Target>, String> {
+    if configs.is_empty() {
+        return identities
+            .iter()
+            .map(|id| match id.split_once('/') {
+                Some((b, s)) if !b.is_empty() && !s.is_empty() => Ok(Target {
+                    identity: id.clone(),
+                    servers: vec![(b.to_owned(), s.to_owned())],
+                }),
+                _ => Err(format!("identity {id:?} is not backend/server (give -haproxy-config to map it through agent-send)")),
+            })
+            .collect();
+    }
+    let mut files = Vec::new();
+    for name in configs {
+        read_config(name, &mut files)?;
+    }
+    let sent = crate::lint::identities(&files, &config_env(io.env));
+    let mut unknown = Vec::new();
+    let mut targets = Vec::new();
+    for id in identities {
+        let servers: Vec<ServerKey> = sent
+            .iter()
+            .filter(|(sends, _, _)| sends == id.as_bytes())
+            .map(|(_, b, s)| (b.clone(), s.clone()))
+            .collect();
+        if servers.is_empty() {
+            unknown.push(format!("{id:?}"));
+        }
+        targets.push(Target {
+            identity: id.clone(),
+            servers,
+        });
+    }
+    if !unknown.is_empty() {
+        return Err(format!(
+            "no agent-checked server line of {} sends {}",
+            configs.join(", "),
+            unknown.join(", ")
+        ));
+    }
+    Ok(targets)
+}
+
+/// How the polls are shown.
+enum View {
+    /// A terminal: the table redrawn in place (its line count so far).
+    Table(usize),
+    /// One line per row that changed: the last line of each row.
+    Lines(HashMap<(String, String), String>),
+    Json,
+}
+
+/// The polling loop.
+fn wait(plan: &Plan, io: &mut Io<'_>) -> u8 {
+    let start = Instant::now();
+    let deadline = start + plan.timeout;
+    let mut servers: Vec<ServerKey> = plan.targets.iter().flat_map(|t| t.servers.clone()).collect();
+    servers.sort();
+    servers.dedup();
+    let mut view = match (plan.json, io.tty) {
+        (true, _) => View::Json,
+        (false, true) => View::Table(0),
+        (false, false) => View::Lines(HashMap::new()),
+    };
+    loop {
+        let polled = Instant::now();
+        let readings = poll(&plan.sources, &servers, polled + plan.interval);
+        let poll = judge(&plan.targets, &readings, &plan.rules);
+        let elapsed = start.elapsed();
+        let drained = poll.drained(&plan.rules);
+        let over = Instant::now() >= deadline;
+        show_poll(&mut view, &poll, plan, elapsed, io);
+        if drained || over {
+            let text = match view {
+                View::Json => {
+                    let doc = show::json(&poll, &plan.rules, elapsed, plan.timeout);
+                    serde_json::to_string_pretty(&doc).unwrap_or_default() + "\n"
+                }
+                _ => show::summary(&poll, &plan.rules, elapsed),
+            };
+            let _ = io.out.write_all(text.as_bytes());
+            let _ = io.out.flush();
+            return if drained { OK } else { FINDING };
+        }
+        let next = (polled + plan.interval).min(deadline);
+        std::thread::sleep(next.saturating_duration_since(Instant::now()));
+    }
+}
+
+fn show_poll(view: &mut View, poll: &Poll, plan: &Plan, elapsed: Duration, io: &mut Io<'_>) {
+    let text = match view {
+        View::Json => return,
+        View::Table(drawn) => {
+            let progress = show::progress(poll, &plan.rules, elapsed, plan.timeout);
+            let table = format!("{progress}\n{}", show::table(poll, &plan.rules));
+            // Back to the first line drawn, and clear what was below it.
+            let up = match *drawn {
+                0 => String::new(),
+                n => format!("\x1b[{n}F\x1b[J"),
+            };
+            *drawn = table.lines().count();
+            up + &table
+        }
+        View::Lines(last) => {
+            let mut text = String::new();
+            for row in &poll.rows {
+                let line = show::line(row, &plan.rules);
+                let key = (row.server.clone(), row.source.clone());
+                if last.get(&key) != Some(&line) {
+                    text += &format!("{:>6} {line}\n", show::duration(elapsed));
+                    last.insert(key, line);
+                }
+            }
+            text
+        }
+    };
+    let _ = io.out.write_all(text.as_bytes());
+    let _ = io.out.flush();
+}
+
+/// Asks every source at once, each by `deadline`.
+fn poll(sources: &[Source], servers: &[ServerKey], deadline: Instant) -> Vec<(String, Reading)> {
+    std::thread::scope(|scope| {
+        let asks: Vec<_> = sources
+            .iter()
+            .map(|s| scope.spawn(move || s.read(servers, deadline)))
+            .collect();
+        sources
+            .iter()
+            .zip(asks)
+            .map(|(s, ask)| {
+                let reading = ask
+                    .join()
+                    .unwrap_or_else(|_| Reading::Failed("the reader panicked".into()));
+                (s.label().to_owned(), reading)
+            })
+            .collect()
+    })
+}
+
+/// `show stat` of servers only, read as it arrives.
+fn show_stat(
+    at: &StatsSocket,
+    servers: &[ServerKey],
+    deadline: Instant,
+) -> Result<HashMap<ServerKey, crate::drain::stat::ServerStat>, String> {
+    let mut stream: Box<dyn Timed> = match at {
+        StatsSocket::Tcp(addr) => Box::new(connect(*addr, deadline)?),
+        StatsSocket::Unix(path) => Box::new(connect_unix(path, deadline)?),
+    };
+    let wanted: HashSet<ServerKey> = servers.iter().cloned().collect();
+    let mut reader = StatReader::new(wanted);
+    // -1 4 -1: every proxy's servers (type 4), no frontend or backend row.
+    exchange(stream.as_mut(), b"show stat -1 4 -1\n", deadline, |data| {
+        reader.feed(data)
+    })?;
+    reader.finish()
+}
+
+/// A unix stream connection made by `deadline` (a listener whose backlog
+/// is full would block a plain connect).
+fn connect_unix(path: &std::path::Path, deadline: Instant) -> Result<UnixStream, String> {
+    use socket2::{Domain, SockAddr, Socket, Type};
+    let cannot = |e: std::io::Error| format!("cannot connect: {e}");
+    let left = deadline.saturating_duration_since(Instant::now());
+    if left.is_zero() {
+        return Err("no time left to connect".into());
+    }
+    let socket = Socket::new(Domain::UNIX, Type::STREAM, None).map_err(cannot)?;
+    socket
+        .connect_timeout(&SockAddr::unix(path).map_err(cannot)?, left)
+        .map_err(cannot)?;
+    Ok(socket.into())
+}
+
+fn prometheus(
+    addr: SocketAddr,
+    host: &str,
+    target: &str,
+    deadline: Instant,
+) -> Result<HashMap<ServerKey, Vec<prom::Instance>>, String> {
+    let (status, body) = http_get(addr, host, target, deadline, MAX_PROMETHEUS_BODY)?;
+    match (status, prom::read_answer(&body)) {
+        (200, answer) => answer,
+        // Prometheus explains a refusal in the usual JSON.
+        (_, Err(why)) if why.starts_with("Prometheus answered") => Err(format!("HTTP status {status}: {why}")),
+        _ => Err(format!("HTTP status {status}")),
+    }
+}
+
