@@ -362,3 +362,188 @@ fn prometheus(
     }
 }
 
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{Read, Write};
+    use std::net::{TcpListener, TcpStream};
+
+    /// A loopback server running `serve` on each of its first `n`
+    /// connections (each on its own thread).
+    fn server(n: usize, serve: fn(TcpStream)) -> SocketAddr {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        std::thread::spawn(move || {
+            for conn in l.incoming().take(n).flatten() {
+                std::thread::spawn(move || serve(conn));
+            }
+        });
+        addr
+    }
+
+    fn socket_source(addr: SocketAddr) -> Source {
+        Source::Socket {
+            label: format!("ipv4@{addr}"),
+            at: StatsSocket::Tcp(addr),
+        }
+    }
+
+    fn servers() -> Vec<ServerKey> {
+        vec![("app".into(), "s1".into())]
+    }
+
+    /// Reads the command line, as haproxy does, then the rest.
+    fn read_request(s: &mut TcpStream) {
+        let mut buf = [0u8; 256];
+        let _ = s.read(&mut buf);
+    }
+
+    const ANSWER: &[u8] = b"# pxname,svname,qcur,qmax,scur,status\napp,s1,0,0,2,DRAIN\n\n";
+
+    #[test]
+    fn a_stats_socket_answer_is_read_over_tcp_and_unix() {
+        let addr = server(1, |mut s| {
+            read_request(&mut s);
+            s.write_all(ANSWER).unwrap();
+        });
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let Reading::Socket(got) = socket_source(addr).read(&servers(), deadline) else {
+            panic!("not read");
+        };
+        assert_eq!(got[&servers()[0]].sessions, 2);
+
+        let path = std::env::temp_dir().join(format!("gha-wd-{}.sock", std::process::id()));
+        let _ = std::fs::remove_file(&path);
+        let l = std::os::unix::net::UnixListener::bind(&path).unwrap();
+        let t = std::thread::spawn(move || {
+            let (mut s, _) = l.accept().unwrap();
+            let mut line = [0u8; 64];
+            let n = s.read(&mut line).unwrap();
+            s.write_all(ANSWER).unwrap();
+            String::from_utf8_lossy(&line[..n]).into_owned()
+        });
+        let unix = Source::Socket {
+            label: "x".into(),
+            at: StatsSocket::Unix(path.clone()),
+        };
+        let Reading::Socket(got) = unix.read(&servers(), deadline) else {
+            panic!("not read");
+        };
+        assert_eq!(got[&servers()[0]].status, "DRAIN");
+        assert_eq!(t.join().unwrap(), "show stat -1 4 -1\n");
+        let _ = std::fs::remove_file(&path);
+    }
+
+    /// Fails within `limit` of asking, with `want`.
+    fn fails_in_time(source: &Source, interval: Duration, want: &str) {
+        let started = Instant::now();
+        let reading = source.read(&servers(), started + interval);
+        let took = started.elapsed();
+        match reading {
+            Reading::Failed(why) => assert_eq!(why, want),
+            other => panic!("{other:?}"),
+        }
+        assert!(took >= interval.min(Duration::from_millis(1)) && took < interval + Duration::from_millis(500), "took {took:?}");
+    }
+
+    #[test]
+    fn a_socket_that_accepts_and_never_answers_costs_the_interval() {
+        let addr = server(1, |mut s| {
+            read_request(&mut s);
+            std::thread::sleep(Duration::from_secs(5));
+        });
+        fails_in_time(&socket_source(addr), Duration::from_millis(300), "no complete answer in time");
+    }
+
+    #[test]
+    fn a_socket_that_answers_without_end_costs_the_interval() {
+        // Valid rows for ever: read as they come, none kept, until the
+        // interval is over (the reader's memory is one record).
+        let addr = server(1, |mut s| {
+            read_request(&mut s);
+            let _ = s.write_all(b"# pxname,svname,qcur,scur,status\n");
+            let rows = b"app,other,0,0,UP\n".repeat(1000);
+            let end = Instant::now() + Duration::from_secs(5);
+            while Instant::now() < end && s.write_all(&rows).is_ok() {}
+        });
+        fails_in_time(&socket_source(addr), Duration::from_millis(300), "no complete answer in time");
+        // One line without end stops at the record limit.
+        let addr = server(1, |mut s| {
+            read_request(&mut s);
+            let _ = s.write_all(b"# pxname,svname,qcur,scur,status\n");
+            let end = Instant::now() + Duration::from_secs(5);
+            while Instant::now() < end && s.write_all(&[b'x'; 4096]).is_ok() {}
+        });
+        let reading = socket_source(addr).read(&servers(), Instant::now() + Duration::from_secs(3));
+        assert!(matches!(&reading, Reading::Failed(why) if why == "a line over 64 KiB"), "{reading:?}");
+    }
+
+    #[test]
+    fn a_refused_or_garbled_socket_is_a_failed_reading() {
+        let closed = {
+            let l = TcpListener::bind("127.0.0.1:0").unwrap();
+            l.local_addr().unwrap()
+        };
+        let reading = socket_source(closed).read(&servers(), Instant::now() + Duration::from_secs(2));
+        assert!(matches!(&reading, Reading::Failed(why) if why.starts_with("cannot connect:")), "{reading:?}");
+        let addr = server(1, |mut s| {
+            read_request(&mut s);
+            let _ = s.write_all(b"Unknown command\n");
+        });
+        let reading = socket_source(addr).read(&servers(), Instant::now() + Duration::from_secs(2));
+        assert!(matches!(&reading, Reading::Failed(why) if why == "not a show stat answer: \"Unknown command\""), "{reading:?}");
+    }
+
+    fn prometheus_source(addr: SocketAddr) -> Source {
+        Source::Prometheus {
+            label: format!("http://{addr}"),
+            addr,
+            host: addr.to_string(),
+            prefix: String::new(),
+        }
+    }
+
+    #[test]
+    fn prometheus_is_asked_for_the_servers_and_its_answers_read() {
+        let addr = server(3, |mut s| {
+            let mut req = [0u8; 4096];
+            let n = s.read(&mut req).unwrap();
+            let req = String::from_utf8_lossy(&req[..n]).into_owned();
+            let (status, body) = if !req.contains("proxy%3D~%22app%22") {
+                ("400 Bad Request", r#"{"status":"error","errorType":"bad_data","error":"wrong query"}"#)
+            } else if req.contains("GET /bad/") {
+                ("503 Service Unavailable", "<html>down</html>")
+            } else {
+                ("200 OK", r#"{"status":"success","data":{"resultType":"vector","result":[{"metric":{"__name__":"haproxy_server_current_sessions","instance":"lb1","proxy":"app","server":"s1"},"value":[1,"3"]}]}}"#)
+            };
+            let _ = write!(s, "HTTP/1.1 {status}\r\nContent-Length: {}\r\n\r\n{body}", body.len());
+        });
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let Reading::Prometheus(got) = prometheus_source(addr).read(&servers(), deadline) else {
+            panic!("not read");
+        };
+        assert_eq!(got[&servers()[0]][0].sessions, Some(3.0));
+        let mut bad = prometheus_source(addr);
+        if let Source::Prometheus { prefix, .. } = &mut bad {
+            *prefix = "/bad".into();
+        }
+        let reading = bad.read(&servers(), deadline);
+        assert!(matches!(&reading, Reading::Failed(why) if why == "HTTP status 503"), "{reading:?}");
+        let other = vec![("other".to_owned(), "s1".to_owned())];
+        let reading = prometheus_source(addr).read(&other, deadline);
+        assert!(
+            matches!(&reading, Reading::Failed(why) if why == "HTTP status 400: Prometheus answered error: bad_data: wrong query"),
+            "{reading:?}"
+        );
+    }
+
+    #[test]
+    fn a_prometheus_that_never_answers_costs_the_interval() {
+        let addr = server(1, |mut s| {
+            read_request(&mut s);
+            std::thread::sleep(Duration::from_secs(5));
+        });
+        fails_in_time(&prometheus_source(addr), Duration::from_millis(300), "no complete answer in time");
+    }
+}
