@@ -141,8 +141,18 @@ impl WaitDrained {
         let at = Instant::now();
         let mut out = String::new();
         let mut err = String::new();
-        self.child.stdout.take().unwrap().read_to_string(&mut out).unwrap();
-        self.child.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+        self.child
+            .stdout
+            .take()
+            .unwrap()
+            .read_to_string(&mut out)
+            .unwrap();
+        self.child
+            .stderr
+            .take()
+            .unwrap()
+            .read_to_string(&mut err)
+            .unwrap();
         (code.code().unwrap_or(-1), out, err, at)
     }
 }
@@ -169,27 +179,51 @@ fn a_held_session_keeps_it_waiting_and_its_close_ends_the_wait() {
 
     // At the timeout with the session open: exit 1, naming it where.
     let (unix, tcp, iv) = (lb.unix(), lb.tcp(), interval());
-    let short = WaitDrained::start(&["app/s1", "-haproxy-socket", &unix, "-timeout", "2s", "-interval", &iv]);
+    let short = WaitDrained::start(&[
+        "app/s1",
+        "-haproxy-socket",
+        &unix,
+        "-timeout",
+        "2s",
+        "-interval",
+        &iv,
+    ]);
     let (code, out, err, _) = short.finish(10 * SEC);
     assert_eq!(code, 1, "{out}{err}");
-    let summary = out.split("not drained after").nth(1).unwrap_or_else(|| panic!("{out}"));
+    let summary = out
+        .split("not drained after")
+        .nth(1)
+        .unwrap_or_else(|| panic!("{out}"));
     assert!(
-        summary.contains(&format!("app/s1 at {unix}: 1 session, 0 queued, DRAIN (agent): holding")),
+        summary.contains(&format!(
+            "app/s1 at {unix}: 1 session, 0 queued, DRAIN (agent): holding"
+        )),
         "{out}"
     );
 
     // Both sockets, the session open: still waiting after several polls.
     let mut w = WaitDrained::start(&[
-        "app/s1", "-haproxy-socket", &unix, "-haproxy-socket", &tcp, "-timeout", "60s", "-interval", &iv,
+        "app/s1",
+        "-haproxy-socket",
+        &unix,
+        "-haproxy-socket",
+        &tcp,
+        "-timeout",
+        "60s",
+        "-interval",
+        &iv,
     ]);
-    std::thread::sleep(4 * INTERVAL);
+    std::thread::sleep(4 * INTERVAL + INTERVAL / 2);
     assert!(w.running(), "exited while a session was open");
     let closed = Instant::now();
     drop(client);
     let (code, out, err, exited) = w.finish(10 * SEC);
     let took = exited - closed;
     assert_eq!(code, 0, "{out}{err}");
-    assert!(took <= 2 * INTERVAL + Duration::from_millis(300), "exit {took:?} after the close");
+    assert!(
+        took <= 2 * INTERVAL + Duration::from_millis(300),
+        "exit {took:?} after the close"
+    );
     eprintln!("sockets: exit {took:?} after the last session closed (interval {INTERVAL:?})");
     // One line per change (not a terminal): holding at both, then drained.
     let lines: Vec<&str> = out.lines().collect();
@@ -199,13 +233,21 @@ fn a_held_session_keeps_it_waiting_and_its_close_ends_the_wait() {
         let at = |want: &str| lines.iter().position(|l| l.ends_with(want));
         let (h, d) = (at(&holding), at(&drained));
         assert!(h.is_some() && d.is_some() && h < d, "{out}");
-        assert_eq!(lines.iter().filter(|l| l.ends_with(&holding)).count(), 1, "a line per change only: {out}");
+        assert_eq!(
+            lines.iter().filter(|l| l.ends_with(&holding)).count(),
+            1,
+            "a line per change only: {out}"
+        );
     }
     assert!(
-        out.lines().last().unwrap().starts_with("drained after ") && out.contains("app/s1 (0 sessions, 0 queued at every source)"),
+        out.lines().last().unwrap().starts_with("drained after ")
+            && out.contains("app/s1 (0 sessions, 0 queued at every source)"),
         "{out}"
     );
-    assert!(!out.contains("WARNING") && !out.contains("warning"), "{out}");
+    assert!(
+        !out.contains("WARNING") && !out.contains("warning"),
+        "{out}"
+    );
 }
 
 #[test]
@@ -225,26 +267,56 @@ fn two_haproxies_are_drained_only_when_both_are_at_zero() {
     };
 
     // The first drained, the second still holding: 1, naming the second only.
-    let w = WaitDrained::start(&[&["app/s1", "-timeout", "1s", "-interval", &iv, "-json"][..], &sources].concat());
+    let w = WaitDrained::start(
+        &[
+            &["app/s1", "-timeout", "1s", "-interval", &iv, "-json"][..],
+            &sources,
+        ]
+        .concat(),
+    );
     let (code, out, _, _) = w.finish(10 * SEC);
     assert_eq!(code, 1, "{out}");
     let doc = json(&out);
     let rows = doc["servers"].as_array().unwrap();
     assert_eq!(rows.len(), 2, "{out}");
-    assert_eq!((rows[0]["source"].as_str(), rows[1]["source"].as_str()), (Some(s1.as_str()), Some(s2.as_str())));
-    assert_eq!((rows[0]["drained"].clone(), rows[1]["drained"].clone()), (true.into(), false.into()), "{out}");
-    assert_eq!((rows[0]["sessions"].as_u64(), rows[1]["sessions"].as_u64()), (Some(0), Some(1)), "{out}");
+    assert_eq!(
+        (rows[0]["source"].as_str(), rows[1]["source"].as_str()),
+        (Some(s1.as_str()), Some(s2.as_str()))
+    );
+    assert_eq!(
+        (rows[0]["drained"].clone(), rows[1]["drained"].clone()),
+        (true.into(), false.into()),
+        "{out}"
+    );
+    assert_eq!(
+        (rows[0]["sessions"].as_u64(), rows[1]["sessions"].as_u64()),
+        (Some(0), Some(1)),
+        "{out}"
+    );
 
-    let mut w = WaitDrained::start(&[&["app/s1", "-timeout", "60s", "-interval", &iv, "-json"][..], &sources].concat());
-    std::thread::sleep(4 * INTERVAL);
-    assert!(w.running(), "exited while the second haproxy held a session");
+    let mut w = WaitDrained::start(
+        &[
+            &["app/s1", "-timeout", "60s", "-interval", &iv, "-json"][..],
+            &sources,
+        ]
+        .concat(),
+    );
+    std::thread::sleep(4 * INTERVAL + INTERVAL / 2);
+    assert!(
+        w.running(),
+        "exited while the second haproxy held a session"
+    );
     drop(client);
     let (code, out, err, _) = w.finish(10 * SEC);
     assert_eq!(code, 0, "{out}{err}");
     let doc = json(&out);
     assert_eq!(doc["drained"], true);
     let rows = doc["servers"].as_array().unwrap();
-    assert!(rows.iter().all(|r| r["sessions"] == 0 && r["status"] == "DRAIN (agent)"), "{out}");
+    assert!(
+        rows.iter()
+            .all(|r| r["sessions"] == 0 && r["status"] == "DRAIN (agent)"),
+        "{out}"
+    );
 }
 
 #[test]
@@ -254,14 +326,31 @@ fn a_server_not_draining_gets_a_warning_and_require_drain_fails_it() {
     let lb = Lb::start("up", a.listen().port(), real.addr);
     lb.wait_status("UP");
     let (unix, iv) = (lb.unix(), interval());
-    let w = WaitDrained::start(&["app/s1", "-haproxy-socket", &unix, "-timeout", "5s", "-interval", &iv]);
+    let w = WaitDrained::start(&[
+        "app/s1",
+        "-haproxy-socket",
+        &unix,
+        "-timeout",
+        "5s",
+        "-interval",
+        &iv,
+    ]);
     let (code, out, _, _) = w.finish(10 * SEC);
     assert_eq!(code, 0, "{out}");
     assert!(
         out.contains(&format!("warning: app/s1 at {unix}: status UP is not DRAIN or MAINT: it may reach 0 sessions by chance while still taking new ones")),
         "{out}"
     );
-    let w = WaitDrained::start(&["app/s1", "-haproxy-socket", &unix, "-timeout", "1s", "-interval", &iv, "-require-drain"]);
+    let w = WaitDrained::start(&[
+        "app/s1",
+        "-haproxy-socket",
+        &unix,
+        "-timeout",
+        "1s",
+        "-interval",
+        &iv,
+        "-require-drain",
+    ]);
     let (code, out, _, _) = w.finish(10 * SEC);
     assert_eq!(code, 1, "{out}");
     assert!(
@@ -277,11 +366,27 @@ fn a_server_no_haproxy_lists_or_a_dead_socket_is_not_drained() {
     let lb = Lb::start("absent", a.listen().port(), real.addr);
     let (unix, iv) = (lb.unix(), interval());
     let dead = format!("ipv4@127.0.0.1:{}", free_port());
-    let w = WaitDrained::start(&["app/s1", "app/nope", "-haproxy-socket", &unix, "-haproxy-socket", &dead, "-timeout", "1s", "-interval", &iv]);
+    let w = WaitDrained::start(&[
+        "app/s1",
+        "app/nope",
+        "-haproxy-socket",
+        &unix,
+        "-haproxy-socket",
+        &dead,
+        "-timeout",
+        "1s",
+        "-interval",
+        &iv,
+    ]);
     let (code, out, _, _) = w.finish(10 * SEC);
     assert_eq!(code, 1, "{out}");
     assert!(out.contains(&format!("app/nope at {unix}: no counts: NOT DRAINED: not reported: this haproxy lists no such server")), "{out}");
-    assert!(out.contains(&format!("app/s1 at {dead}: no counts: NOT DRAINED: cannot connect: Connection refused")), "{out}");
+    assert!(
+        out.contains(&format!(
+            "app/s1 at {dead}: no counts: NOT DRAINED: cannot connect: Connection refused"
+        )),
+        "{out}"
+    );
 }
 
 #[test]
@@ -300,13 +405,33 @@ fn identities_map_through_the_haproxy_config_agent_send() {
     for id in ["app/web-1", "api/w1"] {
         hap.wait_server(id, "MAINT", 10 * SEC, |r| r.status() == "MAINT");
     }
-    let (cfg, unix) = (hap.config_path().display().to_string(), hap.socket.display().to_string());
-    let w = WaitDrained::start(&["host-1", "-haproxy-config", &cfg, "-haproxy-socket", &unix, "-timeout", "5s", "-require-drain"]);
+    let (cfg, unix) = (
+        hap.config_path().display().to_string(),
+        hap.socket.display().to_string(),
+    );
+    let w = WaitDrained::start(&[
+        "host-1",
+        "-haproxy-config",
+        &cfg,
+        "-haproxy-socket",
+        &unix,
+        "-timeout",
+        "5s",
+        "-require-drain",
+    ]);
     let (code, out, err, _) = w.finish(10 * SEC);
     assert_eq!(code, 0, "{out}{err}");
     assert!(out.contains("app/web-1 (host-1) at"), "{out}");
     assert!(out.contains("api/w1 (host-1) at"), "{out}");
-    let w = WaitDrained::start(&["host-2", "-haproxy-config", &cfg, "-haproxy-socket", &unix, "-timeout", "5s"]);
+    let w = WaitDrained::start(&[
+        "host-2",
+        "-haproxy-config",
+        &cfg,
+        "-haproxy-socket",
+        &unix,
+        "-timeout",
+        "5s",
+    ]);
     let (code, _, err, _) = w.finish(10 * SEC);
     assert_eq!(code, 2);
     assert_eq!(err, format!("gitlab-haproxy-agent wait-drained: no agent-checked server line of {cfg} sends \"host-2\" (-h for help)\n"));
@@ -335,7 +460,11 @@ impl Prometheus {
                 }
                 let head = String::from_utf8_lossy(&head).into_owned();
                 assert!(head.starts_with("GET /api/v1/query?query="), "{head}");
-                let series = if flag.load(Ordering::Relaxed) { Vec::new() } else { scrape(&targets) };
+                let series = if flag.load(Ordering::Relaxed) {
+                    Vec::new()
+                } else {
+                    scrape(&targets)
+                };
                 let body = serde_json::json!({"status": "success", "data": {"resultType": "vector", "result": series}}).to_string();
                 let _ = write!(conn, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}", body.len());
             }
@@ -354,8 +483,15 @@ fn scrape(targets: &[SocketAddr]) -> Vec<serde_json::Value> {
     for t in targets {
         let (_, body) = http(*t, "GET", "/metrics", b"").expect("the exporter answers");
         for line in String::from_utf8_lossy(&body).lines() {
-            let Some((name, rest)) = line.split_once('{') else { continue };
-            if !matches!(name, "haproxy_server_current_sessions" | "haproxy_server_current_queue" | "haproxy_server_status") {
+            let Some((name, rest)) = line.split_once('{') else {
+                continue;
+            };
+            if !matches!(
+                name,
+                "haproxy_server_current_sessions"
+                    | "haproxy_server_current_queue"
+                    | "haproxy_server_status"
+            ) {
                 continue;
             }
             let (labels, value) = rest.rsplit_once("} ").unwrap();
@@ -386,32 +522,81 @@ fn prometheus_sees_the_session_close_and_no_data_is_not_zero() {
     lb2.wait_status("DRAIN");
     let (url, iv) = (prom.url(), interval());
 
-    let w = WaitDrained::start(&["app/s1", "-prometheus", &url, "-timeout", "1s", "-interval", &iv, "-expect-instances", "2"]);
+    let w = WaitDrained::start(&[
+        "app/s1",
+        "-prometheus",
+        &url,
+        "-timeout",
+        "1s",
+        "-interval",
+        &iv,
+        "-expect-instances",
+        "2",
+    ]);
     let (code, out, _, _) = w.finish(10 * SEC);
     assert_eq!(code, 1, "{out}");
     let holder = format!("holding: {}: 1 sessions, 0 queued", lb1.promex);
-    assert!(out.contains(&format!("app/s1 at {url}: 1 session, 0 queued, DRAIN: {holder}")), "{out}");
+    assert!(
+        out.contains(&format!(
+            "app/s1 at {url}: 1 session, 0 queued, DRAIN: {holder}"
+        )),
+        "{out}"
+    );
 
-    let mut w = WaitDrained::start(&["app/s1", "-prometheus", &url, "-timeout", "60s", "-interval", &iv, "-expect-instances", "2"]);
-    std::thread::sleep(4 * INTERVAL);
+    let mut w = WaitDrained::start(&[
+        "app/s1",
+        "-prometheus",
+        &url,
+        "-timeout",
+        "60s",
+        "-interval",
+        &iv,
+        "-expect-instances",
+        "2",
+    ]);
+    std::thread::sleep(4 * INTERVAL + INTERVAL / 2);
     assert!(w.running(), "exited while a session was open");
     let closed = Instant::now();
     drop(client);
     let (code, out, err, exited) = w.finish(10 * SEC);
     let took = exited - closed;
     assert_eq!(code, 0, "{out}{err}");
-    assert!(took <= 2 * INTERVAL + Duration::from_millis(300), "exit {took:?} after the close");
+    assert!(
+        took <= 2 * INTERVAL + Duration::from_millis(300),
+        "exit {took:?} after the close"
+    );
     eprintln!("prometheus: exit {took:?} after the last session closed (interval {INTERVAL:?})");
 
     // Three instances expected, two report: not drained, and said so.
-    let w = WaitDrained::start(&["app/s1", "-prometheus", &url, "-timeout", "1s", "-interval", &iv, "-expect-instances", "3"]);
+    let w = WaitDrained::start(&[
+        "app/s1",
+        "-prometheus",
+        &url,
+        "-timeout",
+        "1s",
+        "-interval",
+        &iv,
+        "-expect-instances",
+        "3",
+    ]);
     let (code, out, _, _) = w.finish(10 * SEC);
     assert_eq!(code, 1, "{out}");
-    assert!(out.contains("NOT DRAINED: 2 instances report it, fewer than -expect-instances 3"), "{out}");
+    assert!(
+        out.contains("NOT DRAINED: 2 instances report it, fewer than -expect-instances 3"),
+        "{out}"
+    );
 
     // No haproxy target: no data, never 0.
     prom.empty.store(true, Ordering::Relaxed);
-    let w = WaitDrained::start(&["app/s1", "-prometheus", &url, "-timeout", "1s", "-interval", &iv]);
+    let w = WaitDrained::start(&[
+        "app/s1",
+        "-prometheus",
+        &url,
+        "-timeout",
+        "1s",
+        "-interval",
+        &iv,
+    ]);
     let (code, out, _, _) = w.finish(10 * SEC);
     assert_eq!(code, 1, "{out}");
     assert!(out.contains(&format!("app/s1 at {url}: no counts: NOT DRAINED: no data: Prometheus has no haproxy_server_current_sessions series for it")), "{out}");

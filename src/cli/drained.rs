@@ -60,8 +60,16 @@ const MIN_INTERVAL: Duration = Duration::from_millis(100);
 
 /// Where one poll asks.
 enum Source {
-    Socket { label: String, at: StatsSocket },
-    Prometheus { label: String, addr: SocketAddr, host: String, prefix: String },
+    Socket {
+        label: String,
+        at: StatsSocket,
+    },
+    Prometheus {
+        label: String,
+        addr: SocketAddr,
+        host: String,
+        prefix: String,
+    },
 }
 
 impl Source {
@@ -75,7 +83,9 @@ impl Source {
     fn read(&self, servers: &[ServerKey], deadline: Instant) -> Reading {
         let got = match self {
             Source::Socket { at, .. } => show_stat(at, servers, deadline).map(Reading::Socket),
-            Source::Prometheus { addr, host, prefix, .. } => {
+            Source::Prometheus {
+                addr, host, prefix, ..
+            } => {
                 let target = prom::query_target(prefix, servers);
                 prometheus(*addr, host, &target, deadline).map(Reading::Prometheus)
             }
@@ -125,25 +135,40 @@ fn plan(a: &super::Args, io: &Io<'_>) -> Result<Plan, String> {
         None => default.ok_or_else(|| format!("-{flag} is required (e.g. -{flag} 10m)")),
         Some(v) => match parse_go_duration(v) {
             Some(Some(d)) if !d.is_zero() => Ok(d),
-            _ => Err(format!("invalid value {v:?} for flag -{flag}: a positive duration, e.g. 10m")),
+            _ => Err(format!(
+                "invalid value {v:?} for flag -{flag}: a positive duration, e.g. 10m"
+            )),
         },
     };
     let timeout = duration("timeout", None)?;
     let interval = duration("interval", Some(Duration::from_secs(1)))?;
     if interval < MIN_INTERVAL {
-        return Err(format!("-interval {} is below {}", show::duration(interval), show::duration(MIN_INTERVAL)));
+        return Err(format!(
+            "-interval {} is below {}",
+            show::duration(interval),
+            show::duration(MIN_INTERVAL)
+        ));
     }
     let mut sources = Vec::new();
     for v in a.values("haproxy-socket") {
-        let at = parse_stats_socket(v).map_err(|e| format!("invalid value {v:?} for flag -haproxy-socket: {e}"))?;
-        sources.push(Source::Socket { label: v.to_owned(), at });
+        let at = parse_stats_socket(v)
+            .map_err(|e| format!("invalid value {v:?} for flag -haproxy-socket: {e}"))?;
+        sources.push(Source::Socket {
+            label: v.to_owned(),
+            at,
+        });
     }
     let urls = a.values("prometheus");
     for v in &urls {
-        let (addr, host, prefix) =
-            parse_http_url(v).map_err(|e| format!("invalid value {v:?} for flag -prometheus: {e}"))?;
+        let (addr, host, prefix) = parse_http_url(v)
+            .map_err(|e| format!("invalid value {v:?} for flag -prometheus: {e}"))?;
         let label = v.to_string();
-        sources.push(Source::Prometheus { label, addr, host, prefix });
+        sources.push(Source::Prometheus {
+            label,
+            addr,
+            host,
+            prefix,
+        });
     }
     if sources.is_empty() {
         return Err("no source: give -haproxy-socket ADDR or -prometheus URL".into());
@@ -228,7 +253,11 @@ enum View {
 fn wait(plan: &Plan, io: &mut Io<'_>) -> u8 {
     let start = Instant::now();
     let deadline = start + plan.timeout;
-    let mut servers: Vec<ServerKey> = plan.targets.iter().flat_map(|t| t.servers.clone()).collect();
+    let mut servers: Vec<ServerKey> = plan
+        .targets
+        .iter()
+        .flat_map(|t| t.servers.clone())
+        .collect();
     servers.sort();
     servers.dedup();
     let mut view = match (plan.json, io.tty) {
@@ -357,11 +386,12 @@ fn prometheus(
     match (status, prom::read_answer(&body)) {
         (200, answer) => answer,
         // Prometheus explains a refusal in the usual JSON.
-        (_, Err(why)) if why.starts_with("Prometheus answered") => Err(format!("HTTP status {status}: {why}")),
+        (_, Err(why)) if why.starts_with("Prometheus answered") => {
+            Err(format!("HTTP status {status}: {why}"))
+        }
         _ => Err(format!("HTTP status {status}")),
     }
 }
-
 
 #[cfg(test)]
 mod tests {
@@ -444,7 +474,11 @@ mod tests {
             Reading::Failed(why) => assert_eq!(why, want),
             other => panic!("{other:?}"),
         }
-        assert!(took >= interval.min(Duration::from_millis(1)) && took < interval + Duration::from_millis(500), "took {took:?}");
+        assert!(
+            took >= interval.min(Duration::from_millis(1))
+                && took < interval + Duration::from_millis(500),
+            "took {took:?}"
+        );
     }
 
     #[test]
@@ -453,7 +487,11 @@ mod tests {
             read_request(&mut s);
             std::thread::sleep(Duration::from_secs(5));
         });
-        fails_in_time(&socket_source(addr), Duration::from_millis(300), "no complete answer in time");
+        fails_in_time(
+            &socket_source(addr),
+            Duration::from_millis(300),
+            "no complete answer in time",
+        );
     }
 
     #[test]
@@ -467,7 +505,11 @@ mod tests {
             let end = Instant::now() + Duration::from_secs(5);
             while Instant::now() < end && s.write_all(&rows).is_ok() {}
         });
-        fails_in_time(&socket_source(addr), Duration::from_millis(300), "no complete answer in time");
+        fails_in_time(
+            &socket_source(addr),
+            Duration::from_millis(300),
+            "no complete answer in time",
+        );
         // One line without end stops at the record limit.
         let addr = server(1, |mut s| {
             read_request(&mut s);
@@ -476,7 +518,10 @@ mod tests {
             while Instant::now() < end && s.write_all(&[b'x'; 4096]).is_ok() {}
         });
         let reading = socket_source(addr).read(&servers(), Instant::now() + Duration::from_secs(3));
-        assert!(matches!(&reading, Reading::Failed(why) if why == "a line over 64 KiB"), "{reading:?}");
+        assert!(
+            matches!(&reading, Reading::Failed(why) if why == "a line over 64 KiB"),
+            "{reading:?}"
+        );
     }
 
     #[test]
@@ -485,14 +530,21 @@ mod tests {
             let l = TcpListener::bind("127.0.0.1:0").unwrap();
             l.local_addr().unwrap()
         };
-        let reading = socket_source(closed).read(&servers(), Instant::now() + Duration::from_secs(2));
-        assert!(matches!(&reading, Reading::Failed(why) if why.starts_with("cannot connect:")), "{reading:?}");
+        let reading =
+            socket_source(closed).read(&servers(), Instant::now() + Duration::from_secs(2));
+        assert!(
+            matches!(&reading, Reading::Failed(why) if why.starts_with("cannot connect:")),
+            "{reading:?}"
+        );
         let addr = server(1, |mut s| {
             read_request(&mut s);
             let _ = s.write_all(b"Unknown command\n");
         });
         let reading = socket_source(addr).read(&servers(), Instant::now() + Duration::from_secs(2));
-        assert!(matches!(&reading, Reading::Failed(why) if why == "not a show stat answer: \"Unknown command\""), "{reading:?}");
+        assert!(
+            matches!(&reading, Reading::Failed(why) if why == "not a show stat answer: \"Unknown command\""),
+            "{reading:?}"
+        );
     }
 
     fn prometheus_source(addr: SocketAddr) -> Source {
@@ -511,13 +563,23 @@ mod tests {
             let n = s.read(&mut req).unwrap();
             let req = String::from_utf8_lossy(&req[..n]).into_owned();
             let (status, body) = if !req.contains("proxy%3D~%22app%22") {
-                ("400 Bad Request", r#"{"status":"error","errorType":"bad_data","error":"wrong query"}"#)
+                (
+                    "400 Bad Request",
+                    r#"{"status":"error","errorType":"bad_data","error":"wrong query"}"#,
+                )
             } else if req.contains("GET /bad/") {
                 ("503 Service Unavailable", "<html>down</html>")
             } else {
-                ("200 OK", r#"{"status":"success","data":{"resultType":"vector","result":[{"metric":{"__name__":"haproxy_server_current_sessions","instance":"lb1","proxy":"app","server":"s1"},"value":[1,"3"]}]}}"#)
+                (
+                    "200 OK",
+                    r#"{"status":"success","data":{"resultType":"vector","result":[{"metric":{"__name__":"haproxy_server_current_sessions","instance":"lb1","proxy":"app","server":"s1"},"value":[1,"3"]}]}}"#,
+                )
             };
-            let _ = write!(s, "HTTP/1.1 {status}\r\nContent-Length: {}\r\n\r\n{body}", body.len());
+            let _ = write!(
+                s,
+                "HTTP/1.1 {status}\r\nContent-Length: {}\r\n\r\n{body}",
+                body.len()
+            );
         });
         let deadline = Instant::now() + Duration::from_secs(5);
         let Reading::Prometheus(got) = prometheus_source(addr).read(&servers(), deadline) else {
@@ -529,7 +591,10 @@ mod tests {
             *prefix = "/bad".into();
         }
         let reading = bad.read(&servers(), deadline);
-        assert!(matches!(&reading, Reading::Failed(why) if why == "HTTP status 503"), "{reading:?}");
+        assert!(
+            matches!(&reading, Reading::Failed(why) if why == "HTTP status 503"),
+            "{reading:?}"
+        );
         let other = vec![("other".to_owned(), "s1".to_owned())];
         let reading = prometheus_source(addr).read(&other, deadline);
         assert!(
@@ -544,6 +609,10 @@ mod tests {
             read_request(&mut s);
             std::thread::sleep(Duration::from_secs(5));
         });
-        fails_in_time(&prometheus_source(addr), Duration::from_millis(300), "no complete answer in time");
+        fails_in_time(
+            &prometheus_source(addr),
+            Duration::from_millis(300),
+            "no complete answer in time",
+        );
     }
 }

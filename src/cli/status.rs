@@ -78,10 +78,9 @@ fn fetch(addr: SocketAddr) -> Result<Vec<u8>, String> {
     match http_get(addr, &host, "/debug/state?diverted", deadline, MAX_BODY) {
         Ok((200, body)) => Ok(body),
         Ok((status, _)) => Err(format!("HTTP status {status}")),
-        Err(e) if e.starts_with("no complete answer") => Err(format!(
-            "no complete answer within {}s",
-            DEADLINE.as_secs()
-        )),
+        Err(e) if e.starts_with("no complete answer") => {
+            Err(format!("no complete answer within {}s", DEADLINE.as_secs()))
+        }
         Err(e) => Err(e),
     }
 }

@@ -96,15 +96,74 @@ fn usage_errors_are_one_line_and_exit_2() {
         ("wait-drained", &["-timeout", "1s", "-haproxy-socket", "/s"]),
         ("wait-drained", &["be/s1", "-haproxy-socket", "/s"]),
         ("wait-drained", &["be/s1", "-timeout", "1s"]),
-        ("wait-drained", &["be/s1", "-timeout", "0s", "-haproxy-socket", "/s"]),
-        ("wait-drained", &["be/s1", "-timeout", "ten", "-haproxy-socket", "/s"]),
-        ("wait-drained", &["be/s1", "-timeout", "1s", "-interval", "10ms", "-haproxy-socket", "/s"]),
-        ("wait-drained", &["be/s1", "-timeout", "1s", "-haproxy-socket", "ipv4@1.2.3.4"]),
-        ("wait-drained", &["be/s1", "-timeout", "1s", "-prometheus", "https://p:9090"]),
-        ("wait-drained", &["be/s1", "-timeout", "1s", "-haproxy-socket", "/s", "-expect-instances", "2"]),
-        ("wait-drained", &["be/s1", "-timeout", "1s", "-prometheus", "p:9090", "-expect-instances", "x"]),
-        ("wait-drained", &["be", "-timeout", "1s", "-haproxy-socket", "/s"]),
-        ("wait-drained", &["be/s1", "-timeout", "1s", "-haproxy-socket", "/s", "-haproxy-config", "/nonexistent.cfg"]),
+        (
+            "wait-drained",
+            &["be/s1", "-timeout", "0s", "-haproxy-socket", "/s"],
+        ),
+        (
+            "wait-drained",
+            &["be/s1", "-timeout", "ten", "-haproxy-socket", "/s"],
+        ),
+        (
+            "wait-drained",
+            &[
+                "be/s1",
+                "-timeout",
+                "1s",
+                "-interval",
+                "10ms",
+                "-haproxy-socket",
+                "/s",
+            ],
+        ),
+        (
+            "wait-drained",
+            &["be/s1", "-timeout", "1s", "-haproxy-socket", "ipv4@1.2.3.4"],
+        ),
+        (
+            "wait-drained",
+            &["be/s1", "-timeout", "1s", "-prometheus", "https://p:9090"],
+        ),
+        (
+            "wait-drained",
+            &[
+                "be/s1",
+                "-timeout",
+                "1s",
+                "-haproxy-socket",
+                "/s",
+                "-expect-instances",
+                "2",
+            ],
+        ),
+        (
+            "wait-drained",
+            &[
+                "be/s1",
+                "-timeout",
+                "1s",
+                "-prometheus",
+                "p:9090",
+                "-expect-instances",
+                "x",
+            ],
+        ),
+        (
+            "wait-drained",
+            &["be", "-timeout", "1s", "-haproxy-socket", "/s"],
+        ),
+        (
+            "wait-drained",
+            &[
+                "be/s1",
+                "-timeout",
+                "1s",
+                "-haproxy-socket",
+                "/s",
+                "-haproxy-config",
+                "/nonexistent.cfg",
+            ],
+        ),
     ] {
         let (code, out, err) = run_with(word, args, b"", &[]);
         assert_eq!(code, USAGE, "{word} {args:?}");
@@ -119,7 +178,13 @@ fn usage_errors_are_one_line_and_exit_2() {
 
 #[test]
 fn each_command_has_help() {
-    for word in ["ask", "check-value", "status", "lint-haproxy", "wait-drained"] {
+    for word in [
+        "ask",
+        "check-value",
+        "status",
+        "lint-haproxy",
+        "wait-drained",
+    ] {
         let (code, out, _) = run_with(word, &["-h"], b"", &[]);
         assert_eq!(code, OK);
         assert!(
@@ -185,7 +250,17 @@ fn wait_drained_names_each_identity_no_server_line_sends() {
     let cfg = dir.join("h.cfg");
     std::fs::write(&cfg, "backend be\n server s1 127.0.0.1:80 weight 100 agent-check agent-port 9777 agent-send \"web-1\\n\"\n").unwrap();
     let cfg = cfg.to_str().unwrap();
-    let args = ["web-1", "be/s1", "web-9", "-timeout", "1s", "-haproxy-socket", "/s", "-haproxy-config", cfg];
+    let args = [
+        "web-1",
+        "be/s1",
+        "web-9",
+        "-timeout",
+        "1s",
+        "-haproxy-socket",
+        "/s",
+        "-haproxy-config",
+        cfg,
+    ];
     let (code, out, err) = run_with("wait-drained", &args, b"", &[]);
     let _ = std::fs::remove_dir_all(&dir);
     assert_eq!((code, out.as_str()), (USAGE, ""));

@@ -271,7 +271,10 @@ pub fn parse_stats_socket(s: &str) -> Result<StatsSocket, String> {
     let tcp = |host: &str, port: Option<u16>, v6: bool| {
         let port = port.ok_or("missing port")?;
         match host.parse::<IpAddr>() {
-            Ok(ip) if ip.is_ipv6() != v6 => Err(format!("{host} is not an IPv{} address", if v6 { 6 } else { 4 })),
+            Ok(ip) if ip.is_ipv6() != v6 => Err(format!(
+                "{host} is not an IPv{} address",
+                if v6 { 6 } else { 4 }
+            )),
             _ => Ok(StatsSocket::Tcp(resolve_host(host, port)?)),
         }
     };
@@ -353,10 +356,19 @@ mod tests {
     #[test]
     fn http_urls_for_an_http_peer() {
         let (addr, host, prefix) = parse_http_url("http://127.0.0.1:9090/prom/").unwrap();
-        assert_eq!((addr, host.as_str(), prefix.as_str()), ("127.0.0.1:9090".parse().unwrap(), "127.0.0.1:9090", "/prom"));
+        assert_eq!(
+            (addr, host.as_str(), prefix.as_str()),
+            ("127.0.0.1:9090".parse().unwrap(), "127.0.0.1:9090", "/prom")
+        );
         assert_eq!(parse_http_url("127.0.0.1:9090").unwrap().2, "");
-        assert_eq!(parse_http_url("https://127.0.0.1:9090").unwrap_err(), "only http:// is supported");
-        assert_eq!(parse_http_url("unix:///x").unwrap_err(), "only http:// is supported");
+        assert_eq!(
+            parse_http_url("https://127.0.0.1:9090").unwrap_err(),
+            "only http:// is supported"
+        );
+        assert_eq!(
+            parse_http_url("unix:///x").unwrap_err(),
+            "only http:// is supported"
+        );
         assert!(parse_http_url("ftp://x").is_err());
     }
 

@@ -137,7 +137,8 @@ pub fn judge(targets: &[Target], sources: &[(String, Reading)], rules: &Rules) -
                             row.status = s.status.clone();
                         }
                         None => {
-                            row.problem = Some("not reported: this haproxy lists no such server".into())
+                            row.problem =
+                                Some("not reported: this haproxy lists no such server".into())
                         }
                     },
                     Reading::Prometheus(servers) => {
@@ -156,12 +157,21 @@ fn prometheus_row(row: &mut Row, instances: &[Instance], rules: &Rules) {
     let reporting: Vec<&Instance> = instances.iter().filter(|i| i.sessions.is_some()).collect();
     row.instances = Some(reporting.len());
     if reporting.is_empty() {
-        row.problem = Some(format!("no data: Prometheus has no {} series for it", prom::SESSIONS));
+        row.problem = Some(format!(
+            "no data: Prometheus has no {} series for it",
+            prom::SESSIONS
+        ));
         return;
     }
     let count = |v: Option<f64>| v.map_or(0, |v| v.ceil() as u64);
-    row.sessions = Some(reporting.iter().map(|i| count(i.sessions)).sum());
-    row.queued = Some(reporting.iter().map(|i| count(i.queued)).sum());
+    // Saturating: a gauge of 1e300 is garbage, not a reason to panic.
+    let total = |f: fn(&Instance) -> Option<f64>| {
+        reporting
+            .iter()
+            .fold(0u64, |sum, i| sum.saturating_add(count(f(i))))
+    };
+    row.sessions = Some(total(|i| i.sessions));
+    row.queued = Some(total(|i| i.queued));
     let mut statuses: Vec<&str> = reporting
         .iter()
         .map(|i| i.status.as_deref().unwrap_or("?"))
@@ -171,8 +181,15 @@ fn prometheus_row(row: &mut Row, instances: &[Instance], rules: &Rules) {
     row.status = statuses.join(",");
     row.holders = reporting
         .iter()
-        .filter(|i| count(i.sessions) + count(i.queued) > 0)
-        .map(|i| format!("{}: {} sessions, {} queued", i.name, count(i.sessions), count(i.queued)))
+        .filter(|i| count(i.sessions).max(count(i.queued)) > 0)
+        .map(|i| {
+            format!(
+                "{}: {} sessions, {} queued",
+                i.name,
+                count(i.sessions),
+                count(i.queued)
+            )
+        })
         .collect();
     if let Some(i) = reporting.iter().find(|i| i.queued.is_none()) {
         row.problem = Some(format!("instance {} reports no {}", i.name, prom::QUEUE));
@@ -235,7 +252,7 @@ mod tests {
     fn drained_only_when_every_source_reports_zero_sessions_and_queue() {
         let targets = [target("app/s1")];
         let a = ("a".to_owned(), socket(&[("app/s1", 0, 0, "DRAIN")]));
-        let poll = judge(&targets, &[a.clone()], &RULES);
+        let poll = judge(&targets, std::slice::from_ref(&a), &RULES);
         assert!(poll.drained(&RULES));
         assert_eq!(poll.rows[0].warning(), None);
         for other in [
@@ -254,7 +271,10 @@ mod tests {
             poll.rows[0].problem.as_deref(),
             Some("not reported: this haproxy lists no such server")
         );
-        assert!(!judge(&[], &[a], &RULES).drained(&RULES), "nothing asked is not drained");
+        assert!(
+            !judge(&[], &[a], &RULES).drained(&RULES),
+            "nothing asked is not drained"
+        );
     }
 
     #[test]
@@ -273,7 +293,11 @@ mod tests {
             ("MAINT (via app/s0)", true),
             ("MAINT", true),
         ] {
-            let poll = judge(&targets, &[("a".into(), socket(&[("app/s1", 0, 0, status)]))], &RULES);
+            let poll = judge(
+                &targets,
+                &[("a".into(), socket(&[("app/s1", 0, 0, status)]))],
+                &RULES,
+            );
             assert!(poll.drained(&RULES), "{status}");
             assert_eq!(poll.rows[0].warning().is_none(), down, "{status}");
             assert_eq!(poll.drained(&strict), down, "{status}");
@@ -284,7 +308,10 @@ mod tests {
     fn prometheus_sums_instances_and_needs_data_and_enough_of_them() {
         let targets = [target("app/s1")];
         let prom = |instances: Vec<Instance>| {
-            vec![("p".to_owned(), Reading::Prometheus([(key("app", "s1"), instances)].into()))]
+            vec![(
+                "p".to_owned(),
+                Reading::Prometheus([(key("app", "s1"), instances)].into()),
+            )]
         };
         let two = vec![
             instance("lb1", Some(0.0), Some(0.0), "DRAIN"),
@@ -331,9 +358,30 @@ mod tests {
         // Another server's series say nothing of this one.
         let other = vec![(
             "p".to_owned(),
-            Reading::Prometheus([(key("app", "s2"), vec![instance("lb1", Some(0.0), Some(0.0), "DRAIN")])].into()),
+            Reading::Prometheus(
+                [(
+                    key("app", "s2"),
+                    vec![instance("lb1", Some(0.0), Some(0.0), "DRAIN")],
+                )]
+                .into(),
+            ),
         )];
         assert!(!judge(&targets, &other, &RULES).drained(&RULES));
+    }
+
+    #[test]
+    fn huge_gauges_saturate_instead_of_overflowing() {
+        let huge = vec![
+            instance("lb1", Some(1e300), Some(1e300), "DRAIN"),
+            instance("lb2", Some(1e300), Some(0.0), "DRAIN"),
+        ];
+        let sources = [(
+            "p".to_owned(),
+            Reading::Prometheus([(key("app", "s1"), huge)].into()),
+        )];
+        let poll = judge(&[target("app/s1")], &sources, &RULES);
+        assert_eq!(poll.rows[0].sessions, Some(u64::MAX));
+        assert!(!poll.drained(&RULES));
     }
 
     #[test]
@@ -343,8 +391,14 @@ mod tests {
             servers: vec![key("app", "s1"), key("api", "s1")],
         }];
         let sources = [
-            ("a".to_owned(), socket(&[("app/s1", 0, 0, "DRAIN"), ("api/s1", 0, 0, "DRAIN")])),
-            ("b".to_owned(), socket(&[("app/s1", 0, 0, "DRAIN"), ("api/s1", 4, 0, "DRAIN")])),
+            (
+                "a".to_owned(),
+                socket(&[("app/s1", 0, 0, "DRAIN"), ("api/s1", 0, 0, "DRAIN")]),
+            ),
+            (
+                "b".to_owned(),
+                socket(&[("app/s1", 0, 0, "DRAIN"), ("api/s1", 4, 0, "DRAIN")]),
+            ),
         ];
         let poll = judge(&targets, &sources, &RULES);
         let seen: Vec<(&str, &str, bool)> = poll

@@ -101,8 +101,8 @@ struct Series {
 /// The answer body -> each server's instances (a server no instance
 /// reports is absent).
 pub fn read_answer(body: &[u8]) -> Result<HashMap<ServerKey, Vec<Instance>>, String> {
-    let answer: Answer = serde_json::from_slice(body)
-        .map_err(|e| format!("not a Prometheus query answer: {e}"))?;
+    let answer: Answer =
+        serde_json::from_slice(body).map_err(|e| format!("not a Prometheus query answer: {e}"))?;
     if answer.status != "success" {
         return Err(format!(
             "Prometheus answered {}: {}: {}",
@@ -130,9 +130,18 @@ pub fn read_answer(body: &[u8]) -> Result<HashMap<ServerKey, Vec<Instance>>, Str
                 s.metric
             ));
         };
-        let value: f64 = s.value.1.parse().ok().filter(|v: &f64| v.is_finite() && *v >= 0.0).ok_or_else(|| {
-            format!("{metric} of {proxy}/{server} is {:?}, not a count", s.value.1)
-        })?;
+        let value: f64 = s
+            .value
+            .1
+            .parse()
+            .ok()
+            .filter(|v: &f64| v.is_finite() && *v >= 0.0)
+            .ok_or_else(|| {
+                format!(
+                    "{metric} of {proxy}/{server} is {:?}, not a count",
+                    s.value.1
+                )
+            })?;
         let key = instance_key(&s.metric);
         let instance = servers
             .entry((proxy.to_owned(), server.to_owned()))
@@ -176,9 +185,13 @@ mod tests {
 
     #[test]
     fn the_query_asks_for_exactly_the_servers_names_escaped() {
-        let t = query_target("/prom", &[key("app", "s.1"), key("app", "s2"), key("w\"b", "s2")]);
+        let t = query_target(
+            "/prom",
+            &[key("app", "s.1"), key("app", "s2"), key("w\"b", "s2")],
+        );
         let q = t.strip_prefix("/prom/api/v1/query?query=").unwrap();
-        let q = String::from_utf8(crate::http::percent_decode(&q.replace('+', " ")).unwrap()).unwrap();
+        let q =
+            String::from_utf8(crate::http::percent_decode(&q.replace('+', " ")).unwrap()).unwrap();
         assert_eq!(
             q,
             r#"{__name__=~"haproxy_server_current_sessions|haproxy_server_current_queue|haproxy_server_status",proxy=~"app|w\"b",server=~"s2|s\\.1"}"#
@@ -230,20 +243,42 @@ mod tests {
     #[test]
     fn errors_and_garbage_are_named() {
         let cases = [
-            (r#"{"status":"error","errorType":"bad_data","error":"parse error"}"#, "Prometheus answered error: bad_data: parse error"),
-            (r#"{"status":"success","data":{"resultType":"scalar","result":[1,"1"]}}"#, "a scalar result, not a vector"),
+            (
+                r#"{"status":"error","errorType":"bad_data","error":"parse error"}"#,
+                "Prometheus answered error: bad_data: parse error",
+            ),
+            (
+                r#"{"status":"success","data":{"resultType":"scalar","result":[1,"1"]}}"#,
+                "a scalar result, not a vector",
+            ),
             (r#"{"status":"success"}"#, "a success answer without data"),
-            (r#"{"status":"success","data":{"resultType":"vector","result":[{"metric":{"__name__":"haproxy_server_current_sessions","proxy":"a","server":"b"},"value":[1,"NaN"]}]}}"#, "haproxy_server_current_sessions of a/b is \"NaN\", not a count"),
-            (r#"{"status":"success","data":{"resultType":"vector","result":[{"metric":{"__name__":"haproxy_server_current_sessions","proxy":"a","server":"b"},"value":[1,"-1"]}]}}"#, "haproxy_server_current_sessions of a/b is \"-1\", not a count"),
-            (r#"{"status":"success","data":{"resultType":"vector","result":[{"metric":{"__name__":"up","proxy":"a","server":"b"},"value":[1,"1"]}]}}"#, "a series of up, which was not asked for"),
+            (
+                r#"{"status":"success","data":{"resultType":"vector","result":[{"metric":{"__name__":"haproxy_server_current_sessions","proxy":"a","server":"b"},"value":[1,"NaN"]}]}}"#,
+                "haproxy_server_current_sessions of a/b is \"NaN\", not a count",
+            ),
+            (
+                r#"{"status":"success","data":{"resultType":"vector","result":[{"metric":{"__name__":"haproxy_server_current_sessions","proxy":"a","server":"b"},"value":[1,"-1"]}]}}"#,
+                "haproxy_server_current_sessions of a/b is \"-1\", not a count",
+            ),
+            (
+                r#"{"status":"success","data":{"resultType":"vector","result":[{"metric":{"__name__":"up","proxy":"a","server":"b"},"value":[1,"1"]}]}}"#,
+                "a series of up, which was not asked for",
+            ),
         ];
         for (body, want) in cases {
             assert_eq!(read_answer(body.as_bytes()).unwrap_err(), want, "{body}");
         }
-        for garbage in [&b""[..], b"<html>", b"{\"status\":1}", b"{\"status\":\"success\",\"data\":{\"resultType\":\"vector\",\"result\":{}}}"] {
+        for garbage in [
+            &b""[..],
+            b"<html>",
+            b"{\"status\":1}",
+            b"{\"status\":\"success\",\"data\":{\"resultType\":\"vector\",\"result\":{}}}",
+        ] {
             assert!(read_answer(garbage).is_err(), "{garbage:?}");
         }
         let no_labels = r#"{"status":"success","data":{"resultType":"vector","result":[{"metric":{"__name__":"haproxy_server_current_sessions"},"value":[1,"0"]}]}}"#;
-        assert!(read_answer(no_labels.as_bytes()).unwrap_err().starts_with("a series without __name__, proxy or server"));
+        assert!(read_answer(no_labels.as_bytes())
+            .unwrap_err()
+            .starts_with("a series without __name__, proxy or server"));
     }
 }

@@ -18,7 +18,11 @@ pub fn duration(d: Duration) -> String {
     let secs = d.as_secs();
     if secs >= 60 {
         let (h, m, s) = (secs / 3600, secs / 60 % 60, secs % 60);
-        let hours = if h > 0 { format!("{h}h") } else { String::new() };
+        let hours = if h > 0 {
+            format!("{h}h")
+        } else {
+            String::new()
+        };
         return format!("{hours}{m}m{s}s");
     }
     let tenths = d.as_millis() / 100;
@@ -80,7 +84,12 @@ pub fn line(row: &Row, rules: &Rules) -> String {
         ),
         _ => "no counts".to_owned(),
     };
-    format!("{} at {}: {counts}: {}", server(row), row.source, note(row, rules))
+    format!(
+        "{} at {}: {counts}: {}",
+        server(row),
+        row.source,
+        note(row, rules)
+    )
 }
 
 /// The live table's first line: how many are drained and the time left.
@@ -109,7 +118,13 @@ pub fn table(poll: &Poll, rules: &Rules) -> String {
         ]);
     }
     let widths: Vec<usize> = (0..6)
-        .map(|i| cells.iter().map(|c| c[i].chars().count()).max().unwrap_or(0))
+        .map(|i| {
+            cells
+                .iter()
+                .map(|c| c[i].chars().count())
+                .max()
+                .unwrap_or(0)
+        })
         .collect();
     let mut text = String::new();
     for c in &cells {
@@ -244,11 +259,15 @@ app/s2  ipv4@127.0.0.1:9999  -         -       ?       NOT DRAINED: cannot conne
             require_drain: true,
             ..RULES
         };
-        assert!(table(&poll(), &strict).contains(
-            "UP      NOT DRAINED (-require-drain): status UP is not DRAIN or MAINT"
-        ));
+        assert!(table(&poll(), &strict)
+            .contains("UP      NOT DRAINED (-require-drain): status UP is not DRAIN or MAINT"));
         assert_eq!(
-            progress(&poll(), &RULES, Duration::from_secs(2), Duration::from_secs(600)),
+            progress(
+                &poll(),
+                &RULES,
+                Duration::from_secs(2),
+                Duration::from_secs(600)
+            ),
             "wait-drained: 1 of 3 drained; 9m58s of 10m0s left"
         );
     }
@@ -273,14 +292,25 @@ app/s2  ipv4@127.0.0.1:9999  -         -       ?       NOT DRAINED: cannot conne
 
     #[test]
     fn the_json_document_has_every_row_and_the_verdict() {
-        let j = json(&poll(), &RULES, Duration::from_secs(2), Duration::from_secs(10));
+        let j = json(
+            &poll(),
+            &RULES,
+            Duration::from_secs(2),
+            Duration::from_secs(10),
+        );
         assert_eq!(j["drained"], false);
         assert_eq!(j["servers"].as_array().unwrap().len(), 3);
         assert_eq!(j["servers"][0]["sessions"], 1);
         assert_eq!(j["servers"][0]["drained"], false);
         assert_eq!(j["servers"][1]["drained"], true);
-        assert!(j["servers"][1]["warning"].as_str().unwrap().starts_with("status UP"));
+        assert!(j["servers"][1]["warning"]
+            .as_str()
+            .unwrap()
+            .starts_with("status UP"));
         assert!(j["servers"][2]["sessions"].is_null());
-        assert_eq!(j["servers"][2]["problem"], "cannot connect: Connection refused");
+        assert_eq!(
+            j["servers"][2]["problem"],
+            "cannot connect: Connection refused"
+        );
     }
 }

@@ -246,7 +246,11 @@ mod tests {
             .collect()
     }
 
-    fn read_in(slice: usize, text: &[u8], ids: &[(&str, &str)]) -> Result<HashMap<ServerKey, ServerStat>, String> {
+    fn read_in(
+        slice: usize,
+        text: &[u8],
+        ids: &[(&str, &str)],
+    ) -> Result<HashMap<ServerKey, ServerStat>, String> {
         let mut r = StatReader::new(wanted(ids));
         for part in text.chunks(slice.max(1)) {
             if r.feed(part)? {
@@ -266,7 +270,12 @@ mod tests {
 
     #[test]
     fn reads_the_asked_servers_by_column_name_in_any_slices() {
-        let ids = [("app", "s1"), ("app", "s.2"), ("other", "s1"), ("app", "nope")];
+        let ids = [
+            ("app", "s1"),
+            ("app", "s.2"),
+            ("other", "s1"),
+            ("app", "nope"),
+        ];
         for slice in [1, 2, 3, 7, 64, 4096] {
             let got = read_in(slice, ANSWER.as_bytes(), &ids).unwrap();
             assert_eq!(got.len(), 3, "slice {slice}");
@@ -286,7 +295,10 @@ mod tests {
         let mut r = StatReader::new(wanted(&[("app", "s1")]));
         assert_eq!(r.feed(b"# pxname,svname,qcur,scur,status\n"), Ok(false));
         assert_eq!(r.feed(b"app,s1,0,2,UP\r\n\r\nnot,csv\n"), Ok(true));
-        assert_eq!(r.finish().unwrap()[&("app".into(), "s1".into())], stat(2, 0, "UP"));
+        assert_eq!(
+            r.finish().unwrap()[&("app".into(), "s1".into())],
+            stat(2, 0, "UP")
+        );
     }
 
     #[test]

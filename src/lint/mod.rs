@@ -161,8 +161,12 @@ mod tests {
         let config = format!("{CONFIG} server s2 127.0.0.1:80 agent-check agent-send \"web-2\\n\"\n server s3 127.0.0.1:80 agent-send \"web-3\\n\"\n server s4 127.0.0.1:80 agent-check agent-send 'x\\n'\n");
         let files = vec![("a.cfg".to_owned(), config.into_bytes())];
         let got = identities(&files, &|_| None);
-        let want = [("be/s1", "s1"), ("web-2", "s2")].map(|(id, s)| (id.as_bytes().to_vec(), "be".to_owned(), s.to_owned()));
-        assert_eq!(got, want, "not agent-checked (s3) and unanswerable (s4) are left out");
+        let want = [("be/s1", "s1"), ("web-2", "s2")]
+            .map(|(id, s)| (id.as_bytes().to_vec(), "be".to_owned(), s.to_owned()));
+        assert_eq!(
+            got, want,
+            "not agent-checked (s3) and unanswerable (s4) are left out"
+        );
     }
 
     #[test]
