@@ -26,6 +26,7 @@
 pub mod agent;
 pub mod build_info;
 pub mod cli;
+mod columns;
 pub mod config;
 pub mod consul;
 pub mod contract;

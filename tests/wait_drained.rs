@@ -117,10 +117,11 @@ struct WaitDrained {
 }
 
 impl WaitDrained {
-    fn start(args: &[&str]) -> WaitDrained {
+    /// `args`: the words after `wait-drained`, split at spaces.
+    fn start(args: &str) -> WaitDrained {
         let child = Command::new(support::BIN)
             .arg("wait-drained")
-            .args(args)
+            .args(args.split_whitespace())
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -168,6 +169,27 @@ fn interval() -> String {
     format!("{}ms", INTERVAL.as_millis())
 }
 
+/// `wait-drained ARGS` started while `client` holds the server's one
+/// session: still waiting after several polls, then exit 0 within two
+/// intervals of the client closing. Prints the time to exit (for `what`)
+/// and returns stdout.
+fn drains_when_closed(args: &str, client: TcpStream, what: &str) -> String {
+    let mut w = WaitDrained::start(args);
+    std::thread::sleep(4 * INTERVAL + INTERVAL / 2);
+    assert!(w.running(), "exited while a session was open");
+    let closed = Instant::now();
+    drop(client);
+    let (code, out, err, exited) = w.finish(10 * SEC);
+    let took = exited - closed;
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(
+        took <= 2 * INTERVAL + Duration::from_millis(300),
+        "exit {took:?} after the close"
+    );
+    eprintln!("{what}: exit {took:?} after the last session closed (interval {INTERVAL:?})");
+    out
+}
+
 #[test]
 fn a_held_session_keeps_it_waiting_and_its_close_ends_the_wait() {
     let (a, kv, prefix) = agent("held");
@@ -179,15 +201,9 @@ fn a_held_session_keeps_it_waiting_and_its_close_ends_the_wait() {
 
     // At the timeout with the session open: exit 1, naming it where.
     let (unix, tcp, iv) = (lb.unix(), lb.tcp(), interval());
-    let short = WaitDrained::start(&[
-        "app/s1",
-        "-haproxy-socket",
-        &unix,
-        "-timeout",
-        "2s",
-        "-interval",
-        &iv,
-    ]);
+    let short = WaitDrained::start(&format!(
+        "app/s1 -haproxy-socket {unix} -timeout 2s -interval {iv}"
+    ));
     let (code, out, err, _) = short.finish(10 * SEC);
     assert_eq!(code, 1, "{out}{err}");
     let summary = out
@@ -202,29 +218,9 @@ fn a_held_session_keeps_it_waiting_and_its_close_ends_the_wait() {
     );
 
     // Both sockets, the session open: still waiting after several polls.
-    let mut w = WaitDrained::start(&[
-        "app/s1",
-        "-haproxy-socket",
-        &unix,
-        "-haproxy-socket",
-        &tcp,
-        "-timeout",
-        "60s",
-        "-interval",
-        &iv,
-    ]);
-    std::thread::sleep(4 * INTERVAL + INTERVAL / 2);
-    assert!(w.running(), "exited while a session was open");
-    let closed = Instant::now();
-    drop(client);
-    let (code, out, err, exited) = w.finish(10 * SEC);
-    let took = exited - closed;
-    assert_eq!(code, 0, "{out}{err}");
-    assert!(
-        took <= 2 * INTERVAL + Duration::from_millis(300),
-        "exit {took:?} after the close"
-    );
-    eprintln!("sockets: exit {took:?} after the last session closed (interval {INTERVAL:?})");
+    let args =
+        format!("app/s1 -haproxy-socket {unix} -haproxy-socket {tcp} -timeout 60s -interval {iv}");
+    let out = drains_when_closed(&args, client, "sockets");
     // One line per change (not a terminal): holding at both, then drained.
     let lines: Vec<&str> = out.lines().collect();
     for source in [&unix, &tcp] {
@@ -261,19 +257,15 @@ fn two_haproxies_are_drained_only_when_both_are_at_zero() {
     lb1.wait_status("DRAIN");
     lb2.wait_status("DRAIN");
     let (s1, s2, iv) = (lb1.unix(), lb2.tcp(), interval());
-    let sources = ["-haproxy-socket", &s1, "-haproxy-socket", &s2];
+    let sources = format!("-haproxy-socket {s1} -haproxy-socket {s2}");
     let json = |out: &str| -> serde_json::Value {
         serde_json::from_str(out).unwrap_or_else(|e| panic!("{e}: {out}"))
     };
 
     // The first drained, the second still holding: 1, naming the second only.
-    let w = WaitDrained::start(
-        &[
-            &["app/s1", "-timeout", "1s", "-interval", &iv, "-json"][..],
-            &sources,
-        ]
-        .concat(),
-    );
+    let w = WaitDrained::start(&format!(
+        "app/s1 {sources} -timeout 1s -interval {iv} -json"
+    ));
     let (code, out, _, _) = w.finish(10 * SEC);
     assert_eq!(code, 1, "{out}");
     let doc = json(&out);
@@ -294,13 +286,9 @@ fn two_haproxies_are_drained_only_when_both_are_at_zero() {
         "{out}"
     );
 
-    let mut w = WaitDrained::start(
-        &[
-            &["app/s1", "-timeout", "60s", "-interval", &iv, "-json"][..],
-            &sources,
-        ]
-        .concat(),
-    );
+    let mut w = WaitDrained::start(&format!(
+        "app/s1 {sources} -timeout 60s -interval {iv} -json"
+    ));
     std::thread::sleep(4 * INTERVAL + INTERVAL / 2);
     assert!(
         w.running(),
@@ -326,31 +314,18 @@ fn a_server_not_draining_gets_a_warning_and_require_drain_fails_it() {
     let lb = Lb::start("up", a.listen().port(), real.addr);
     lb.wait_status("UP");
     let (unix, iv) = (lb.unix(), interval());
-    let w = WaitDrained::start(&[
-        "app/s1",
-        "-haproxy-socket",
-        &unix,
-        "-timeout",
-        "5s",
-        "-interval",
-        &iv,
-    ]);
+    let w = WaitDrained::start(&format!(
+        "app/s1 -haproxy-socket {unix} -timeout 5s -interval {iv}"
+    ));
     let (code, out, _, _) = w.finish(10 * SEC);
     assert_eq!(code, 0, "{out}");
     assert!(
         out.contains(&format!("warning: app/s1 at {unix}: status UP is not DRAIN or MAINT: it may reach 0 sessions by chance while still taking new ones")),
         "{out}"
     );
-    let w = WaitDrained::start(&[
-        "app/s1",
-        "-haproxy-socket",
-        &unix,
-        "-timeout",
-        "1s",
-        "-interval",
-        &iv,
-        "-require-drain",
-    ]);
+    let w = WaitDrained::start(&format!(
+        "app/s1 -haproxy-socket {unix} -timeout 1s -interval {iv} -require-drain"
+    ));
     let (code, out, _, _) = w.finish(10 * SEC);
     assert_eq!(code, 1, "{out}");
     assert!(
@@ -366,18 +341,9 @@ fn a_server_no_haproxy_lists_or_a_dead_socket_is_not_drained() {
     let lb = Lb::start("absent", a.listen().port(), real.addr);
     let (unix, iv) = (lb.unix(), interval());
     let dead = format!("ipv4@127.0.0.1:{}", free_port());
-    let w = WaitDrained::start(&[
-        "app/s1",
-        "app/nope",
-        "-haproxy-socket",
-        &unix,
-        "-haproxy-socket",
-        &dead,
-        "-timeout",
-        "1s",
-        "-interval",
-        &iv,
-    ]);
+    let w = WaitDrained::start(&format!(
+        "app/s1 app/nope -haproxy-socket {unix} -haproxy-socket {dead} -timeout 1s -interval {iv}"
+    ));
     let (code, out, _, _) = w.finish(10 * SEC);
     assert_eq!(code, 1, "{out}");
     assert!(out.contains(&format!("app/nope at {unix}: no counts: NOT DRAINED: not reported: this haproxy lists no such server")), "{out}");
@@ -409,29 +375,16 @@ fn identities_map_through_the_haproxy_config_agent_send() {
         hap.config_path().display().to_string(),
         hap.socket.display().to_string(),
     );
-    let w = WaitDrained::start(&[
-        "host-1",
-        "-haproxy-config",
-        &cfg,
-        "-haproxy-socket",
-        &unix,
-        "-timeout",
-        "5s",
-        "-require-drain",
-    ]);
+    let w = WaitDrained::start(&format!(
+        "host-1 -haproxy-config {cfg} -haproxy-socket {unix} -timeout 5s -require-drain"
+    ));
     let (code, out, err, _) = w.finish(10 * SEC);
     assert_eq!(code, 0, "{out}{err}");
     assert!(out.contains("app/web-1 (host-1) at"), "{out}");
     assert!(out.contains("api/w1 (host-1) at"), "{out}");
-    let w = WaitDrained::start(&[
-        "host-2",
-        "-haproxy-config",
-        &cfg,
-        "-haproxy-socket",
-        &unix,
-        "-timeout",
-        "5s",
-    ]);
+    let w = WaitDrained::start(&format!(
+        "host-2 -haproxy-config {cfg} -haproxy-socket {unix} -timeout 5s"
+    ));
     let (code, _, err, _) = w.finish(10 * SEC);
     assert_eq!(code, 2);
     assert_eq!(err, format!("gitlab-haproxy-agent wait-drained: no agent-checked server line of {cfg} sends \"host-2\" (-h for help)\n"));
@@ -522,17 +475,9 @@ fn prometheus_sees_the_session_close_and_no_data_is_not_zero() {
     lb2.wait_status("DRAIN");
     let (url, iv) = (prom.url(), interval());
 
-    let w = WaitDrained::start(&[
-        "app/s1",
-        "-prometheus",
-        &url,
-        "-timeout",
-        "1s",
-        "-interval",
-        &iv,
-        "-expect-instances",
-        "2",
-    ]);
+    let w = WaitDrained::start(&format!(
+        "app/s1 -prometheus {url} -timeout 1s -interval {iv} -expect-instances 2"
+    ));
     let (code, out, _, _) = w.finish(10 * SEC);
     assert_eq!(code, 1, "{out}");
     let holder = format!("holding: {}: 1 sessions, 0 queued", lb1.promex);
@@ -543,42 +488,13 @@ fn prometheus_sees_the_session_close_and_no_data_is_not_zero() {
         "{out}"
     );
 
-    let mut w = WaitDrained::start(&[
-        "app/s1",
-        "-prometheus",
-        &url,
-        "-timeout",
-        "60s",
-        "-interval",
-        &iv,
-        "-expect-instances",
-        "2",
-    ]);
-    std::thread::sleep(4 * INTERVAL + INTERVAL / 2);
-    assert!(w.running(), "exited while a session was open");
-    let closed = Instant::now();
-    drop(client);
-    let (code, out, err, exited) = w.finish(10 * SEC);
-    let took = exited - closed;
-    assert_eq!(code, 0, "{out}{err}");
-    assert!(
-        took <= 2 * INTERVAL + Duration::from_millis(300),
-        "exit {took:?} after the close"
-    );
-    eprintln!("prometheus: exit {took:?} after the last session closed (interval {INTERVAL:?})");
+    let args = format!("app/s1 -prometheus {url} -timeout 60s -interval {iv} -expect-instances 2");
+    drains_when_closed(&args, client, "prometheus");
 
     // Three instances expected, two report: not drained, and said so.
-    let w = WaitDrained::start(&[
-        "app/s1",
-        "-prometheus",
-        &url,
-        "-timeout",
-        "1s",
-        "-interval",
-        &iv,
-        "-expect-instances",
-        "3",
-    ]);
+    let w = WaitDrained::start(&format!(
+        "app/s1 -prometheus {url} -timeout 1s -interval {iv} -expect-instances 3"
+    ));
     let (code, out, _, _) = w.finish(10 * SEC);
     assert_eq!(code, 1, "{out}");
     assert!(
@@ -588,15 +504,9 @@ fn prometheus_sees_the_session_close_and_no_data_is_not_zero() {
 
     // No haproxy target: no data, never 0.
     prom.empty.store(true, Ordering::Relaxed);
-    let w = WaitDrained::start(&[
-        "app/s1",
-        "-prometheus",
-        &url,
-        "-timeout",
-        "1s",
-        "-interval",
-        &iv,
-    ]);
+    let w = WaitDrained::start(&format!(
+        "app/s1 -prometheus {url} -timeout 1s -interval {iv}"
+    ));
     let (code, out, _, _) = w.finish(10 * SEC);
     assert_eq!(code, 1, "{out}");
     assert!(out.contains(&format!("app/s1 at {url}: no counts: NOT DRAINED: no data: Prometheus has no haproxy_server_current_sessions series for it")), "{out}");

@@ -227,24 +227,8 @@ impl Report {
                 note,
             ]);
         }
-        let widths: Vec<usize> = (0..5)
-            .map(|i| {
-                cells
-                    .iter()
-                    .map(|c| c[i].chars().count())
-                    .max()
-                    .unwrap_or(0)
-            })
-            .collect();
         if !self.rows.is_empty() {
-            for c in &cells {
-                let line: Vec<String> = c
-                    .iter()
-                    .zip(&widths)
-                    .map(|(s, w)| format!("{s:w$}"))
-                    .collect();
-                lines.push(line.join("  ").trim_end().to_owned());
-            }
+            lines.push(crate::columns::aligned(&cells).trim_end().to_owned());
         }
         let plural =
             |n: u64, one: &str, many: &str| format!("{n} {}", if n == 1 { one } else { many });

@@ -93,87 +93,38 @@ fn usage_errors_are_one_line_and_exit_2() {
         ("lint-haproxy", &["f", "-listen-addr", "x"]),
         ("lint-haproxy", &["/nonexistent/haproxy.cfg"]),
         ("status", &["-pprof-addr"]),
-        ("wait-drained", &["-timeout", "1s", "-haproxy-socket", "/s"]),
-        ("wait-drained", &["be/s1", "-haproxy-socket", "/s"]),
-        ("wait-drained", &["be/s1", "-timeout", "1s"]),
-        (
-            "wait-drained",
-            &["be/s1", "-timeout", "0s", "-haproxy-socket", "/s"],
-        ),
-        (
-            "wait-drained",
-            &["be/s1", "-timeout", "ten", "-haproxy-socket", "/s"],
-        ),
-        (
-            "wait-drained",
-            &[
-                "be/s1",
-                "-timeout",
-                "1s",
-                "-interval",
-                "10ms",
-                "-haproxy-socket",
-                "/s",
-            ],
-        ),
-        (
-            "wait-drained",
-            &["be/s1", "-timeout", "1s", "-haproxy-socket", "ipv4@1.2.3.4"],
-        ),
-        (
-            "wait-drained",
-            &["be/s1", "-timeout", "1s", "-prometheus", "https://p:9090"],
-        ),
-        (
-            "wait-drained",
-            &[
-                "be/s1",
-                "-timeout",
-                "1s",
-                "-haproxy-socket",
-                "/s",
-                "-expect-instances",
-                "2",
-            ],
-        ),
-        (
-            "wait-drained",
-            &[
-                "be/s1",
-                "-timeout",
-                "1s",
-                "-prometheus",
-                "p:9090",
-                "-expect-instances",
-                "x",
-            ],
-        ),
-        (
-            "wait-drained",
-            &["be", "-timeout", "1s", "-haproxy-socket", "/s"],
-        ),
-        (
-            "wait-drained",
-            &[
-                "be/s1",
-                "-timeout",
-                "1s",
-                "-haproxy-socket",
-                "/s",
-                "-haproxy-config",
-                "/nonexistent.cfg",
-            ],
-        ),
     ] {
-        let (code, out, err) = run_with(word, args, b"", &[]);
-        assert_eq!(code, USAGE, "{word} {args:?}");
-        assert!(out.is_empty());
-        assert_eq!(err.lines().count(), 1, "{word} {args:?}: {err}");
-        assert!(
-            err.starts_with(&format!("gitlab-haproxy-agent {word}: ")),
-            "{err}"
-        );
+        usage_error_of(word, args);
     }
+    for args in [
+        "-timeout 1s -haproxy-socket /s",
+        "be/s1 -haproxy-socket /s",
+        "be/s1 -timeout 1s",
+        "be/s1 -timeout 0s -haproxy-socket /s",
+        "be/s1 -timeout ten -haproxy-socket /s",
+        "be/s1 -timeout 1s -interval 10ms -haproxy-socket /s",
+        "be/s1 -timeout 1s -haproxy-socket ipv4@1.2.3.4",
+        "be/s1 -timeout 1s -prometheus https://p:9090",
+        "be/s1 -timeout 1s -haproxy-socket /s -expect-instances 2",
+        "be/s1 -timeout 1s -prometheus p:9090 -expect-instances x",
+        "be -timeout 1s -haproxy-socket /s",
+        "be/s1 -timeout 1s -haproxy-socket /s -haproxy-config /nonexistent.cfg",
+    ] {
+        let args: Vec<&str> = args.split_whitespace().collect();
+        usage_error_of("wait-drained", &args);
+    }
+}
+
+/// Asserts exit 2, nothing on stdout, one line on stderr.
+fn usage_error_of(word: &str, args: &[&str]) {
+    let (code, out, err) = run_with(word, args, b"", &[]);
+    assert_eq!(code, USAGE, "{word} {args:?}");
+    assert!(out.is_empty());
+    assert_eq!(err.lines().count(), 1, "{word} {args:?}: {err}");
+    assert!(
+        err.starts_with(&format!("gitlab-haproxy-agent {word}: ")),
+        "{err}"
+    );
 }
 
 #[test]

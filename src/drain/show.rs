@@ -117,26 +117,7 @@ pub fn table(poll: &Poll, rules: &Rules) -> String {
             note(r, rules),
         ]);
     }
-    let widths: Vec<usize> = (0..6)
-        .map(|i| {
-            cells
-                .iter()
-                .map(|c| c[i].chars().count())
-                .max()
-                .unwrap_or(0)
-        })
-        .collect();
-    let mut text = String::new();
-    for c in &cells {
-        let line: Vec<String> = c
-            .iter()
-            .zip(&widths)
-            .map(|(s, w)| format!("{s:w$}"))
-            .collect();
-        text += line.join("  ").trim_end();
-        text.push('\n');
-    }
-    text
+    crate::columns::aligned(&cells)
 }
 
 /// The last words: every server drained (with the warnings), or at the
