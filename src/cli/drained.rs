@@ -603,6 +603,88 @@ mod tests {
         );
     }
 
+    /// `wait` over a loopback stats socket that reports 1 session on app/s1
+    /// twice, then 0: (exit, stdout).
+    fn waited(tty: bool, json: bool, timeout: Duration) -> (u8, String) {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        std::thread::spawn(move || {
+            for (n, conn) in l.incoming().take(100).enumerate() {
+                let Ok(mut s) = conn else { continue };
+                read_request(&mut s);
+                let scur = if n < 2 { 1 } else { 0 };
+                let _ = write!(
+                    s,
+                    "# pxname,svname,qcur,scur,status\napp,s1,0,{scur},DRAIN\n\n"
+                );
+            }
+        });
+        let plan = Plan {
+            targets: vec![Target {
+                identity: "app/s1".into(),
+                servers: servers(),
+            }],
+            sources: vec![socket_source(addr)],
+            rules: Rules::default(),
+            timeout,
+            interval: MIN_INTERVAL,
+            json,
+        };
+        let (mut out, mut err) = (Vec::new(), Vec::new());
+        let code = wait(
+            &plan,
+            &mut Io {
+                out: &mut out,
+                err: &mut err,
+                env: &|_| None,
+                stdin: &mut &b""[..],
+                tty,
+            },
+        );
+        (code, String::from_utf8(out).unwrap())
+    }
+
+    #[test]
+    fn a_terminal_gets_the_table_redrawn_in_place_and_a_pipe_a_line_per_change() {
+        let (code, out) = waited(true, false, Duration::from_secs(10));
+        assert_eq!(code, OK, "{out}");
+        // Three polls (1, 1, 0 sessions): drawn, then twice back up over
+        // the 3 lines drawn (progress, header, row) before redrawing.
+        assert_eq!(out.matches("\x1b[3F\x1b[J").count(), 2, "{out:?}");
+        assert_eq!(out.matches("SERVER  SOURCE").count(), 3, "{out:?}");
+        assert!(
+            out.ends_with("(0 sessions, 0 queued at every source)\n"),
+            "{out:?}"
+        );
+
+        let (code, out) = waited(false, false, Duration::from_secs(10));
+        assert_eq!(code, OK, "{out}");
+        assert!(!out.contains('\x1b'), "{out:?}");
+        let lines: Vec<&str> = out.lines().collect();
+        assert_eq!(
+            lines.len(),
+            3,
+            "one line per change, then the verdict: {out}"
+        );
+        assert!(
+            lines[0].ends_with(": 1 session, 0 queued, DRAIN: holding"),
+            "{out}"
+        );
+        assert!(
+            lines[1].ends_with(": 0 sessions, 0 queued, DRAIN: drained"),
+            "{out}"
+        );
+    }
+
+    #[test]
+    fn json_prints_only_the_last_poll() {
+        let (code, out) = waited(false, true, Duration::from_millis(50));
+        assert_eq!(code, FINDING, "{out}");
+        let doc: serde_json::Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(doc["drained"], false);
+        assert_eq!(doc["servers"][0]["sessions"], 1);
+    }
+
     #[test]
     fn a_prometheus_that_never_answers_costs_the_interval() {
         let addr = server(1, |mut s| {
