@@ -47,11 +47,12 @@ use rustls_pki_types::ServerName;
 
 use crate::config::{ConsulConfig, ConsulEndpoint};
 use crate::consul::tls::{TlsError, TlsStream};
-use crate::consul::watch::{Decoding, ErrorReason, Failure, Response, Update, Watch, DECODE_SLICE};
+use crate::consul::watch::{Decoding, ErrorReason, Failure, Response, Update, Watch};
 use crate::http::{
     content_coding, parse_response_head, BodyDecoder, BodyError, Coding, InflateError, Inflater,
     Parse, ResponseHead,
 };
+use crate::slice::Slice;
 
 /// Connecting must succeed within this.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -644,13 +645,11 @@ impl<C: Connect> Client<C> {
         }
         match std::mem::replace(&mut self.phase, Phase::Idle { conn: None }) {
             Phase::Idle { conn } => self.start(now, conn, out),
-            Phase::Decoding { conn, mut decoding } => match decoding.step(DECODE_SLICE) {
-                Some(result) => {
-                    self.phase = Phase::Idle { conn };
-                    out.push(self.watch.on_decoded(now, result));
-                }
-                None => self.phase = Phase::Decoding { conn, decoding },
-            },
+            Phase::Decoding { conn, decoding } => {
+                let (phase, update) = self.decode(now, conn, decoding);
+                self.phase = phase;
+                out.extend(update);
+            }
             phase => {
                 // The read budget ran out last time: read on.
                 self.phase = phase;
@@ -966,10 +965,27 @@ impl<C: Connect> Client<C> {
         self.note_cluster(&head);
         match self.watch.on_response(now, &head, bytes) {
             Response::Done(update) => Next::Done(Phase::Idle { conn }, update),
-            Response::Decode(decoding) => Next::Wait(Phase::Decoding {
-                conn,
-                decoding: Box::new(decoding),
-            }),
+            Response::Decode(decoding) => match self.decode(now, conn, Box::new(decoding)) {
+                (phase, Some(update)) => Next::Done(phase, update),
+                (phase, None) => Next::Wait(phase),
+            },
+        }
+    }
+
+    /// One slice of the loop's time decoding a listing: the update once
+    /// done, else more next turn.
+    fn decode(
+        &mut self,
+        now: Instant,
+        conn: Option<Conn<C::Stream>>,
+        mut decoding: Box<Decoding>,
+    ) -> (Phase<C::Stream>, Option<Update>) {
+        match decoding.step(&mut Slice::of_turn(now)) {
+            Some(result) => (
+                Phase::Idle { conn },
+                Some(self.watch.on_decoded(now, result)),
+            ),
+            None => (Phase::Decoding { conn, decoding }, None),
         }
     }
 
