@@ -6,10 +6,11 @@
 //! one session on the server; `wait-drained` must wait while it is open
 //! and exit 0 within two intervals of its closing.
 //!
-//! The Prometheus of these tests is a small loopback stand-in: it answers
-//! the instant-query API from a fresh scrape of each haproxy's exporter
-//! (the real metric names and labels, the `instance` label set to the
-//! scraped address), or with no series at all.
+//! Prometheus is the real one (Debian's, scraping both haproxies' exporters
+//! every second), and a small loopback stand-in that answers the
+//! instant-query API from a fresh scrape of each exporter (the real metric
+//! names and labels, the `instance` label set to the scraped address), or
+//! with no series at all, for the cases a real one makes slow to set up.
 
 mod support;
 
@@ -25,6 +26,8 @@ use support::{free_port, http, unique_prefix, wait_for, Agent, Kv};
 
 const SEC: Duration = Duration::from_secs(1);
 const INTERVAL: Duration = Duration::from_millis(500);
+/// Two intervals and the time to ask.
+const TWO_INTERVALS: Duration = Duration::from_millis(2 * 500 + 300);
 
 /// A server that keeps each connection open until the peer closes it.
 struct Holding {
@@ -170,10 +173,10 @@ fn interval() -> String {
 }
 
 /// `wait-drained ARGS` started while `client` holds the server's one
-/// session: still waiting after several polls, then exit 0 within two
-/// intervals of the client closing. Prints the time to exit (for `what`)
+/// session: still waiting after several polls, then exit 0 within
+/// `within` of the client closing. Prints the time to exit (for `what`)
 /// and returns stdout.
-fn drains_when_closed(args: &str, client: TcpStream, what: &str) -> String {
+fn drains_when_closed(args: &str, client: TcpStream, what: &str, within: Duration) -> String {
     let mut w = WaitDrained::start(args);
     std::thread::sleep(4 * INTERVAL + INTERVAL / 2);
     assert!(w.running(), "exited while a session was open");
@@ -182,10 +185,7 @@ fn drains_when_closed(args: &str, client: TcpStream, what: &str) -> String {
     let (code, out, err, exited) = w.finish(10 * SEC);
     let took = exited - closed;
     assert_eq!(code, 0, "{out}{err}");
-    assert!(
-        took <= 2 * INTERVAL + Duration::from_millis(300),
-        "exit {took:?} after the close"
-    );
+    assert!(took <= within, "exit {took:?} after the close");
     eprintln!("{what}: exit {took:?} after the last session closed (interval {INTERVAL:?})");
     out
 }
@@ -220,7 +220,7 @@ fn a_held_session_keeps_it_waiting_and_its_close_ends_the_wait() {
     // Both sockets, the session open: still waiting after several polls.
     let args =
         format!("app/s1 -haproxy-socket {unix} -haproxy-socket {tcp} -timeout 60s -interval {iv}");
-    let out = drains_when_closed(&args, client, "sockets");
+    let out = drains_when_closed(&args, client, "sockets", TWO_INTERVALS);
     // One line per change (not a terminal): holding at both, then drained.
     let lines: Vec<&str> = out.lines().collect();
     for source in [&unix, &tcp] {
@@ -489,7 +489,7 @@ fn prometheus_sees_the_session_close_and_no_data_is_not_zero() {
     );
 
     let args = format!("app/s1 -prometheus {url} -timeout 60s -interval {iv} -expect-instances 2");
-    drains_when_closed(&args, client, "prometheus");
+    drains_when_closed(&args, client, "prometheus stand-in", TWO_INTERVALS);
 
     // Three instances expected, two report: not drained, and said so.
     let w = WaitDrained::start(&format!(
@@ -504,6 +504,44 @@ fn prometheus_sees_the_session_close_and_no_data_is_not_zero() {
 
     // No haproxy target: no data, never 0.
     prom.empty.store(true, Ordering::Relaxed);
+    let w = WaitDrained::start(&format!(
+        "app/s1 -prometheus {url} -timeout 1s -interval {iv}"
+    ));
+    let (code, out, _, _) = w.finish(10 * SEC);
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains(&format!("app/s1 at {url}: no counts: NOT DRAINED: no data: Prometheus has no haproxy_server_current_sessions series for it")), "{out}");
+}
+
+#[test]
+fn a_real_prometheus_scraping_haproxy_sees_the_close_and_no_target_is_no_data() {
+    let (a, kv, prefix) = agent("real-prom");
+    let real = Holding::start();
+    let lb1 = Lb::start("real-prom-a", a.listen().port(), real.addr);
+    let lb2 = Lb::start("real-prom-b", a.listen().port(), real.addr);
+    // Its scrape path is the agent's; haproxy's exporter answers any path.
+    let prom = support::prometheus::Prometheus::start(&[lb1.promex, lb2.promex], &[]);
+    let empty = support::prometheus::Prometheus::start(&[], &[]);
+    let client = lb2.hold();
+    kv.put(&format!("{prefix}/app/s1"), "drain");
+    lb1.wait_status("DRAIN");
+    lb2.wait_status("DRAIN");
+    wait_for(
+        20 * SEC,
+        "Prometheus to see both haproxies draining s1",
+        || {
+            let up = prom
+                .query("haproxy_server_status{proxy=\"app\",server=\"s1\",state=\"DRAIN\"} == 1");
+            (up.len() == 2).then_some(())
+        },
+    );
+    let (url, iv) = (format!("http://{}", prom.addr), interval());
+    let args = format!(
+        "app/s1 -prometheus {url} -timeout 60s -interval {iv} -expect-instances 2 -require-drain"
+    );
+    // A scrape a second: the close is seen within one scrape and two polls.
+    drains_when_closed(&args, client, "real prometheus", SEC + TWO_INTERVALS);
+
+    let url = format!("http://{}", empty.addr);
     let w = WaitDrained::start(&format!(
         "app/s1 -prometheus {url} -timeout 1s -interval {iv}"
     ));
