@@ -296,6 +296,11 @@ fn show_poll(view: &mut View, poll: &Poll, plan: &Plan, elapsed: Duration, io: &
         View::Table(drawn) => {
             let progress = show::progress(poll, &plan.rules, elapsed, plan.timeout);
             let table = format!("{progress}\n{}", show::table(poll, &plan.rules));
+            // A wrapped line would take two rows and break the redraw.
+            let table = match terminal_width() {
+                Some(width) => clip(&table, width),
+                None => table,
+            };
             // Back to the first line drawn, and clear what was below it.
             let up = match *drawn {
                 0 => String::new(),
@@ -319,6 +324,26 @@ fn show_poll(view: &mut View, poll: &Poll, plan: &Plan, elapsed: Duration, io: &
     };
     let _ = io.out.write_all(text.as_bytes());
     let _ = io.out.flush();
+}
+
+/// The width of the terminal on stdout, if it says.
+fn terminal_width() -> Option<usize> {
+    let mut size = libc::winsize {
+        ws_row: 0,
+        ws_col: 0,
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    };
+    // SAFETY: TIOCGWINSZ fills the winsize it is given.
+    let rc = unsafe { libc::ioctl(libc::STDOUT_FILENO, libc::TIOCGWINSZ, &mut size) };
+    (rc == 0 && size.ws_col > 0).then_some(usize::from(size.ws_col))
+}
+
+/// Each line of `text` cut to fewer than `width` chars.
+fn clip(text: &str, width: usize) -> String {
+    text.lines()
+        .map(|l| l.chars().take(width.saturating_sub(1)).collect::<String>() + "\n")
+        .collect()
 }
 
 /// Asks every source at once, each by `deadline`.
@@ -674,6 +699,11 @@ mod tests {
             lines[1].ends_with(": 0 sessions, 0 queued, DRAIN: drained"),
             "{out}"
         );
+    }
+
+    #[test]
+    fn table_lines_are_clipped_to_the_terminal_so_none_wraps() {
+        assert_eq!(clip("abcdef\nab\n\néé€x\n", 4), "abc\nab\n\néé€\n");
     }
 
     #[test]
