@@ -167,12 +167,11 @@ impl DebugStateRender {
                 let Some(s) = state else { return Part::Done };
                 while let Some(id) = ids.pop_first() {
                     let row = identity_row(s, &id, asking, self.now);
-                    let sep = if std::mem::take(&mut first) {
-                        "\n"
-                    } else {
-                        ",\n"
-                    };
-                    let _ = write!(self.out, "{sep}{}: {row}", json!(&*id));
+                    push_row(
+                        &mut self.out,
+                        &mut first,
+                        format_args!("{}: {row}", json!(&*id)),
+                    );
                     if slice.spent(row.len()) {
                         return Part::Identities { ids, first };
                     }
@@ -184,8 +183,7 @@ impl DebugStateRender {
                 let Some(s) = state else { return Part::Done };
                 while let Some(k) = s.invalid().get(pos) {
                     let row = json!({"key": k.key, "value": k.value, "reason": k.reason.label(), "modify_index": k.modify_index}).to_string();
-                    let sep = if pos == 0 { "\n" } else { ",\n" };
-                    let _ = write!(self.out, "{sep}{row}");
+                    push_row(&mut self.out, &mut (pos == 0), format_args!("{row}"));
                     pos += 1;
                     if slice.spent(row.len()) {
                         return Part::Invalid { pos };
@@ -230,12 +228,7 @@ impl DebugStateRender {
                 let Some(a) = asking else { return Part::Done };
                 while let Some((id, f)) = keys.pop_first() {
                     let row = unasked_row(a, &id, &f, self.now).to_string();
-                    let sep = if std::mem::take(&mut first) {
-                        "\n"
-                    } else {
-                        ",\n"
-                    };
-                    let _ = write!(self.out, "{sep}{row}");
+                    push_row(&mut self.out, &mut first, format_args!("{row}"));
                     if slice.spent(row.len()) {
                         return Part::Unasked { keys, first };
                     }
@@ -289,15 +282,10 @@ impl DebugStateRender {
                 let Some(a) = asking else { return Part::Done };
                 while let Some(r) = rows.pop() {
                     let row = asked_json(a, r.ago.0, self.now).unwrap_or_default();
-                    let sep = if std::mem::take(&mut first) {
-                        "\n"
-                    } else {
-                        ",\n"
-                    };
-                    let _ = write!(
-                        self.out,
-                        "{sep}{}: {row}",
-                        json!(shown_identity(&r.identity))
+                    push_row(
+                        &mut self.out,
+                        &mut first,
+                        format_args!("{}: {row}", json!(shown_identity(&r.identity))),
                     );
                     if slice.spent(r.identity.len() + 64) {
                         return Part::Unknown { rows, first };
@@ -309,6 +297,13 @@ impl DebugStateRender {
             Part::Done => Part::Done,
         }
     }
+}
+
+/// Appends one row of a JSON list or object: a separator first, unless it
+/// is the first row.
+fn push_row(out: &mut String, first: &mut bool, row: std::fmt::Arguments<'_>) {
+    out.push_str(if std::mem::take(first) { "\n" } else { ",\n" });
+    let _ = out.write_fmt(row);
 }
 
 /// Adds identities to `ids` until the slice is spent; `true` if the

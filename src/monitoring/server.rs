@@ -327,13 +327,9 @@ impl<S: Read + Write> HttpConn<S> {
         chunk_over: Option<usize>,
         now: Instant,
     ) -> HttpProgress {
-        let keep_alive = match self.phase {
-            Phase::Handling { keep_alive } => keep_alive,
-            _ => false,
-        };
-        self.out.clear();
-        render_response(&mut self.out, resp, keep_alive, chunk_over, head_only);
-        self.write(keep_alive, now)
+        self.send(None, now, |out, keep_alive| {
+            render_response(out, resp, keep_alive, chunk_over, head_only);
+        })
     }
 
     /// Sends a response whose body is shared (`resp.body` is ignored): the
@@ -345,17 +341,26 @@ impl<S: Read + Write> HttpConn<S> {
         head_only: bool,
         now: Instant,
     ) -> HttpProgress {
+        let len = body.len();
+        self.send((!head_only).then_some(body), now, |out, keep_alive| {
+            render_head(out, resp, len, keep_alive);
+        })
+    }
+
+    /// Writes what `head` renders (given keep-alive), then `shared`.
+    fn send(
+        &mut self,
+        shared: Option<Body>,
+        now: Instant,
+        head: impl FnOnce(&mut Vec<u8>, bool),
+    ) -> HttpProgress {
         let keep_alive = match self.phase {
             Phase::Handling { keep_alive } => keep_alive,
             _ => false,
         };
         self.out.clear();
-        render_head(&mut self.out, resp, body.len(), keep_alive);
-        self.shared = (!head_only).then_some(body);
-        self.write(keep_alive, now)
-    }
-
-    fn write(&mut self, keep_alive: bool, now: Instant) -> HttpProgress {
+        head(&mut self.out, keep_alive);
+        self.shared = shared;
         self.phase = Phase::Writing {
             written: 0,
             keep_alive,
