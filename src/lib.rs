@@ -14,6 +14,8 @@
 //! - [`consul`]: KV JSON decoding (pure), the watcher machine, backoff;
 //! - [`monitoring`]: metrics registry and the health/metrics/debug server;
 //! - [`devkv`]: the `-dev` consul-compatible KV (also the tests' consul);
+//! - [`drain`]: `wait-drained`'s judgement of what haproxy says of a
+//!   server's sessions (`show stat` and Prometheus readers, pure);
 //! - [`lint`]: `lint-haproxy`, haproxy's configuration read as haproxy
 //!   reads it, checked against what the agent needs;
 //! - [`config`], [`logging`], [`event_loop`]: start-up and the one mio loop;
@@ -25,11 +27,13 @@
 pub mod agent;
 pub mod build_info;
 pub mod cli;
+mod columns;
 pub mod config;
 pub mod consul;
 pub mod contract;
 pub mod decimal;
 pub mod devkv;
+pub mod drain;
 pub mod event_loop;
 pub mod gocompat;
 pub mod http;

@@ -24,6 +24,7 @@ fn main() -> ExitCode {
             err: &mut std::io::stderr().lock(),
             env: &|name| std::env::var(name).ok(),
             stdin: &mut std::io::stdin().lock(),
+            tty: std::io::IsTerminal::is_terminal(&std::io::stdout()),
         };
         return ExitCode::from(cli::run(word, &args[1..], &mut io));
     }

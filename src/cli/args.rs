@@ -86,6 +86,15 @@ impl Args {
             .map(|(_, v)| v.as_str())
     }
 
+    /// Every value of a repeatable flag, in the order given.
+    pub fn values(&self, name: &str) -> Vec<&str> {
+        self.values
+            .iter()
+            .filter(|(n, _)| *n == name)
+            .map(|(_, v)| v.as_str())
+            .collect()
+    }
+
     pub fn flag(&self, name: &str) -> bool {
         self.bools
             .iter()
@@ -119,6 +128,7 @@ mod tests {
             let a = parse(words).unwrap();
             assert_eq!(a.positional, ["be/s1"], "{words:?}");
             assert_eq!(a.value("listen-addr"), Some("a:1"), "{words:?}");
+            assert_eq!(a.values("listen-addr").last(), Some(&"a:1"), "{words:?}");
             assert!(!a.flag("json") && !a.help);
         }
         assert!(parse(&["-json"]).unwrap().flag("json"));

@@ -53,12 +53,7 @@ pub(super) fn run(args: &[std::ffi::OsString], io: &mut Io<'_>) -> u8 {
             return usage_error(io, "lint-haproxy", &e);
         }
     }
-    let hostname = hostname();
-    let env = |name: &str| match name {
-        // haproxy overwrites it with the host name before reading.
-        "HAPROXY_LOCALPEER" => hostname.clone(),
-        _ => (io.env)(name),
-    };
+    let env = config_env(io.env);
     let target = crate::lint::Agent {
         listen: &listen,
         max_line,
@@ -69,12 +64,24 @@ pub(super) fn run(args: &[std::ffi::OsString], io: &mut Io<'_>) -> u8 {
     code
 }
 
+/// The environment haproxy reads its configuration with.
+pub(super) fn config_env<'a>(
+    env: &'a dyn Fn(&str) -> Option<String>,
+) -> impl Fn(&str) -> Option<String> + 'a {
+    let hostname = hostname();
+    move |name: &str| match name {
+        // haproxy overwrites it with the host name before reading.
+        "HAPROXY_LOCALPEER" => hostname.clone(),
+        _ => env(name),
+    }
+}
+
 /// Appends `name`'s (name, bytes), or for a directory those of its
 /// configuration files, as haproxy's `cfgfiles_expand_directories`
 /// (`src/haproxy.c`) lists them: `DIR/entry` for each entry that
 /// [`is_config_entry`] takes and that is (or links to) a regular file,
 /// sorted by name (`alphasort`, byte order in haproxy's C locale).
-fn read_config(name: &str, files: &mut Vec<(String, Vec<u8>)>) -> Result<(), String> {
+pub(super) fn read_config(name: &str, files: &mut Vec<(String, Vec<u8>)>) -> Result<(), String> {
     let cannot = |e: std::io::Error| format!("cannot read {name}: {e}");
     if !std::fs::metadata(name).map_err(cannot)?.is_dir() {
         files.push((name.to_owned(), std::fs::read(name).map_err(cannot)?));

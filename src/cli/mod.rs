@@ -5,7 +5,9 @@
 //! - `check-value VALUE|-`: the reply a KV value produces, before writing it;
 //! - `status`: every diverted key, when this haproxy last asked for it, and
 //!   the unasked ones with the identity probably meant;
-//! - `lint-haproxy FILE…`: the agent-check settings of haproxy's config.
+//! - `lint-haproxy FILE…`: the agent-check settings of haproxy's config;
+//! - `wait-drained IDENTITY…`: waits until haproxy holds no session for
+//!   the servers named.
 //!
 //! In: the words after the command, the environment (for the same
 //! `GITLAB_HAPROXY_AGENT_*` addresses the daemon reads), stdout and stderr.
@@ -15,6 +17,8 @@
 
 mod args;
 mod ask;
+mod drained;
+mod fetch;
 mod lint;
 mod status;
 
@@ -30,6 +34,8 @@ pub struct Io<'a> {
     pub env: &'a dyn Fn(&str) -> Option<String>,
     /// Standard input, for `check-value -`.
     pub stdin: &'a mut dyn std::io::Read,
+    /// `out` is a terminal: live displays redraw in place.
+    pub tty: bool,
 }
 
 /// Exit codes.
@@ -48,12 +54,17 @@ Operator commands (the first word; exit 0 ok, 1 a finding, 2 usage):
         every diverted key: value, reply, when this haproxy last asked; unasked ones marked
   lint-haproxy FILE... [-listen-addr ADDR] [-max-line-bytes N]
         check the agent-check settings of haproxy configuration files
+  wait-drained IDENTITY... -timeout DURATION [-haproxy-socket ADDR]... [-prometheus URL]
+        wait until haproxy holds no session or queue for the servers named
 Each takes -h for its own help.
 ";
 
 /// Whether `word` names an operator command.
 pub fn is_command(word: &str) -> bool {
-    matches!(word, "ask" | "check-value" | "status" | "lint-haproxy")
+    matches!(
+        word,
+        "ask" | "check-value" | "status" | "lint-haproxy" | "wait-drained"
+    )
 }
 
 /// Runs the command `word` with the words after it.
@@ -63,6 +74,7 @@ pub fn run(word: &str, args: &[OsString], io: &mut Io<'_>) -> u8 {
         "check-value" => check_value(args, io),
         "status" => status::run(args, io),
         "lint-haproxy" => lint::run(args, io),
+        "wait-drained" => drained::run(args, io),
         _ => usage_error(io, word, "not an operator command"),
     }
 }

@@ -7,14 +7,13 @@
 //! answer from consul's state. The rendering is pure over the document.
 
 use std::collections::HashMap;
-use std::io::{ErrorKind, Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
+use super::fetch::http_get;
 use super::{begin, target, usage_error, Io, FINDING, OK};
-use crate::http::{parse_response_head, BodyDecoder, BodyError, Parse};
 
 /// The whole request, connect to last byte.
 const DEADLINE: Duration = Duration::from_secs(30);
@@ -72,61 +71,17 @@ pub(super) fn run(args: &[std::ffi::OsString], io: &mut Io<'_>) -> u8 {
 
 /// GET /debug/state, the body, within [`DEADLINE`] in all.
 fn fetch(addr: SocketAddr) -> Result<Vec<u8>, String> {
-    let deadline = Instant::now() + DEADLINE;
-    let mut s = TcpStream::connect_timeout(&addr, DEADLINE).map_err(|e| e.to_string())?;
     // Only the diverted identities: the whole state of a large KV is
     // seconds of JSON on the agent's one thread.
-    let req =
-        format!("GET /debug/state?diverted HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
-    s.write_all(req.as_bytes()).map_err(|e| e.to_string())?;
-    let mut buf = Vec::new();
-    let mut chunk = vec![0; 64 * 1024];
-    let mut body = Vec::new();
-    let mut decoder: Option<BodyDecoder> = None;
-    loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        let timed_out = || format!("no complete answer within {}s", DEADLINE.as_secs());
-        s.set_read_timeout(Some(left.max(Duration::from_millis(1))))
-            .map_err(|e| e.to_string())?;
-        let n = match s.read(&mut chunk) {
-            Ok(_) | Err(_) if left.is_zero() => return Err(timed_out()),
-            Ok(n) => n,
-            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
-                return Err(timed_out())
-            }
-            Err(e) => return Err(e.to_string()),
-        };
-        buf.extend_from_slice(&chunk[..n]);
-        if decoder.is_none() {
-            match parse_response_head(&buf, 64 * 1024) {
-                Parse::Done(head, used) if head.status == 200 => {
-                    decoder = Some(BodyDecoder::new(head.framing, MAX_BODY));
-                    buf.drain(..used);
-                }
-                Parse::Done(head, _) => return Err(format!("HTTP status {}", head.status)),
-                Parse::Invalid(why) => return Err(format!("not an HTTP response: {why}")),
-                Parse::Partial if n == 0 => return Err("closed before a response".into()),
-                Parse::Partial => continue,
-            }
+    let deadline = Instant::now() + DEADLINE;
+    let host = addr.to_string();
+    match http_get(addr, &host, "/debug/state?diverted", deadline, MAX_BODY) {
+        Ok((200, body)) => Ok(body),
+        Ok((status, _)) => Err(format!("HTTP status {status}")),
+        Err(e) if e.starts_with("no complete answer") => {
+            Err(format!("no complete answer within {}s", DEADLINE.as_secs()))
         }
-        let Some(d) = decoder.as_mut() else { continue };
-        let used = d.feed(&buf, &mut body).map_err(body_error)?;
-        buf.drain(..used);
-        if d.is_done() {
-            return Ok(body);
-        }
-        if n == 0 {
-            d.eof().map_err(body_error)?;
-            return Ok(body);
-        }
-    }
-}
-
-fn body_error(e: BodyError) -> String {
-    match e {
-        BodyError::BadChunk => "a malformed chunked body".into(),
-        BodyError::TooLarge => format!("a body over {} MiB", MAX_BODY >> 20),
-        BodyError::Truncated => "the body was cut short".into(),
+        Err(e) => Err(e),
     }
 }
 
@@ -272,24 +227,8 @@ impl Report {
                 note,
             ]);
         }
-        let widths: Vec<usize> = (0..5)
-            .map(|i| {
-                cells
-                    .iter()
-                    .map(|c| c[i].chars().count())
-                    .max()
-                    .unwrap_or(0)
-            })
-            .collect();
         if !self.rows.is_empty() {
-            for c in &cells {
-                let line: Vec<String> = c
-                    .iter()
-                    .zip(&widths)
-                    .map(|(s, w)| format!("{s:w$}"))
-                    .collect();
-                lines.push(line.join("  ").trim_end().to_owned());
-            }
+            lines.push(crate::columns::aligned(&cells).trim_end().to_owned());
         }
         let plural =
             |n: u64, one: &str, many: &str| format!("{n} {}", if n == 1 { one } else { many });

@@ -22,6 +22,7 @@ fn run_with(word: &str, args: &[&str], stdin: &[u8], env: &[(&str, &str)]) -> (u
             err: &mut err,
             env: &lookup,
             stdin: &mut input,
+            tty: false,
         },
     );
     let text = |b: Vec<u8>| String::from_utf8(b).unwrap();
@@ -95,20 +96,48 @@ fn usage_errors_are_one_line_and_exit_2() {
         ("lint-haproxy", &["/nonexistent/haproxy.cfg"]),
         ("status", &["-pprof-addr"]),
     ] {
-        let (code, out, err) = run_with(word, args, b"", &[]);
-        assert_eq!(code, USAGE, "{word} {args:?}");
-        assert!(out.is_empty());
-        assert_eq!(err.lines().count(), 1, "{word} {args:?}: {err}");
-        assert!(
-            err.starts_with(&format!("gitlab-haproxy-agent {word}: ")),
-            "{err}"
-        );
+        usage_error_of(word, args);
     }
+    for args in [
+        "-timeout 1s -haproxy-socket /s",
+        "be/s1 -haproxy-socket /s",
+        "be/s1 -timeout 1s",
+        "be/s1 -timeout 0s -haproxy-socket /s",
+        "be/s1 -timeout ten -haproxy-socket /s",
+        "be/s1 -timeout 1s -interval 10ms -haproxy-socket /s",
+        "be/s1 -timeout 1s -haproxy-socket ipv4@1.2.3.4",
+        "be/s1 -timeout 1s -prometheus https://p:9090",
+        "be/s1 -timeout 1s -haproxy-socket /s -expect-instances 2",
+        "be/s1 -timeout 1s -prometheus p:9090 -expect-instances x",
+        "be -timeout 1s -haproxy-socket /s",
+        "be/s1 -timeout 1s -haproxy-socket /s -haproxy-config /nonexistent.cfg",
+    ] {
+        let args: Vec<&str> = args.split_whitespace().collect();
+        usage_error_of("wait-drained", &args);
+    }
+}
+
+/// Asserts exit 2, nothing on stdout, one line on stderr.
+fn usage_error_of(word: &str, args: &[&str]) {
+    let (code, out, err) = run_with(word, args, b"", &[]);
+    assert_eq!(code, USAGE, "{word} {args:?}");
+    assert!(out.is_empty());
+    assert_eq!(err.lines().count(), 1, "{word} {args:?}: {err}");
+    assert!(
+        err.starts_with(&format!("gitlab-haproxy-agent {word}: ")),
+        "{err}"
+    );
 }
 
 #[test]
 fn each_command_has_help() {
-    for word in ["ask", "check-value", "status", "lint-haproxy"] {
+    for word in [
+        "ask",
+        "check-value",
+        "status",
+        "lint-haproxy",
+        "wait-drained",
+    ] {
         let (code, out, _) = run_with(word, &["-h"], b"", &[]);
         assert_eq!(code, OK);
         assert!(
@@ -196,4 +225,31 @@ fn lint_takes_the_listen_address_from_each_flag_form_then_the_environment_then_9
     let (code, ..) = run_with("lint-haproxy", &[file, "-listen-addr", ":9777"], b"", &env);
     assert_eq!(code, OK, "the flag wins over the environment");
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn wait_drained_names_each_identity_no_server_line_sends() {
+    let dir = std::env::temp_dir().join(format!("gha-wd-cfg-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let cfg = dir.join("h.cfg");
+    std::fs::write(&cfg, "backend be\n server s1 127.0.0.1:80 weight 100 agent-check agent-port 9777 agent-send \"web-1\\n\"\n").unwrap();
+    let cfg = cfg.to_str().unwrap();
+    let args = [
+        "web-1",
+        "be/s1",
+        "web-9",
+        "-timeout",
+        "1s",
+        "-haproxy-socket",
+        "/s",
+        "-haproxy-config",
+        cfg,
+    ];
+    let (code, out, err) = run_with("wait-drained", &args, b"", &[]);
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_eq!((code, out.as_str()), (USAGE, ""));
+    assert_eq!(
+        err,
+        format!("gitlab-haproxy-agent wait-drained: no agent-checked server line of {cfg} sends \"be/s1\", \"web-9\" (-h for help)\n")
+    );
 }

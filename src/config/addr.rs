@@ -257,12 +257,119 @@ fn parse_http_authority_and_path(s: &str, default_port: u16) -> Result<ConsulAdd
     })
 }
 
+/// A haproxy stats socket, as haproxy's `stats socket` line writes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StatsSocket {
+    Unix(PathBuf),
+    Tcp(SocketAddr),
+}
+
+/// `/path`, `unix@/path`, `ipv4@HOST:PORT`, `ipv6@[HOST]:PORT` (haproxy's
+/// `ipv6@::1:PORT`, the port after the last colon, too) or `HOST:PORT`;
+/// a word without a colon is a unix path.
+pub fn parse_stats_socket(s: &str) -> Result<StatsSocket, String> {
+    let tcp = |host: &str, port: Option<u16>, v6: bool| {
+        let port = port.ok_or("missing port")?;
+        match host.parse::<IpAddr>() {
+            Ok(ip) if ip.is_ipv6() != v6 => Err(format!(
+                "{host} is not an IPv{} address",
+                if v6 { 6 } else { 4 }
+            )),
+            _ => Ok(StatsSocket::Tcp(resolve_host(host, port)?)),
+        }
+    };
+    if let Some(rest) = s.strip_prefix("ipv4@") {
+        let (host, port) = split_host_port(rest)?;
+        return tcp(host, port, false);
+    }
+    if let Some(rest) = s.strip_prefix("ipv6@") {
+        if rest.starts_with('[') {
+            let (host, port) = split_host_port(rest)?;
+            return tcp(host, port, true);
+        }
+        let (host, port) = rest.rsplit_once(':').ok_or("missing port")?;
+        return tcp(host, Some(parse_port(port)?), true);
+    }
+    if let Some(path) = s.strip_prefix("unix@") {
+        return Ok(StatsSocket::Unix(PathBuf::from(path)));
+    }
+    if let Some((kind, _)) = s.split_once('@').filter(|(k, _)| !k.contains('/')) {
+        return Err(format!("{kind}@ sockets are not supported (use a unix path, ipv4@HOST:PORT or ipv6@[HOST]:PORT)"));
+    }
+    if s.is_empty() {
+        return Err("empty".into());
+    }
+    if s.contains('/') || !s.contains(':') {
+        return Ok(StatsSocket::Unix(PathBuf::from(s)));
+    }
+    let (host, port) = split_host_port(s)?;
+    tcp(host, port, host.contains(':'))
+}
+
+/// An `http://host[:port][/prefix]` URL (or `host[:port]`, as
+/// `CONSUL_HTTP_ADDR` reads it): the address to connect to, the `Host`
+/// header and the path prefix (no trailing `/`).
+pub fn parse_http_url(s: &str) -> Result<(SocketAddr, String, String), String> {
+    let a = parse_consul_addr(s).map_err(|e| e.reason)?;
+    match a.endpoint {
+        ConsulEndpoint::Tcp(addr) if !a.https => Ok((addr, a.host_header, a.path_prefix)),
+        _ => Err("only http:// is supported".into()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn v4(a: [u8; 4], port: u16) -> SocketAddr {
         SocketAddr::from((a, port))
+    }
+
+    #[test]
+    fn stats_socket_forms_as_haproxy_writes_them() {
+        let unix = |p: &str| Ok(StatsSocket::Unix(PathBuf::from(p)));
+        let tcp = |a: &str| Ok(StatsSocket::Tcp(a.parse().unwrap()));
+        for (s, want) in [
+            ("/run/haproxy/admin.sock", unix("/run/haproxy/admin.sock")),
+            ("admin.sock", unix("admin.sock")),
+            ("unix@/run/a.sock", unix("/run/a.sock")),
+            ("ipv4@127.0.0.1:9999", tcp("127.0.0.1:9999")),
+            ("ipv6@[::1]:9999", tcp("[::1]:9999")),
+            ("ipv6@::1:9999", tcp("[::1]:9999")),
+            ("127.0.0.1:9999", tcp("127.0.0.1:9999")),
+            ("[::1]:9", tcp("[::1]:9")),
+        ] {
+            assert_eq!(parse_stats_socket(s), want, "{s}");
+        }
+        for (bad, why) in [
+            ("ipv4@127.0.0.1", "missing port"),
+            ("ipv4@[::1]:9", "::1 is not an IPv4 address"),
+            ("ipv6@127.0.0.1:9", "127.0.0.1 is not an IPv6 address"),
+            ("ipv4@1.2.3.4:x", "bad port \"x\""),
+            ("abns@haproxy", "abns@ sockets are not supported (use a unix path, ipv4@HOST:PORT or ipv6@[HOST]:PORT)"),
+            ("", "empty"),
+        ] {
+            assert_eq!(parse_stats_socket(bad), Err(why.to_owned()), "{bad}");
+        }
+    }
+
+    #[test]
+    fn http_urls_for_an_http_peer() {
+        let (addr, host, prefix) = parse_http_url("http://127.0.0.1:9090/prom/").unwrap();
+        assert_eq!(
+            (addr, host.as_str(), prefix.as_str()),
+            ("127.0.0.1:9090".parse().unwrap(), "127.0.0.1:9090", "/prom")
+        );
+        assert_eq!(parse_http_url("127.0.0.1:9090").unwrap().2, "");
+        assert_eq!(
+            parse_http_url("https://127.0.0.1:9090").unwrap_err(),
+            "only http:// is supported"
+        );
+        assert_eq!(
+            parse_http_url("unix:///x").unwrap_err(),
+            "only http:// is supported"
+        );
+        assert!(parse_http_url("ftp://x").is_err());
     }
 
     #[test]

@@ -42,7 +42,10 @@ mod tls_tests;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-pub use addr::{loopback_if_unspecified, parse_listen_addr, ConsulEndpoint, ListenAddr};
+pub use addr::{
+    loopback_if_unspecified, parse_http_url, parse_listen_addr, parse_stats_socket, ConsulEndpoint,
+    ListenAddr, StatsSocket,
+};
 pub use flags::usage;
 pub use tls::{ConsulTls, SharedConfig};
 pub use validate::max_line_bytes;

@@ -90,8 +90,7 @@ pub fn lint(
     local: &[IpAddr],
     env: &dyn Fn(&str) -> Option<String>,
 ) -> Report {
-    let env = |name: &str| env(name).or_else(|| haproxy_variable(name));
-    let model = model::build(files, &env);
+    let model = build(files, env);
     let names: Vec<String> = files.iter().map(|(name, _)| name.clone()).collect();
     let findings = rules::check(&model.servers, &names, agent, local);
     let mut report = Report {
@@ -131,6 +130,27 @@ pub fn lint(
     report
 }
 
+/// The servers haproxy builds from `files`, with its own variables
+/// defined ([`haproxy_variable`]).
+fn build(files: &[(String, Vec<u8>)], env: &dyn Fn(&str) -> Option<String>) -> model::Model {
+    let env = |name: &str| env(name).or_else(|| haproxy_variable(name));
+    model::build(files, &env)
+}
+
+/// Every agent-checked server of `files` whose `agent-send` the agent
+/// answers: (the identity it sends, backend, server), in file order.
+pub fn identities(
+    files: &[(String, Vec<u8>)],
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Vec<(Vec<u8>, String, String)> {
+    build(files, env)
+        .servers
+        .into_iter()
+        .filter(|s| s.settings.agent_check)
+        .filter_map(|s| Some((rules::agent_send(&s, usize::MAX).ok()?, s.backend, s.name)))
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -149,6 +169,19 @@ mod tests {
     }
 
     const CONFIG: &str = "backend be\n server s1 127.0.0.1:80 weight 100 slowstart 1s agent-check agent-port 9777 agent-inter 1s agent-send \"be/s1\\n\"\n";
+
+    #[test]
+    fn identities_are_what_each_agent_checked_server_sends() {
+        let config = format!("{CONFIG} server s2 127.0.0.1:80 agent-check agent-send \"web-2\\n\"\n server s3 127.0.0.1:80 agent-send \"web-3\\n\"\n server s4 127.0.0.1:80 agent-check agent-send 'x\\n'\n");
+        let files = vec![("a.cfg".to_owned(), config.into_bytes())];
+        let got = identities(&files, &|_| None);
+        let want = [("be/s1", "s1"), ("web-2", "s2")]
+            .map(|(id, s)| (id.as_bytes().to_vec(), "be".to_owned(), s.to_owned()));
+        assert_eq!(
+            got, want,
+            "not agent-checked (s3) and unanswerable (s4) are left out"
+        );
+    }
 
     #[test]
     fn a_clean_server_has_no_line_but_the_summary() {

@@ -122,7 +122,7 @@ pub const NO_AGENT_INTER: &str =
 /// The identity the server sends (its first line, trimmed as the agent
 /// trims it), or why an agent reading lines of at most `max_line` bytes
 /// cannot answer it.
-fn agent_send(server: &Server, max_line: usize) -> Result<Vec<u8>, String> {
+pub fn agent_send(server: &Server, max_line: usize) -> Result<Vec<u8>, String> {
     let Some(word) = &server.settings.agent_send else {
         let own = format!("{}/{}", server.backend, server.name);
         return Err(format!("no agent-send: haproxy sends nothing and the agent never answers; add agent-send \"{own}\\n\""));

@@ -1,0 +1,730 @@
+//! `wait-drained IDENTITY… -timeout D`: polls haproxy (stats sockets,
+//! Prometheus) until every server the identities name holds no session
+//! and no queue anywhere, or the timeout.
+//!
+//! In: the identities, the sources, the timing flags. Out: a live table
+//! (a terminal), a line per change (otherwise) or one JSON document
+//! (`-json`); exit 0 drained, 1 at the timeout, 2 usage. Always holds:
+//! each poll asks every source at once and gives each at most the
+//! interval; what a source says is judged by [`crate::drain`], which never
+//! takes silence for 0.
+
+use std::collections::{HashMap, HashSet};
+use std::ffi::OsString;
+use std::net::SocketAddr;
+use std::os::unix::net::UnixStream;
+use std::time::{Duration, Instant};
+
+use super::fetch::{connect, exchange, http_get, Timed};
+use super::lint::{config_env, read_config};
+use super::{begin, usage_error, Io, FINDING, OK};
+use crate::config::{parse_http_url, parse_stats_socket, StatsSocket};
+use crate::drain::stat::{ServerKey, StatReader};
+use crate::drain::{judge, prom, show, Poll, Reading, Rules, Target};
+use crate::gocompat::parse_go_duration;
+
+const HELP: &str = "\
+usage: gitlab-haproxy-agent wait-drained IDENTITY... -timeout DURATION
+           [-haproxy-socket ADDR]... [-prometheus URL [-expect-instances N]]
+           [-haproxy-config FILE]... [-interval 1s] [-require-drain] [-json]
+
+Waits until no haproxy holds a session or a queued request for the servers
+the identities name, asking haproxy itself:
+  -haproxy-socket ADDR  a stats socket (repeatable): a unix path, or
+                        ipv4@HOST:PORT / ipv6@[HOST]:PORT as haproxy writes
+                        them; asked `show stat` (scur, qcur, status)
+  -prometheus URL       http://HOST:PORT[/prefix] of a Prometheus scraping
+                        haproxy's prometheus-exporter: sums
+                        haproxy_server_current_sessions and _queue over
+                        every instance; -expect-instances N wants at least N
+                        instances reporting each server
+An identity is backend/server (split at the first /), or with
+-haproxy-config FILE (repeatable; a directory as haproxy reads it) the
+agent-send of the agent-checked server lines that send it.
+Drained: every source reports the server with 0 sessions and 0 queued. A
+source that does not report it, cannot be reached, answers garbage, or a
+Prometheus without data (or with fewer instances than asked) is not
+drained, and the command says why. A status other than DRAIN or MAINT
+gets a warning (0 sessions by chance while still taking new ones);
+-require-drain counts it as not drained. Polls every -interval (default
+1s; each source gets at most that long to answer): a live table on a
+terminal, else one line per change; -json prints the last poll as one
+document. Exit 0: all drained; 1: the timeout, naming each server still
+holding sessions, where and how many; 2: usage.
+";
+
+/// The largest Prometheus answer read: the query names only the servers
+/// asked about (7 series per server per haproxy instance).
+const MAX_PROMETHEUS_BODY: usize = 8 << 20;
+const MIN_INTERVAL: Duration = Duration::from_millis(100);
+
+/// Where one poll asks.
+enum Source {
+    Socket {
+        label: String,
+        at: StatsSocket,
+    },
+    Prometheus {
+        label: String,
+        addr: SocketAddr,
+        host: String,
+        prefix: String,
+    },
+}
+
+impl Source {
+    fn label(&self) -> &str {
+        match self {
+            Source::Socket { label, .. } | Source::Prometheus { label, .. } => label,
+        }
+    }
+
+    /// Asks, by `deadline`.
+    fn read(&self, servers: &[ServerKey], deadline: Instant) -> Reading {
+        let got = match self {
+            Source::Socket { at, .. } => show_stat(at, servers, deadline).map(Reading::Socket),
+            Source::Prometheus {
+                addr, host, prefix, ..
+            } => {
+                let target = prom::query_target(prefix, servers);
+                prometheus(*addr, host, &target, deadline).map(Reading::Prometheus)
+            }
+        };
+        got.unwrap_or_else(Reading::Failed)
+    }
+}
+
+/// Everything the flags say.
+struct Plan {
+    targets: Vec<Target>,
+    sources: Vec<Source>,
+    rules: Rules,
+    timeout: Duration,
+    interval: Duration,
+    json: bool,
+}
+
+pub(super) fn run(args: &[OsString], io: &mut Io<'_>) -> u8 {
+    let flags = (
+        &[
+            "timeout",
+            "interval",
+            "haproxy-socket",
+            "prometheus",
+            "expect-instances",
+            "haproxy-config",
+        ][..],
+        &["json", "require-drain"][..],
+    );
+    let a = match begin(io, "wait-drained", HELP, args, flags) {
+        Ok(a) => a,
+        Err(code) => return code,
+    };
+    let plan = match plan(&a, io) {
+        Ok(plan) => plan,
+        Err(e) => return usage_error(io, "wait-drained", &e),
+    };
+    wait(&plan, io)
+}
+
+fn plan(a: &super::Args, io: &Io<'_>) -> Result<Plan, String> {
+    if a.positional.is_empty() {
+        return Err("no IDENTITY given".into());
+    }
+    let duration = |flag: &str, default: Option<Duration>| match a.value(flag) {
+        None => default.ok_or_else(|| format!("-{flag} is required (e.g. -{flag} 10m)")),
+        Some(v) => match parse_go_duration(v) {
+            Some(Some(d)) if !d.is_zero() => Ok(d),
+            _ => Err(format!(
+                "invalid value {v:?} for flag -{flag}: a positive duration, e.g. 10m"
+            )),
+        },
+    };
+    let timeout = duration("timeout", None)?;
+    let interval = duration("interval", Some(Duration::from_secs(1)))?;
+    if interval < MIN_INTERVAL {
+        return Err(format!(
+            "-interval {} is below {}",
+            show::duration(interval),
+            show::duration(MIN_INTERVAL)
+        ));
+    }
+    let mut sources = Vec::new();
+    for v in a.values("haproxy-socket") {
+        let at = parse_stats_socket(v)
+            .map_err(|e| format!("invalid value {v:?} for flag -haproxy-socket: {e}"))?;
+        sources.push(Source::Socket {
+            label: v.to_owned(),
+            at,
+        });
+    }
+    let urls = a.values("prometheus");
+    for v in &urls {
+        let (addr, host, prefix) = parse_http_url(v)
+            .map_err(|e| format!("invalid value {v:?} for flag -prometheus: {e}"))?;
+        let label = v.to_string();
+        sources.push(Source::Prometheus {
+            label,
+            addr,
+            host,
+            prefix,
+        });
+    }
+    if sources.is_empty() {
+        return Err("no source: give -haproxy-socket ADDR or -prometheus URL".into());
+    }
+    let expect_instances = match a.value("expect-instances") {
+        None => 0,
+        Some(_) if urls.is_empty() => return Err("-expect-instances needs -prometheus".into()),
+        Some(v) => v
+            .parse::<usize>()
+            .map_err(|_| format!("invalid value {v:?} for flag -expect-instances: a count"))?,
+    };
+    let targets = targets(&a.positional, &a.values("haproxy-config"), io)?;
+    Ok(Plan {
+        targets,
+        sources,
+        rules: Rules {
+            require_drain: a.flag("require-drain"),
+            expect_instances,
+        },
+        timeout,
+        interval,
+        json: a.flag("json"),
+    })
+}
+
+/// Each identity's servers: by the convention, or through the agent-send
+/// of the configuration's server lines.
+fn targets(identities: &[String], configs: &[&str], io: &Io<'_>) -> Result<Vec<Target>, String> {
+    if configs.is_empty() {
+        return identities
+            .iter()
+            .map(|id| match id.split_once('/') {
+                Some((b, s)) if !b.is_empty() && !s.is_empty() => Ok(Target {
+                    identity: id.clone(),
+                    servers: vec![(b.to_owned(), s.to_owned())],
+                }),
+                _ => Err(format!("identity {id:?} is not backend/server (give -haproxy-config to map it through agent-send)")),
+            })
+            .collect();
+    }
+    let mut files = Vec::new();
+    for name in configs {
+        read_config(name, &mut files)?;
+    }
+    let sent = crate::lint::identities(&files, &config_env(io.env));
+    let mut unknown = Vec::new();
+    let mut targets = Vec::new();
+    for id in identities {
+        let servers: Vec<ServerKey> = sent
+            .iter()
+            .filter(|(sends, _, _)| sends == id.as_bytes())
+            .map(|(_, b, s)| (b.clone(), s.clone()))
+            .collect();
+        if servers.is_empty() {
+            unknown.push(format!("{id:?}"));
+        }
+        targets.push(Target {
+            identity: id.clone(),
+            servers,
+        });
+    }
+    if !unknown.is_empty() {
+        return Err(format!(
+            "no agent-checked server line of {} sends {}",
+            configs.join(", "),
+            unknown.join(", ")
+        ));
+    }
+    Ok(targets)
+}
+
+/// How the polls are shown.
+enum View {
+    /// A terminal: the table redrawn in place (its line count so far).
+    Table(usize),
+    /// One line per row that changed: the last line of each row.
+    Lines(HashMap<(String, String), String>),
+    Json,
+}
+
+/// The polling loop.
+fn wait(plan: &Plan, io: &mut Io<'_>) -> u8 {
+    let start = Instant::now();
+    let deadline = start + plan.timeout;
+    let mut servers: Vec<ServerKey> = plan
+        .targets
+        .iter()
+        .flat_map(|t| t.servers.clone())
+        .collect();
+    servers.sort();
+    servers.dedup();
+    let mut view = match (plan.json, io.tty) {
+        (true, _) => View::Json,
+        (false, true) => View::Table(0),
+        (false, false) => View::Lines(HashMap::new()),
+    };
+    loop {
+        let polled = Instant::now();
+        let readings = poll(&plan.sources, &servers, polled + plan.interval);
+        let poll = judge(&plan.targets, &readings, &plan.rules);
+        let elapsed = start.elapsed();
+        let drained = poll.drained(&plan.rules);
+        let over = Instant::now() >= deadline;
+        show_poll(&mut view, &poll, plan, elapsed, io);
+        if drained || over {
+            let text = match view {
+                View::Json => {
+                    let doc = show::json(&poll, &plan.rules, elapsed, plan.timeout);
+                    serde_json::to_string_pretty(&doc).unwrap_or_default() + "\n"
+                }
+                _ => show::summary(&poll, &plan.rules, elapsed),
+            };
+            let _ = io.out.write_all(text.as_bytes());
+            let _ = io.out.flush();
+            return if drained { OK } else { FINDING };
+        }
+        let next = (polled + plan.interval).min(deadline);
+        std::thread::sleep(next.saturating_duration_since(Instant::now()));
+    }
+}
+
+fn show_poll(view: &mut View, poll: &Poll, plan: &Plan, elapsed: Duration, io: &mut Io<'_>) {
+    let text = match view {
+        View::Json => return,
+        View::Table(drawn) => {
+            let progress = show::progress(poll, &plan.rules, elapsed, plan.timeout);
+            let table = format!("{progress}\n{}", show::table(poll, &plan.rules));
+            // A wrapped line would take two rows and break the redraw.
+            let table = match terminal_width() {
+                Some(width) => clip(&table, width),
+                None => table,
+            };
+            // Back to the first line drawn, and clear what was below it.
+            let up = match *drawn {
+                0 => String::new(),
+                n => format!("\x1b[{n}F\x1b[J"),
+            };
+            *drawn = table.lines().count();
+            up + &table
+        }
+        View::Lines(last) => {
+            let mut text = String::new();
+            for row in &poll.rows {
+                let line = show::line(row, &plan.rules);
+                let key = (row.server.clone(), row.source.clone());
+                if last.get(&key) != Some(&line) {
+                    text += &format!("{:>6} {line}\n", show::duration(elapsed));
+                    last.insert(key, line);
+                }
+            }
+            text
+        }
+    };
+    let _ = io.out.write_all(text.as_bytes());
+    let _ = io.out.flush();
+}
+
+/// The width of the terminal on stdout, if it says.
+fn terminal_width() -> Option<usize> {
+    let mut size = libc::winsize {
+        ws_row: 0,
+        ws_col: 0,
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    };
+    // SAFETY: TIOCGWINSZ fills the winsize it is given.
+    let rc = unsafe { libc::ioctl(libc::STDOUT_FILENO, libc::TIOCGWINSZ, &mut size) };
+    (rc == 0 && size.ws_col > 0).then_some(usize::from(size.ws_col))
+}
+
+/// Each line of `text` cut to fewer than `width` chars.
+fn clip(text: &str, width: usize) -> String {
+    text.lines()
+        .map(|l| l.chars().take(width.saturating_sub(1)).collect::<String>() + "\n")
+        .collect()
+}
+
+/// Asks every source at once, each by `deadline`.
+fn poll(sources: &[Source], servers: &[ServerKey], deadline: Instant) -> Vec<(String, Reading)> {
+    std::thread::scope(|scope| {
+        let asks: Vec<_> = sources
+            .iter()
+            .map(|s| scope.spawn(move || s.read(servers, deadline)))
+            .collect();
+        sources
+            .iter()
+            .zip(asks)
+            .map(|(s, ask)| {
+                let reading = ask
+                    .join()
+                    .unwrap_or_else(|_| Reading::Failed("the reader panicked".into()));
+                (s.label().to_owned(), reading)
+            })
+            .collect()
+    })
+}
+
+/// `show stat` of servers only, read as it arrives.
+fn show_stat(
+    at: &StatsSocket,
+    servers: &[ServerKey],
+    deadline: Instant,
+) -> Result<HashMap<ServerKey, crate::drain::stat::ServerStat>, String> {
+    let mut stream: Box<dyn Timed> = match at {
+        StatsSocket::Tcp(addr) => Box::new(connect(*addr, deadline)?),
+        StatsSocket::Unix(path) => Box::new(connect_unix(path, deadline)?),
+    };
+    let wanted: HashSet<ServerKey> = servers.iter().cloned().collect();
+    let mut reader = StatReader::new(wanted);
+    // -1 4 -1: every proxy's servers (type 4), no frontend or backend row.
+    exchange(stream.as_mut(), b"show stat -1 4 -1\n", deadline, |data| {
+        reader.feed(data)
+    })?;
+    reader.finish()
+}
+
+/// A unix stream connection made by `deadline` (a listener whose backlog
+/// is full would block a plain connect).
+fn connect_unix(path: &std::path::Path, deadline: Instant) -> Result<UnixStream, String> {
+    use socket2::{Domain, SockAddr, Socket, Type};
+    let cannot = |e: std::io::Error| format!("cannot connect: {e}");
+    let left = deadline.saturating_duration_since(Instant::now());
+    if left.is_zero() {
+        return Err("no time left to connect".into());
+    }
+    let socket = Socket::new(Domain::UNIX, Type::STREAM, None).map_err(cannot)?;
+    socket
+        .connect_timeout(&SockAddr::unix(path).map_err(cannot)?, left)
+        .map_err(cannot)?;
+    Ok(socket.into())
+}
+
+fn prometheus(
+    addr: SocketAddr,
+    host: &str,
+    target: &str,
+    deadline: Instant,
+) -> Result<HashMap<ServerKey, Vec<prom::Instance>>, String> {
+    let (status, body) = http_get(addr, host, target, deadline, MAX_PROMETHEUS_BODY)?;
+    match (status, prom::read_answer(&body)) {
+        (200, answer) => answer,
+        // Prometheus explains a refusal in the usual JSON.
+        (_, Err(why)) if why.starts_with("Prometheus answered") => {
+            Err(format!("HTTP status {status}: {why}"))
+        }
+        _ => Err(format!("HTTP status {status}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{Read, Write};
+    use std::net::{TcpListener, TcpStream};
+
+    /// A loopback server running `serve` on each of its first `n`
+    /// connections (each on its own thread).
+    fn server(n: usize, serve: fn(TcpStream)) -> SocketAddr {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        std::thread::spawn(move || {
+            for conn in l.incoming().take(n).flatten() {
+                std::thread::spawn(move || serve(conn));
+            }
+        });
+        addr
+    }
+
+    fn socket_source(addr: SocketAddr) -> Source {
+        Source::Socket {
+            label: format!("ipv4@{addr}"),
+            at: StatsSocket::Tcp(addr),
+        }
+    }
+
+    fn servers() -> Vec<ServerKey> {
+        vec![("app".into(), "s1".into())]
+    }
+
+    /// Reads the command line, as haproxy does, then the rest.
+    fn read_request(s: &mut TcpStream) {
+        let mut buf = [0u8; 256];
+        let _ = s.read(&mut buf);
+    }
+
+    const ANSWER: &[u8] = b"# pxname,svname,qcur,qmax,scur,status\napp,s1,0,0,2,DRAIN\n\n";
+
+    #[test]
+    fn a_stats_socket_answer_is_read_over_tcp_and_unix() {
+        let addr = server(1, |mut s| {
+            read_request(&mut s);
+            s.write_all(ANSWER).unwrap();
+        });
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let Reading::Socket(got) = socket_source(addr).read(&servers(), deadline) else {
+            panic!("not read");
+        };
+        assert_eq!(got[&servers()[0]].sessions, 2);
+
+        let path = std::env::temp_dir().join(format!("gha-wd-{}.sock", std::process::id()));
+        let _ = std::fs::remove_file(&path);
+        let l = std::os::unix::net::UnixListener::bind(&path).unwrap();
+        let t = std::thread::spawn(move || {
+            let (mut s, _) = l.accept().unwrap();
+            let mut line = [0u8; 64];
+            let n = s.read(&mut line).unwrap();
+            s.write_all(ANSWER).unwrap();
+            String::from_utf8_lossy(&line[..n]).into_owned()
+        });
+        let unix = Source::Socket {
+            label: "x".into(),
+            at: StatsSocket::Unix(path.clone()),
+        };
+        let Reading::Socket(got) = unix.read(&servers(), deadline) else {
+            panic!("not read");
+        };
+        assert_eq!(got[&servers()[0]].status, "DRAIN");
+        assert_eq!(t.join().unwrap(), "show stat -1 4 -1\n");
+        let _ = std::fs::remove_file(&path);
+    }
+
+    /// Fails within `limit` of asking, with `want`.
+    fn fails_in_time(source: &Source, interval: Duration, want: &str) {
+        let started = Instant::now();
+        let reading = source.read(&servers(), started + interval);
+        let took = started.elapsed();
+        match reading {
+            Reading::Failed(why) => assert_eq!(why, want),
+            other => panic!("{other:?}"),
+        }
+        assert!(
+            took >= interval.min(Duration::from_millis(1))
+                && took < interval + Duration::from_millis(500),
+            "took {took:?}"
+        );
+    }
+
+    #[test]
+    fn a_socket_that_accepts_and_never_answers_costs_the_interval() {
+        let addr = server(1, |mut s| {
+            read_request(&mut s);
+            std::thread::sleep(Duration::from_secs(5));
+        });
+        fails_in_time(
+            &socket_source(addr),
+            Duration::from_millis(300),
+            "no complete answer in time",
+        );
+    }
+
+    #[test]
+    fn a_socket_that_answers_without_end_costs_the_interval() {
+        // Valid rows for ever: read as they come, none kept, until the
+        // interval is over (the reader's memory is one record).
+        let addr = server(1, |mut s| {
+            read_request(&mut s);
+            let _ = s.write_all(b"# pxname,svname,qcur,scur,status\n");
+            let rows = b"app,other,0,0,UP\n".repeat(1000);
+            let end = Instant::now() + Duration::from_secs(5);
+            while Instant::now() < end && s.write_all(&rows).is_ok() {}
+        });
+        fails_in_time(
+            &socket_source(addr),
+            Duration::from_millis(300),
+            "no complete answer in time",
+        );
+        // One line without end stops at the record limit.
+        let addr = server(1, |mut s| {
+            read_request(&mut s);
+            let _ = s.write_all(b"# pxname,svname,qcur,scur,status\n");
+            let end = Instant::now() + Duration::from_secs(5);
+            while Instant::now() < end && s.write_all(&[b'x'; 4096]).is_ok() {}
+        });
+        let reading = socket_source(addr).read(&servers(), Instant::now() + Duration::from_secs(3));
+        assert!(
+            matches!(&reading, Reading::Failed(why) if why == "a line over 64 KiB"),
+            "{reading:?}"
+        );
+    }
+
+    #[test]
+    fn a_refused_or_garbled_socket_is_a_failed_reading() {
+        let closed = {
+            let l = TcpListener::bind("127.0.0.1:0").unwrap();
+            l.local_addr().unwrap()
+        };
+        let reading =
+            socket_source(closed).read(&servers(), Instant::now() + Duration::from_secs(2));
+        assert!(
+            matches!(&reading, Reading::Failed(why) if why.starts_with("cannot connect:")),
+            "{reading:?}"
+        );
+        let addr = server(1, |mut s| {
+            read_request(&mut s);
+            let _ = s.write_all(b"Unknown command\n");
+        });
+        let reading = socket_source(addr).read(&servers(), Instant::now() + Duration::from_secs(2));
+        assert!(
+            matches!(&reading, Reading::Failed(why) if why == "not a show stat answer: \"Unknown command\""),
+            "{reading:?}"
+        );
+    }
+
+    fn prometheus_source(addr: SocketAddr) -> Source {
+        Source::Prometheus {
+            label: format!("http://{addr}"),
+            addr,
+            host: addr.to_string(),
+            prefix: String::new(),
+        }
+    }
+
+    #[test]
+    fn prometheus_is_asked_for_the_servers_and_its_answers_read() {
+        let addr = server(3, |mut s| {
+            let mut req = [0u8; 4096];
+            let n = s.read(&mut req).unwrap();
+            let req = String::from_utf8_lossy(&req[..n]).into_owned();
+            let (status, body) = if !req.contains("proxy%3D~%22app%22") {
+                (
+                    "400 Bad Request",
+                    r#"{"status":"error","errorType":"bad_data","error":"wrong query"}"#,
+                )
+            } else if req.contains("GET /bad/") {
+                ("503 Service Unavailable", "<html>down</html>")
+            } else {
+                (
+                    "200 OK",
+                    r#"{"status":"success","data":{"resultType":"vector","result":[{"metric":{"__name__":"haproxy_server_current_sessions","instance":"lb1","proxy":"app","server":"s1"},"value":[1,"3"]}]}}"#,
+                )
+            };
+            let _ = write!(
+                s,
+                "HTTP/1.1 {status}\r\nContent-Length: {}\r\n\r\n{body}",
+                body.len()
+            );
+        });
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let Reading::Prometheus(got) = prometheus_source(addr).read(&servers(), deadline) else {
+            panic!("not read");
+        };
+        assert_eq!(got[&servers()[0]][0].sessions, Some(3.0));
+        let mut bad = prometheus_source(addr);
+        if let Source::Prometheus { prefix, .. } = &mut bad {
+            *prefix = "/bad".into();
+        }
+        let reading = bad.read(&servers(), deadline);
+        assert!(
+            matches!(&reading, Reading::Failed(why) if why == "HTTP status 503"),
+            "{reading:?}"
+        );
+        let other = vec![("other".to_owned(), "s1".to_owned())];
+        let reading = prometheus_source(addr).read(&other, deadline);
+        assert!(
+            matches!(&reading, Reading::Failed(why) if why == "HTTP status 400: Prometheus answered error: bad_data: wrong query"),
+            "{reading:?}"
+        );
+    }
+
+    /// `wait` over a loopback stats socket that reports 1 session on app/s1
+    /// twice, then 0: (exit, stdout).
+    fn waited(tty: bool, json: bool, timeout: Duration) -> (u8, String) {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        std::thread::spawn(move || {
+            for (n, conn) in l.incoming().take(100).enumerate() {
+                let Ok(mut s) = conn else { continue };
+                read_request(&mut s);
+                let scur = if n < 2 { 1 } else { 0 };
+                let _ = write!(
+                    s,
+                    "# pxname,svname,qcur,scur,status\napp,s1,0,{scur},DRAIN\n\n"
+                );
+            }
+        });
+        let plan = Plan {
+            targets: vec![Target {
+                identity: "app/s1".into(),
+                servers: servers(),
+            }],
+            sources: vec![socket_source(addr)],
+            rules: Rules::default(),
+            timeout,
+            interval: MIN_INTERVAL,
+            json,
+        };
+        let (mut out, mut err) = (Vec::new(), Vec::new());
+        let code = wait(
+            &plan,
+            &mut Io {
+                out: &mut out,
+                err: &mut err,
+                env: &|_| None,
+                stdin: &mut &b""[..],
+                tty,
+            },
+        );
+        (code, String::from_utf8(out).unwrap())
+    }
+
+    #[test]
+    fn a_terminal_gets_the_table_redrawn_in_place_and_a_pipe_a_line_per_change() {
+        let (code, out) = waited(true, false, Duration::from_secs(10));
+        assert_eq!(code, OK, "{out}");
+        // Three polls (1, 1, 0 sessions): drawn, then twice back up over
+        // the 3 lines drawn (progress, header, row) before redrawing.
+        assert_eq!(out.matches("\x1b[3F\x1b[J").count(), 2, "{out:?}");
+        assert_eq!(out.matches("SERVER  SOURCE").count(), 3, "{out:?}");
+        assert!(
+            out.ends_with("(0 sessions, 0 queued at every source)\n"),
+            "{out:?}"
+        );
+
+        let (code, out) = waited(false, false, Duration::from_secs(10));
+        assert_eq!(code, OK, "{out}");
+        assert!(!out.contains('\x1b'), "{out:?}");
+        let lines: Vec<&str> = out.lines().collect();
+        assert_eq!(
+            lines.len(),
+            3,
+            "one line per change, then the verdict: {out}"
+        );
+        assert!(
+            lines[0].ends_with(": 1 session, 0 queued, DRAIN: holding"),
+            "{out}"
+        );
+        assert!(
+            lines[1].ends_with(": 0 sessions, 0 queued, DRAIN: drained"),
+            "{out}"
+        );
+    }
+
+    #[test]
+    fn table_lines_are_clipped_to_the_terminal_so_none_wraps() {
+        assert_eq!(clip("abcdef\nab\n\néé€x\n", 4), "abc\nab\n\néé€\n");
+    }
+
+    #[test]
+    fn json_prints_only_the_last_poll() {
+        let (code, out) = waited(false, true, Duration::from_millis(50));
+        assert_eq!(code, FINDING, "{out}");
+        let doc: serde_json::Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(doc["drained"], false);
+        assert_eq!(doc["servers"][0]["sessions"], 1);
+    }
+
+    #[test]
+    fn a_prometheus_that_never_answers_costs_the_interval() {
+        let addr = server(1, |mut s| {
+            read_request(&mut s);
+            std::thread::sleep(Duration::from_secs(5));
+        });
+        fails_in_time(
+            &prometheus_source(addr),
+            Duration::from_millis(300),
+            "no complete answer in time",
+        );
+    }
+}

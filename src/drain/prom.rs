@@ -1,0 +1,284 @@
+//! Prometheus, asked what haproxy's own exporter (`prometheus-exporter`)
+//! says of some servers: the instant query, and its JSON answer -> per
+//! server, per haproxy instance, the current sessions, queue and status.
+//!
+//! In: the servers; then the answer body of `GET /api/v1/query`. Out: the
+//! query's path and query string; each server's instances. Always holds:
+//! pure; an answer that is not a `success` vector of these metrics with
+//! numeric values is an error naming what is wrong, never an empty result
+//! (the command never reads "no answer" as "no sessions").
+
+use std::collections::{BTreeMap, HashMap};
+
+use serde::Deserialize;
+
+use super::stat::ServerKey;
+use crate::http::{percent_encode, EncodeSet};
+
+pub const SESSIONS: &str = "haproxy_server_current_sessions";
+pub const QUEUE: &str = "haproxy_server_current_queue";
+/// One series per `state` label (`UP`, `DOWN`, `MAINT`, `DRAIN`, `NOLB`),
+/// the current one at 1.
+pub const STATUS: &str = "haproxy_server_status";
+
+/// Labels that name the server or the metric, not the haproxy instance.
+const NOT_INSTANCE: &[&str] = &["__name__", "proxy", "server", "state"];
+
+/// What one haproxy instance (one scrape target) reports of a server.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Instance {
+    /// The `instance` label, else the instance's labels as `k=v,…`.
+    pub name: String,
+    pub sessions: Option<f64>,
+    pub queued: Option<f64>,
+    /// The `state` whose status series is 1.
+    pub status: Option<String>,
+}
+
+/// `/api/v1/query?query=…` (below the URL's path prefix) asking for the
+/// three metrics of `servers`, every instance's series apart.
+pub fn query_target(prefix: &str, servers: &[ServerKey]) -> String {
+    let alternatives = |names: Vec<&str>| {
+        let mut names: Vec<String> = names.into_iter().map(regex_literal).collect();
+        names.sort();
+        names.dedup();
+        names.join("|")
+    };
+    let proxies = alternatives(servers.iter().map(|(b, _)| b.as_str()).collect());
+    let names = alternatives(servers.iter().map(|(_, s)| s.as_str()).collect());
+    let selector = format!(
+        "{{__name__=~\"{SESSIONS}|{QUEUE}|{STATUS}\",proxy=~\"{}\",server=~\"{}\"}}",
+        promql_string(&proxies),
+        promql_string(&names),
+    );
+    format!(
+        "{prefix}/api/v1/query?query={}",
+        percent_encode(&selector, EncodeSet::GO_QUERY)
+    )
+}
+
+/// `name` as an RE2 regular expression matching exactly it.
+fn regex_literal(name: &str) -> String {
+    let mut out = String::with_capacity(name.len());
+    for c in name.chars() {
+        if "\\.+*?()|[]{}^$".contains(c) {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// The inside of a PromQL double-quoted string holding `s`.
+fn promql_string(s: &str) -> String {
+    s.replace('\\', "\\\\").replace('"', "\\\"")
+}
+
+#[derive(Deserialize)]
+struct Answer {
+    status: String,
+    #[serde(default)]
+    data: Option<Data>,
+    #[serde(default, rename = "errorType")]
+    error_type: Option<String>,
+    #[serde(default)]
+    error: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct Data {
+    #[serde(rename = "resultType")]
+    result_type: String,
+    result: serde_json::Value,
+}
+
+#[derive(Deserialize)]
+struct Series {
+    metric: BTreeMap<String, String>,
+    value: (serde_json::Number, String),
+}
+
+/// The answer body -> each server's instances (a server no instance
+/// reports is absent).
+pub fn read_answer(body: &[u8]) -> Result<HashMap<ServerKey, Vec<Instance>>, String> {
+    let answer: Answer =
+        serde_json::from_slice(body).map_err(|e| format!("not a Prometheus query answer: {e}"))?;
+    if answer.status != "success" {
+        return Err(format!(
+            "Prometheus answered {}: {}: {}",
+            answer.status,
+            answer.error_type.as_deref().unwrap_or("?"),
+            answer.error.as_deref().unwrap_or("?")
+        ));
+    }
+    let data = answer
+        .data
+        .ok_or("a success answer without data".to_owned())?;
+    if data.result_type != "vector" {
+        return Err(format!("a {} result, not a vector", data.result_type));
+    }
+    let series: Vec<Series> = serde_json::from_value(data.result)
+        .map_err(|e| format!("a vector result that is not a list of series: {e}"))?;
+    let mut servers: HashMap<ServerKey, BTreeMap<String, Instance>> = HashMap::new();
+    for s in series {
+        let label = |name: &str| s.metric.get(name).map(String::as_str);
+        let (Some(metric), Some(proxy), Some(server)) =
+            (label("__name__"), label("proxy"), label("server"))
+        else {
+            return Err(format!(
+                "a series without __name__, proxy or server: {:?}",
+                s.metric
+            ));
+        };
+        let value: f64 = s
+            .value
+            .1
+            .parse()
+            .ok()
+            .filter(|v: &f64| v.is_finite() && *v >= 0.0)
+            .ok_or_else(|| {
+                format!(
+                    "{metric} of {proxy}/{server} is {:?}, not a count",
+                    s.value.1
+                )
+            })?;
+        let key = instance_key(&s.metric);
+        let instance = servers
+            .entry((proxy.to_owned(), server.to_owned()))
+            .or_default()
+            .entry(key.clone())
+            .or_insert_with(|| Instance {
+                name: label("instance").map_or(key, str::to_owned),
+                ..Instance::default()
+            });
+        match metric {
+            SESSIONS => instance.sessions = Some(value),
+            QUEUE => instance.queued = Some(value),
+            STATUS if value == 1.0 => instance.status = label("state").map(str::to_owned),
+            STATUS => {}
+            other => return Err(format!("a series of {other}, which was not asked for")),
+        }
+    }
+    Ok(servers
+        .into_iter()
+        .map(|(k, instances)| (k, instances.into_values().collect()))
+        .collect())
+}
+
+/// The labels that tell haproxy instances apart, as `k=v,…`.
+fn instance_key(labels: &BTreeMap<String, String>) -> String {
+    labels
+        .iter()
+        .filter(|(k, _)| !NOT_INSTANCE.contains(&k.as_str()))
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(b: &str, s: &str) -> ServerKey {
+        (b.into(), s.into())
+    }
+
+    #[test]
+    fn the_query_asks_for_exactly_the_servers_names_escaped() {
+        let t = query_target(
+            "/prom",
+            &[key("app", "s.1"), key("app", "s2"), key("w\"b", "s2")],
+        );
+        let q = t.strip_prefix("/prom/api/v1/query?query=").unwrap();
+        let q =
+            String::from_utf8(crate::http::percent_decode(&q.replace('+', " ")).unwrap()).unwrap();
+        assert_eq!(
+            q,
+            r#"{__name__=~"haproxy_server_current_sessions|haproxy_server_current_queue|haproxy_server_status",proxy=~"app|w\"b",server=~"s2|s\\.1"}"#
+        );
+    }
+
+    const ANSWER: &str = r#"{"status":"success","data":{"resultType":"vector","result":[
+        {"metric":{"__name__":"haproxy_server_current_sessions","instance":"lb1:8405","job":"haproxy","proxy":"app","server":"s1"},"value":[1700000000.5,"2"]},
+        {"metric":{"__name__":"haproxy_server_current_queue","instance":"lb1:8405","job":"haproxy","proxy":"app","server":"s1"},"value":[1700000000.5,"0"]},
+        {"metric":{"__name__":"haproxy_server_status","instance":"lb1:8405","job":"haproxy","proxy":"app","server":"s1","state":"UP"},"value":[1700000000.5,"0"]},
+        {"metric":{"__name__":"haproxy_server_status","instance":"lb1:8405","job":"haproxy","proxy":"app","server":"s1","state":"DRAIN"},"value":[1700000000.5,"1"]},
+        {"metric":{"__name__":"haproxy_server_current_sessions","instance":"lb2:8405","job":"haproxy","proxy":"app","server":"s1"},"value":[1700000000.5,"0"]},
+        {"metric":{"__name__":"haproxy_server_current_sessions","job":"x","proxy":"app","server":"s2"},"value":[1700000000,"1e0"]}
+    ]}}"#;
+
+    #[test]
+    fn series_are_grouped_by_server_and_instance() {
+        let got = read_answer(ANSWER.as_bytes()).unwrap();
+        assert_eq!(got.len(), 2);
+        let s1 = &got[&key("app", "s1")];
+        assert_eq!(
+            s1,
+            &vec![
+                Instance {
+                    name: "lb1:8405".into(),
+                    sessions: Some(2.0),
+                    queued: Some(0.0),
+                    status: Some("DRAIN".into()),
+                },
+                Instance {
+                    name: "lb2:8405".into(),
+                    sessions: Some(0.0),
+                    queued: None,
+                    status: None,
+                },
+            ]
+        );
+        let s2 = &got[&key("app", "s2")];
+        assert_eq!(s2[0].name, "job=x");
+        assert_eq!(s2[0].sessions, Some(1.0));
+    }
+
+    #[test]
+    fn no_series_is_an_empty_answer_not_an_error() {
+        let empty = r#"{"status":"success","data":{"resultType":"vector","result":[]}}"#;
+        assert!(read_answer(empty.as_bytes()).unwrap().is_empty());
+    }
+
+    #[test]
+    fn errors_and_garbage_are_named() {
+        let cases = [
+            (
+                r#"{"status":"error","errorType":"bad_data","error":"parse error"}"#,
+                "Prometheus answered error: bad_data: parse error",
+            ),
+            (
+                r#"{"status":"success","data":{"resultType":"scalar","result":[1,"1"]}}"#,
+                "a scalar result, not a vector",
+            ),
+            (r#"{"status":"success"}"#, "a success answer without data"),
+            (
+                r#"{"status":"success","data":{"resultType":"vector","result":[{"metric":{"__name__":"haproxy_server_current_sessions","proxy":"a","server":"b"},"value":[1,"NaN"]}]}}"#,
+                "haproxy_server_current_sessions of a/b is \"NaN\", not a count",
+            ),
+            (
+                r#"{"status":"success","data":{"resultType":"vector","result":[{"metric":{"__name__":"haproxy_server_current_sessions","proxy":"a","server":"b"},"value":[1,"-1"]}]}}"#,
+                "haproxy_server_current_sessions of a/b is \"-1\", not a count",
+            ),
+            (
+                r#"{"status":"success","data":{"resultType":"vector","result":[{"metric":{"__name__":"up","proxy":"a","server":"b"},"value":[1,"1"]}]}}"#,
+                "a series of up, which was not asked for",
+            ),
+        ];
+        for (body, want) in cases {
+            assert_eq!(read_answer(body.as_bytes()).unwrap_err(), want, "{body}");
+        }
+        for garbage in [
+            &b""[..],
+            b"<html>",
+            b"{\"status\":1}",
+            b"{\"status\":\"success\",\"data\":{\"resultType\":\"vector\",\"result\":{}}}",
+        ] {
+            assert!(read_answer(garbage).is_err(), "{garbage:?}");
+        }
+        let no_labels = r#"{"status":"success","data":{"resultType":"vector","result":[{"metric":{"__name__":"haproxy_server_current_sessions"},"value":[1,"0"]}]}}"#;
+        assert!(read_answer(no_labels.as_bytes())
+            .unwrap_err()
+            .starts_with("a series without __name__, proxy or server"));
+    }
+}
