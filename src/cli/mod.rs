@@ -5,7 +5,9 @@
 //! - `check-value VALUE|-`: the reply a KV value produces, before writing it;
 //! - `status`: every diverted key, when this haproxy last asked for it, and
 //!   the unasked ones with the identity probably meant;
-//! - `lint-haproxy FILE…`: the agent-check settings of haproxy's config.
+//! - `lint-haproxy FILE…`: the agent-check settings of haproxy's config;
+//! - `set`, `unset`, `ramp`: write the desired state, checked, atomic,
+//!   guarded against another writer ([`write`]).
 //!
 //! In: the words after the command, the environment (for the same
 //! `GITLAB_HAPROXY_AGENT_*` addresses the daemon reads), stdout and stderr.
@@ -17,6 +19,7 @@ mod args;
 mod ask;
 mod lint;
 mod status;
+mod write;
 
 use std::ffi::OsString;
 use std::io::Write;
@@ -48,12 +51,22 @@ Operator commands (the first word; exit 0 ok, 1 a finding, 2 usage):
         every diverted key: value, reply, when this haproxy last asked; unasked ones marked
   lint-haproxy FILE... [-listen-addr ADDR]
         check the agent-check settings of haproxy configuration files
+  set IDENTITY=VALUE... | -f FILE   [-dry-run] [-json]
+        write servers' states, checked, in one guarded consul transaction; prints the undo
+  unset IDENTITY... [-dry-run] [-json]
+        delete servers' keys (back to ready 100%), guarded as set
+  ramp IDENTITY... -to PCT -over DURATION [-from PCT] [-steps N|P1,P2,...] [-then drain|maint|unset]
+        write intermediate weights on a schedule, stopping if anyone else writes
+The writers take the daemon's consul flags and variables (-consul-addr, token, TLS, -kv-prefix).
 Each takes -h for its own help.
 ";
 
 /// Whether `word` names an operator command.
 pub fn is_command(word: &str) -> bool {
-    matches!(word, "ask" | "check-value" | "status" | "lint-haproxy")
+    matches!(
+        word,
+        "ask" | "check-value" | "status" | "lint-haproxy" | "set" | "unset" | "ramp"
+    )
 }
 
 /// Runs the command `word` with the words after it.
@@ -63,6 +76,9 @@ pub fn run(word: &str, args: &[OsString], io: &mut Io<'_>) -> u8 {
         "check-value" => check_value(args, io),
         "status" => status::run(args, io),
         "lint-haproxy" => lint::run(args, io),
+        "set" => write::set(args, io),
+        "unset" => write::unset(args, io),
+        "ramp" => write::ramp(args, io),
         _ => usage_error(io, word, "not an operator command"),
     }
 }
