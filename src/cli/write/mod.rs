@@ -17,98 +17,14 @@ mod set;
 use std::collections::HashMap;
 use std::ffi::OsString;
 
-use crate::config::{daemon_flag, Command};
+use crate::config::Command;
 use crate::consul::exchange::Exchange;
 use crate::consul::kv::decode_list;
-use crate::gocompat::{go_flag, GoArg};
 use crate::http::{percent_encode, EncodeSet};
 use plan::{Held, TxnAnswer};
 
 pub use ramp::run as ramp;
 pub use set::{run_set as set, run_unset as unset};
-
-/// A command's words, split.
-#[derive(Debug, Default)]
-struct Words {
-    positional: Vec<String>,
-    /// The command's own flags: `(name, value)`; `"true"` for a bool.
-    own: Vec<(&'static str, String)>,
-    /// The daemon's flags, as given, for its parser (and the undo line).
-    daemon: Vec<String>,
-    help: bool,
-}
-
-impl Words {
-    /// Splits `args` into the command's flags (`values` take a value,
-    /// `bools` do not), the daemon's, and the positional words.
-    fn split(
-        args: &[OsString],
-        values: &[&'static str],
-        bools: &[&'static str],
-    ) -> Result<Words, String> {
-        let mut w = Words::default();
-        let mut words = args.iter().map(|a| {
-            a.to_str()
-                .map(str::to_owned)
-                .ok_or_else(|| format!("argument {a:?} is not UTF-8"))
-        });
-        let mut flags_over = false;
-        while let Some(word) = words.next() {
-            let word = word?;
-            if word == "--" && !flags_over {
-                flags_over = true;
-                continue;
-            }
-            let (name, inline) = match go_flag(&word) {
-                GoArg::Flag(name, inline) if !flags_over => (name, inline),
-                GoArg::BadSyntax if !flags_over => {
-                    return Err(format!("bad flag syntax: {word:?}"))
-                }
-                _ => {
-                    w.positional.push(word);
-                    continue;
-                }
-            };
-            let mut value = |inline: Option<&str>| match inline {
-                Some(v) => Ok(v.to_owned()),
-                None => words
-                    .next()
-                    .transpose()?
-                    .ok_or_else(|| format!("flag needs an argument: -{name}")),
-            };
-            if matches!(name, "h" | "help") {
-                w.help = true;
-            } else if let Some(&n) = values.iter().find(|&&n| n == name) {
-                w.own.push((n, value(inline)?));
-            } else if let Some(&n) = bools.iter().find(|&&n| n == name) {
-                let v = inline.unwrap_or("true");
-                crate::gocompat::parse_go_bool(v)
-                    .ok_or_else(|| format!("invalid value {v:?} for flag -{n}"))?;
-                w.own.push((n, v.to_owned()));
-            } else if let Some(takes_value) = daemon_flag(name) {
-                let given = match (takes_value, inline) {
-                    (true, None) => vec![word.clone(), value(None)?],
-                    _ => vec![word.clone()],
-                };
-                w.daemon.extend(given);
-            } else {
-                return Err(format!("flag provided but not defined: -{name}"));
-            }
-        }
-        Ok(w)
-    }
-
-    fn value(&self, name: &str) -> Option<&str> {
-        let found = self.own.iter().rev().find(|(n, _)| *n == name);
-        found.map(|(_, v)| v.as_str())
-    }
-
-    fn flag(&self, name: &str) -> bool {
-        self.value(name)
-            .and_then(crate::gocompat::parse_go_bool)
-            .unwrap_or(false)
-    }
-}
 
 /// Consul, as the daemon would reach it, and the KV prefix.
 struct Kv {
@@ -247,45 +163,5 @@ fn conflict_line(kv: &mut Kv, identity: &str) -> String {
             held.index()
         ),
         Err(e) => format!("{identity} was changed by someone else since it was read ({e})"),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn split(words: &[&str]) -> Result<Words, String> {
-        let args: Vec<OsString> = words.iter().map(OsString::from).collect();
-        Words::split(&args, &["f"], &["dry-run", "json"])
-    }
-
-    #[test]
-    fn the_daemons_consul_flags_pass_through_with_their_values() {
-        let w = split(&[
-            "-consul-addr",
-            "http://c:8500",
-            "be/a=drain",
-            "-dry-run",
-            "--kv-prefix=x",
-            "-json=false",
-            "-dev",
-            "be/b=maint",
-        ])
-        .unwrap();
-        assert_eq!(w.positional, ["be/a=drain", "be/b=maint"]);
-        assert_eq!(
-            w.daemon,
-            ["-consul-addr", "http://c:8500", "--kv-prefix=x", "-dev"]
-        );
-        assert!(w.flag("dry-run") && !w.flag("json"));
-        assert_eq!(
-            split(&["-nope"]).unwrap_err(),
-            "flag provided but not defined: -nope"
-        );
-        assert_eq!(
-            split(&["-consul-addr"]).unwrap_err(),
-            "flag needs an argument: -consul-addr"
-        );
-        assert_eq!(split(&["--", "-x=drain"]).unwrap().positional, ["-x=drain"]);
     }
 }

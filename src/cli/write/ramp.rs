@@ -15,8 +15,10 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use super::plan::{self, shell_word, Held, Target, TxnAnswer};
 use super::schedule::{check_rate, offset, parse_pct, secs, Steps};
-use super::{conflict_line, Kv, Words};
+use super::{conflict_line, Kv};
+use crate::cli::Args;
 use crate::cli::{usage_error, Io, FINDING, OK};
+use crate::config::daemon_flag;
 use crate::contract::Desired;
 
 const HELP: &str = "\
@@ -43,7 +45,12 @@ struct Write1 {
 }
 
 pub fn run(args: &[OsString], io: &mut Io<'_>) -> u8 {
-    let w = match Words::split(args, &["to", "over", "from", "steps", "then"], &["dry-run"]) {
+    let w = match Args::parse_with(
+        args,
+        &["to", "over", "from", "steps", "then"],
+        &["dry-run"],
+        daemon_flag,
+    ) {
         Ok(w) if w.help => {
             let _ = io.out.write_all(HELP.as_bytes());
             return OK;
@@ -107,7 +114,7 @@ struct Ramp {
 }
 
 impl Ramp {
-    fn of(w: &Words) -> Result<Ramp, String> {
+    fn of(w: &Args) -> Result<Ramp, String> {
         if w.positional.is_empty() {
             return Err("give at least one IDENTITY".into());
         }
@@ -216,7 +223,7 @@ fn clock(at: SystemTime) -> String {
 fn execute(
     io: &mut Io<'_>,
     kv: &mut Kv,
-    w: &Words,
+    w: &Args,
     ramp: &Ramp,
     held: &[Held],
     writes: &[Write1],
@@ -346,7 +353,7 @@ fn current(ids: &[String], writes: &[Write1], k: usize) -> String {
 /// Stops before write `k`: prints the command that does the rest.
 fn resume(
     io: &mut Io<'_>,
-    w: &Words,
+    w: &Args,
     ramp: &Ramp,
     writes: &[Write1],
     k: usize,

@@ -8,8 +8,10 @@ use std::io::Read;
 use serde_json::json;
 
 use super::plan::{self, Change, Target, TxnAnswer, BATCH};
-use super::{conflict_line, Kv, Words};
+use super::{conflict_line, Kv};
+use crate::cli::Args;
 use crate::cli::{usage_error, Io, FINDING, OK, USAGE};
+use crate::config::daemon_flag;
 
 const SET_HELP: &str = "\
 usage: gitlab-haproxy-agent set [-f FILE|-] [-dry-run] [-json] [consul flags] IDENTITY=VALUE...
@@ -52,7 +54,7 @@ fn run(args: &[OsString], io: &mut Io<'_>, command: &str) -> u8 {
         "set" => (SET_HELP, &["f"]),
         _ => (UNSET_HELP, &[]),
     };
-    let w = match Words::split(args, values, &["dry-run", "json"]) {
+    let w = match Args::parse_with(args, values, &["dry-run", "json"], daemon_flag) {
         Ok(w) if w.help => {
             let _ = io.out.write_all(help.as_bytes());
             return OK;
@@ -106,7 +108,7 @@ fn run(args: &[OsString], io: &mut Io<'_>, command: &str) -> u8 {
 }
 
 /// `set`'s words, or the lines of `-f`.
-fn set_words(w: &Words, io: &mut Io<'_>) -> Result<Vec<(String, Target)>, String> {
+fn set_words(w: &Args, io: &mut Io<'_>) -> Result<Vec<(String, Target)>, String> {
     let Some(file) = w.value("f") else {
         let words = w.positional.iter().enumerate();
         let items = words.map(|(i, t)| (format!("argument {}", i + 1), t.as_str()));
@@ -174,7 +176,7 @@ fn write(kv: &mut Kv, changes: &[Change]) -> Outcome {
     outcome
 }
 
-fn report(io: &mut Io<'_>, w: &Words, changes: &[Change], outcome: &Outcome) -> u8 {
+fn report(io: &mut Io<'_>, w: &Args, changes: &[Change], outcome: &Outcome) -> u8 {
     let dry_run = w.flag("dry-run");
     let written: Vec<&Change> = outcome.written.iter().map(|&i| &changes[i]).collect();
     let not_written: Vec<&Change> = changes
