@@ -19,7 +19,7 @@ mod args;
 mod ask;
 mod lint;
 mod status;
-mod write;
+pub mod write;
 
 use std::ffi::OsString;
 use std::io::Write;
