@@ -235,6 +235,7 @@ fn execute(
     let start = Instant::now();
     let wall = SystemTime::now();
     let end = wall + writes.last().map_or(Duration::ZERO, |x| x.at);
+    let mut shown = String::new();
     for (k, write) in writes.iter().enumerate() {
         // Wait for the step's time, watching for a signal.
         loop {
@@ -246,16 +247,18 @@ fn execute(
             if now >= due {
                 break;
             }
-            if live {
-                let _ = write!(
-                    io.out,
-                    "\r\x1b[Kstep {k} of {}, {}, next write in {}s, ends {}",
-                    writes.len(),
-                    current(ids, writes, k),
-                    (due - now).as_secs() + 1,
-                    clock(end)
-                );
+            let line = format!(
+                "step {k} of {}, {}, next write in {}s, ends {}",
+                writes.len(),
+                current(ids, writes, k),
+                (due - now).as_secs() + 1,
+                clock(end)
+            );
+            // Redrawn when it reads differently, not every wake-up.
+            if live && line != shown {
+                let _ = write!(io.out, "\r\x1b[K{line}");
                 let _ = io.out.flush();
+                shown = line;
             }
             std::thread::sleep((due - now).min(Duration::from_millis(100)));
         }
