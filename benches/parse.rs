@@ -122,7 +122,7 @@ fn answer_rows(t: &mut Table, n: usize, snap: Snapshot, ids: &[Vec<u8>]) {
     let mut state = Swapper::new("p", Clock::new(start, std::time::SystemTime::now()), 65_536);
     state.swap(snap, start);
     while state.busy() {
-        state.step(usize::MAX);
+        state.step(&mut gitlab_haproxy_agent::slice::Slice::unlimited());
     }
     let mut k = 0;
     let ns = ns_per_call(|| {

@@ -17,6 +17,7 @@
 //! - [`lint`]: `lint-haproxy`, haproxy's configuration read as haproxy
 //!   reads it, checked against what the agent needs;
 //! - [`config`], [`logging`], [`event_loop`]: start-up and the one mio loop;
+//!   [`slice`]: the loop's time budget for background work;
 //! - [`gocompat`]: the Go standard-library behaviour the flags and the dev
 //!   KV must match; [`decimal`]: the one decimal parser; [`build_info`]:
 //!   version and commit.
@@ -38,6 +39,7 @@ pub mod lint;
 pub mod logging;
 pub mod monitoring;
 pub mod persist;
+pub mod slice;
 pub mod state;
 #[cfg(test)]
 mod testpki;

@@ -7,8 +7,12 @@
 //! through [`escape`] before they reach a log field, so no line break or
 //! control byte is ever written raw.
 //!
-//! JSON: each line is built whole, then written with one `write_all` to a
-//! locked stderr. Integer and float fields are JSON numbers, booleans JSON
+//! Lines never block the loop: each is built whole and queued (bounded in
+//! bytes); a writer thread writes them to stderr; past the bound they are
+//! dropped, counted (`log_lines_dropped_total`) and reported in one line
+//! ([`queue`]).
+//!
+//! JSON: each line is built whole, then queued as one write. Integer and float fields are JSON numbers, booleans JSON
 //! booleans, everything else a JSON string (serde_json escapes it). A field
 //! named `time`, `level` or `msg` is written as `fields.<name>` (logrus's
 //! rule) so it cannot shadow the line's own keys.
@@ -18,30 +22,52 @@
 //! character, and then escaped as Rust strings are), since simplelog itself
 //! drops them; a control character in the message is escaped too.
 
+mod queue;
+
 use std::fmt::Write as _;
-use std::io::Write as _;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use log::kv::{Key, Value, VisitSource};
 use log::{Log, Metadata, Record};
 
 use crate::config::LogFormat;
+use queue::{LineSink, Queue};
 
-/// Installs the global logger. A second call leaves the first logger in place.
+/// Every line goes through this queue to the writer thread: the loop
+/// never waits on stderr.
+static QUEUE: Queue = Queue::new();
+/// At exit, wait at most this long for queued lines to be written.
+const FLUSH_WITHIN: Duration = Duration::from_secs(2);
+
+/// Installs the global logger and starts its writer thread. A second call
+/// leaves the first logger in place.
 pub fn init(format: LogFormat, level: log::LevelFilter) {
     let logger: Box<dyn Log> = match format {
         LogFormat::Json => Box::new(JsonLogger { level }),
         LogFormat::Text => Box::new(TextLogger {
-            inner: simplelog::WriteLogger::new(
-                level,
-                text_config(),
-                std::io::LineWriter::new(std::io::stderr()),
-            ),
+            inner: simplelog::WriteLogger::new(level, text_config(), LineSink::new(&QUEUE)),
         }),
     };
-    if log::set_boxed_logger(logger).is_ok() {
-        log::set_max_level(level);
+    if log::set_boxed_logger(logger).is_err() {
+        return;
     }
+    log::set_max_level(level);
+    let writer = std::thread::Builder::new()
+        .name("log-writer".into())
+        .spawn(|| {
+            let report = |n: u64| {
+                log::warn!(dropped = n, dropped_total = QUEUE.dropped(); "log lines dropped: the log reader (stderr) was too slow; answers went on");
+            };
+            QUEUE.run_writer(&mut std::io::stderr(), &report)
+        });
+    if let Err(e) = writer {
+        eprintln!("gitlab-haproxy-agent: cannot start the log writer thread: {e}");
+    }
+}
+
+/// Log lines dropped so far because the queue was full.
+pub fn dropped() -> u64 {
+    QUEUE.dropped()
 }
 
 /// Escapes bytes for a log field: printable ASCII as is (`\` doubled),
@@ -98,12 +124,11 @@ impl Log for JsonLogger {
         }
         let mut line = format_json_line(record, SystemTime::now());
         line.push('\n');
-        // One write per line; a failing stderr has nowhere to be reported.
-        let _ = std::io::stderr().lock().write_all(line.as_bytes());
+        QUEUE.push(line.into_bytes());
     }
 
     fn flush(&self) {
-        let _ = std::io::stderr().flush();
+        QUEUE.flush(FLUSH_WITHIN);
     }
 }
 
@@ -228,7 +253,7 @@ fn text_config() -> simplelog::Config {
 
 /// simplelog drops key-values: append them to the message first.
 struct TextLogger {
-    inner: Box<simplelog::WriteLogger<std::io::LineWriter<std::io::Stderr>>>,
+    inner: Box<simplelog::WriteLogger<LineSink<'static>>>,
 }
 
 impl Log for TextLogger {
@@ -262,6 +287,7 @@ impl Log for TextLogger {
 
     fn flush(&self) {
         self.inner.flush();
+        QUEUE.flush(FLUSH_WITHIN);
     }
 }
 

@@ -46,13 +46,16 @@ fn main() -> ExitCode {
         Command::Run(c) => *c,
     };
     logging::init(config.log_format, config.log_level);
-    match run(config) {
+    let code = match run(config) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             error!(error = e.as_str(); "fatal");
             ExitCode::from(1)
         }
-    }
+    };
+    // Lines still queued for the writer thread (bounded wait).
+    log::logger().flush();
+    code
 }
 
 fn run(mut config: Config) -> Result<(), String> {

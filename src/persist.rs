@@ -144,8 +144,22 @@ fn write_atomically(path: &Path, bytes: &[u8]) -> io::Result<()> {
 #[derive(Default)]
 struct Queue {
     pending: Option<Arc<Snapshot>>,
+    /// States replaced before they were written: freed by the writer, off
+    /// the loop (the last reference to a retired 100,000-key state would
+    /// otherwise be dropped in one loop turn).
+    replaced: Vec<Arc<Snapshot>>,
     writing: bool,
     stop: bool,
+}
+
+impl Queue {
+    /// The state to write next; one still waiting is kept for the writer
+    /// to free.
+    fn put(&mut self, snapshot: Arc<Snapshot>) {
+        if let Some(replaced) = self.pending.replace(snapshot) {
+            self.replaced.push(replaced);
+        }
+    }
 }
 
 struct Shared {
@@ -210,7 +224,7 @@ impl StateFile {
     /// Queues `snapshot` to be written, replacing any state still waiting.
     pub fn save(&mut self, snapshot: Arc<Snapshot>) {
         self.queued = Some(Instant::now());
-        self.shared.queue().pending = Some(snapshot);
+        self.shared.queue().put(snapshot);
         self.shared.wake.notify_one();
     }
 
@@ -276,6 +290,13 @@ impl Writer {
             let snapshot = {
                 let mut q = self.shared.queue();
                 loop {
+                    let replaced = std::mem::take(&mut q.replaced);
+                    if !replaced.is_empty() {
+                        drop(q);
+                        drop(replaced); // freed here, off the loop
+                        q = self.shared.queue();
+                        continue;
+                    }
                     if let Some(s) = q.pending.take() {
                         q.writing = true;
                         break s;
@@ -368,6 +389,28 @@ mod tests {
             "no temporary file left"
         );
         fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_state_replaced_before_it_is_written_is_kept_for_the_writer_to_free() {
+        let mut q = Queue::default();
+        let first = snapshot(1, "drain");
+        let weak = Arc::downgrade(&first);
+        q.put(first);
+        q.put(snapshot(2, "maint"));
+        // The loop's side never drops the last reference to a retired state.
+        assert_eq!(q.pending.as_ref().map(|s| s.index()), Some(2));
+        assert_eq!(q.replaced.len(), 1);
+        assert!(weak.upgrade().is_some(), "still held, for the writer");
+        // With a writer: freed, and the newest written.
+        let dir = temp_dir("replaced");
+        let mut f = StateFile::start(dir.join("state.json"), PREFIX.into()).unwrap();
+        let third = snapshot(3, "drain");
+        let weak = Arc::downgrade(&third);
+        f.save(third);
+        f.save(snapshot(4, "drain"));
+        assert!(f.finish(Duration::from_secs(10)));
+        assert!(weak.upgrade().is_none(), "freed by the writer");
     }
 
     #[test]

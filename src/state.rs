@@ -12,6 +12,7 @@ use std::hash::{BuildHasherDefault, Hasher};
 
 use crate::consul::kv::KvPair;
 use crate::contract::{parse_identity, parse_value, Admin, Desired, InvalidValue};
+use crate::slice::Slice;
 
 mod asked;
 pub mod file;
@@ -206,24 +207,42 @@ impl Snapshot {
     /// Every entry whose reply is not `ready 100%`, with its asks, in no
     /// particular order.
     pub fn diverted(&self) -> impl Iterator<Item = Diverted<'_>> {
-        let ready = Desired::READY.reply();
         self.entries
             .iter()
-            .filter(move |(_, slot)| slot.reply != ready)
-            .map(|(k, slot)| Diverted {
-                identity: identity_str(k),
-                entry: slot.entry,
-                last_asked: slot.asks.last(),
-                since: slot.asks.since(self.born),
-            })
+            .filter_map(|(k, slot)| self.if_diverted(k, slot))
     }
 
-    /// Every entry asked for since `after`, with its last ask.
-    pub fn asked_since(&self, after: Tick) -> impl Iterator<Item = (&str, Tick)> {
+    /// [`Snapshot::diverted`] resumable: from the `pos`-th entry on (in
+    /// the map's order, which holds while the snapshot is not changed),
+    /// counting every entry passed in `pos`.
+    pub fn diverted_from<'a>(&'a self, pos: &'a mut usize) -> impl Iterator<Item = Diverted<'a>> {
+        let start = *pos;
         self.entries
             .iter()
+            .skip(start)
+            .inspect(move |_| *pos += 1)
+            .filter_map(|(k, slot)| self.if_diverted(k, slot))
+    }
+
+    fn if_diverted<'a>(&'a self, identity: &'a [u8], slot: &Slot) -> Option<Diverted<'a>> {
+        (slot.reply != Desired::READY.reply()).then(|| Diverted {
+            identity: identity_str(identity),
+            entry: slot.entry,
+            last_asked: slot.asks.last(),
+            since: slot.asks.since(self.born),
+        })
+    }
+
+    /// Every entry's identity and last ask, from the `pos`-th entry on,
+    /// counting every entry passed in `pos` (see
+    /// [`Snapshot::diverted_from`]).
+    pub fn asks_from<'a>(&'a self, pos: &'a mut usize) -> impl Iterator<Item = (&'a str, Tick)> {
+        let start = *pos;
+        self.entries
+            .iter()
+            .skip(start)
+            .inspect(move |_| *pos += 1)
             .map(|(k, slot)| (identity_str(k), slot.asks.last()))
-            .filter(move |(_, last)| *last >= after && !last.is_never())
     }
 
     /// The entry for an identity, if the KV holds a valid value for it.
@@ -280,7 +299,7 @@ impl Snapshot {
     pub fn changes_from<'a>(&'a self, old: &'a Snapshot) -> Vec<Change<'a>> {
         let mut changes = Vec::new();
         let mut scan = ChangeScan::default();
-        while !scan.step(self, old, usize::MAX, &mut changes, None) {}
+        while !scan.step(self, old, &mut Slice::unlimited(), &mut changes, None) {}
         changes.sort_unstable_by(|a, b| a.identity.cmp(b.identity));
         changes
     }
@@ -322,20 +341,19 @@ pub struct ChangeScan {
 }
 
 impl ChangeScan {
-    /// Looks at up to `max` more entries; `true` once both are scanned.
+    /// Looks at more entries until the slice is spent; `true` once both
+    /// are scanned.
     pub fn step<'a>(
         &mut self,
         new: &'a Snapshot,
         old: &'a Snapshot,
-        max: usize,
+        slice: &mut Slice,
         out: &mut Vec<Change<'a>>,
         mut carry: Option<&mut Strangers>,
     ) -> bool {
-        let mut budget = max;
         if !self.in_old {
-            for (k, slot) in new.entries.iter().skip(self.pos).take(budget) {
+            for (k, slot) in new.entries.iter().skip(self.pos) {
                 self.pos += 1;
-                budget -= 1;
                 let old_slot = old.entries.get(k);
                 let before = old_slot.map(|o| o.entry);
                 if let Some(strangers) = carry.as_deref_mut() {
@@ -347,12 +365,16 @@ impl ChangeScan {
                         None => slot.asks.carry(strangers.take(k), None),
                     }
                 }
-                if before != Some(slot.entry) {
+                let changed = before != Some(slot.entry);
+                if changed {
                     out.push(Change {
                         identity: identity_str(k),
                         old: before,
                         new: Some(slot.entry),
                     });
+                }
+                if slice.spent(scan_cost(k, changed)) {
+                    break;
                 }
             }
             if self.pos < new.entries.len() {
@@ -360,10 +382,14 @@ impl ChangeScan {
             }
             self.in_old = true;
             self.pos = 0;
+            if slice.is_over() {
+                return false;
+            }
         }
-        for (k, slot) in old.entries.iter().skip(self.pos).take(budget) {
+        for (k, slot) in old.entries.iter().skip(self.pos) {
             self.pos += 1;
-            if !new.entries.contains_key(&k[..]) {
+            let removed = !new.entries.contains_key(&k[..]);
+            if removed {
                 if let Some(strangers) = carry.as_deref_mut() {
                     strangers.carry(k, slot.asks.last());
                 }
@@ -373,18 +399,32 @@ impl ChangeScan {
                     new: None,
                 });
             }
+            if slice.spent(scan_cost(k, removed)) {
+                break;
+            }
         }
         self.pos >= old.entries.len()
     }
+}
+
+/// The rough cost of scanning one entry, for the [`Slice`]: a change is
+/// also a log line.
+fn scan_cost(identity: &[u8], changed: bool) -> usize {
+    identity.len() + if changed { 512 } else { 0 }
 }
 
 /// A snapshot being freed a slice at a time.
 pub struct Graveyard(std::collections::hash_map::IntoIter<Box<[u8]>, Slot>);
 
 impl Graveyard {
-    /// Frees up to `max` entries; `true` once all are gone.
-    pub fn free(&mut self, max: usize) -> bool {
-        self.0.by_ref().take(max).for_each(drop);
+    /// Frees entries until the slice is spent; `true` once all are gone.
+    pub fn free(&mut self, slice: &mut Slice) -> bool {
+        // Each entry (key, slot) is dropped at the end of its iteration.
+        for (k, _) in self.0.by_ref() {
+            if slice.spent(k.len()) {
+                break;
+            }
+        }
         self.0.len() == 0
     }
 }
@@ -575,7 +615,7 @@ mod tests {
         let mut sliced = Vec::new();
         let mut scan = ChangeScan::default();
         let mut steps = 0;
-        while !scan.step(&new, &old, 7, &mut sliced, None) {
+        while !scan.step(&new, &old, &mut Slice::items(7), &mut sliced, None) {
             steps += 1;
         }
         assert_eq!(steps, 100 / 7, "50 + 50 entries, 7 a step");
@@ -594,9 +634,9 @@ mod tests {
                 .collect(),
         );
         let mut g = s.into_graveyard();
-        assert!(!g.free(4));
-        assert!(!g.free(4));
-        assert!(g.free(4));
+        assert!(!g.free(&mut Slice::items(4)));
+        assert!(!g.free(&mut Slice::items(4)));
+        assert!(g.free(&mut Slice::items(4)));
     }
 
     const PREFIX: &str = "gitlab-haproxy-agent/state";

@@ -4,6 +4,9 @@
 //! during an outage, `/debug/state` shows the new state and never the
 //! token, logs stay one JSON object per line.
 //!
+//! The rules and dashboard of monitoring/ pass promtool and name real
+//! metrics (tests/prometheus.rs runs them on a real Prometheus).
+//!
 //! Every test starts its own agent and dev KV on ports the OS picks, so they
 //! run in parallel.
 
@@ -20,11 +23,7 @@ use support::{free_port, http, http_full, metric_value, unique_prefix, wait_for,
 const P: &str = "gitlab_haproxy_agent_";
 
 fn promtool() -> std::path::PathBuf {
-    std::env::var_os("PATH")
-        .and_then(|paths| std::env::split_paths(&paths).map(|d| d.join("promtool")).find(|p| p.is_file()))
-        .unwrap_or_else(|| {
-            panic!("promtool not found on PATH: it checks the metrics exposition. Install it alone with `sudo scripts/install-promtool.sh` (Debian/Ubuntu; the prometheus package would also start a server), or put the promtool binary on PATH")
-        })
+    support::prometheus::tool("promtool")
 }
 
 /// `promtool check metrics` on `text`: (success, everything it printed).
@@ -518,40 +517,156 @@ fn routes_liveness_unknown_paths_methods_and_pprof() {
     assert_eq!(outcome(&scrape(&agent), "not_synced"), 0.0);
 }
 
-/// The README's example alert rules are valid rules, and every metric they
-/// name is one the agent exposes.
+/// The rules of monitoring/ pass `promtool check rules` and their unit
+/// tests; every alert has a runbook naming the agent's own commands and a
+/// firing and a quiet case in the unit tests; every metric the rules and the
+/// dashboard name is one the agent exposes, every recorded one is recorded.
 #[test]
-fn the_readmes_alert_rules_pass_promtool_and_name_real_metrics() {
+fn monitoring_rules_pass_promtool_and_name_real_metrics() {
+    let dir = support::prometheus::monitoring_dir();
+    let run = |args: &[&str]| {
+        let out = Command::new(promtool())
+            .args(args)
+            .current_dir(&dir)
+            .output()
+            .expect("promtool runs");
+        let said = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(out.status.success(), "promtool {args:?}:\n{said}");
+        said
+    };
+    let checked = run(&["check", "rules", "rules.yml", "alerts.yml"]);
+    assert!(!checked.contains("WARNING"), "{checked}");
+    run(&["test", "rules", "tests/alerts_test.yml"]);
+
+    let read = |name: &str| std::fs::read_to_string(dir.join(name)).unwrap();
+    let (rules, alerts, tests) = (
+        read("rules.yml"),
+        read("alerts.yml"),
+        read("tests/alerts_test.yml"),
+    );
+    let names: Vec<&str> = alerts
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("- alert: "))
+        .collect();
+    assert!(names.len() >= 8, "{names:?}");
+    let runbooks: Vec<&str> = alerts
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("runbook: "))
+        .collect();
+    assert_eq!(runbooks.len(), names.len(), "one runbook per alert");
     let readme =
         std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
-    let start = readme
-        .find("```yaml\ngroups:")
-        .expect("the alert rules in README.md")
-        + 8;
-    let rules = &readme[start..start + readme[start..].find("```").unwrap()];
-    let path = std::env::temp_dir().join(format!("gha-rules-{}.yml", std::process::id()));
-    std::fs::write(&path, rules).unwrap();
-    let out = Command::new(promtool())
-        .args(["check", "rules"])
-        .arg(&path)
-        .output()
-        .expect("promtool runs");
-    std::fs::remove_file(&path).unwrap();
-    assert!(
-        out.status.success(),
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    for (name, runbook) in names.iter().zip(&runbooks) {
+        assert!(
+            readme.contains(&format!("- **`{name}`**")),
+            "{name} is not listed in the README"
+        );
+        assert!(
+            runbook.contains("Check:")
+                && runbook.contains("Fix:")
+                && (runbook.contains("gitlab-haproxy-agent status")
+                    || runbook.contains("gitlab-haproxy-agent ask")),
+            "{name}: {runbook}"
+        );
+        // The cases of this alert: what follows each `alertname: NAME`.
+        let cases: Vec<&str> = tests
+            .split(&format!("alertname: {name}\n"))
+            .skip(1)
+            .map(|c| c.split("- eval_time").next().unwrap())
+            .collect();
+        assert!(
+            cases.iter().any(|c| c.trim() == "exp_alerts: []"),
+            "{name}: no case where it must not fire"
+        );
+        assert!(
+            cases.iter().any(|c| c.contains("exp_labels")),
+            "{name}: no case where it fires"
+        );
+    }
+
+    let dashboard = read("dashboard.json");
+    let recorded: HashSet<&str> = rules
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("- record: "))
+        .collect();
     let a = Agent::start(&["-dev", "-dev-kv-addr", "127.0.0.1:0"], &[]);
     let (_, exposition) = a.monitoring_get("/-/metrics");
-    let named = rules
-        .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
-        .filter(|w| w.starts_with("gitlab_haproxy_agent_"));
-    for name in named {
+    let text = [rules.as_str(), alerts.as_str(), dashboard.as_str()].concat();
+    let words = text.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == ':'));
+    for word in words {
+        if word.contains(':') && word.contains("gitlab_haproxy_agent_") {
+            assert!(
+                recorded.contains(word),
+                "{word} is not recorded in rules.yml"
+            );
+        } else if word.starts_with(P) || word.starts_with("process_") {
+            let family = ["_bucket", "_sum", "_count"]
+                .iter()
+                .find_map(|s| word.strip_suffix(s))
+                .unwrap_or(word);
+            assert!(
+                exposition.contains(&format!("# TYPE {family} ")),
+                "{word} is not exposed"
+            );
+        }
+    }
+}
+
+/// The dashboard imports into any Grafana: a datasource variable that every
+/// query uses (no datasource UID written in), `job` and `instance`
+/// variables, and a unit on every panel.
+#[test]
+fn dashboard_has_variables_units_and_no_datasource_uid() {
+    let dashboard = support::prometheus::dashboard();
+    let vars = dashboard["templating"]["list"].as_array().unwrap();
+    let var = |name: &str| {
+        vars.iter()
+            .find(|v| v["name"] == name)
+            .unwrap_or_else(|| panic!("no ${name} variable"))
+    };
+    assert_eq!(var("datasource")["type"], "datasource");
+    assert_eq!(var("datasource")["query"], "prometheus");
+    for name in ["job", "instance"] {
+        assert_eq!(var(name)["type"], "query", "{name}");
+        assert_eq!(var(name)["datasource"]["uid"], "${datasource}", "{name}");
+    }
+    let panels = dashboard["panels"].as_array().unwrap();
+    let mut seen = 0;
+    for panel in panels.iter().filter(|p| p["type"] != "row") {
+        let title = &panel["title"];
+        let unit = panel["fieldConfig"]["defaults"]["unit"]
+            .as_str()
+            .unwrap_or("");
+        assert!(!unit.is_empty(), "panel {title} has no unit");
+        assert_eq!(panel["datasource"]["uid"], "${datasource}", "panel {title}");
+        let targets = panel["targets"].as_array().unwrap();
+        assert!(!targets.is_empty(), "panel {title} has no query");
+        for t in targets {
+            assert_eq!(t["datasource"]["uid"], "${datasource}", "panel {title}");
+            let expr = t["expr"].as_str().unwrap();
+            assert!(
+                expr.contains("$instance") || expr.contains("identity:"),
+                "panel {title} ignores $instance: {expr}"
+            );
+        }
+        seen += 1;
+    }
+    assert!(seen >= 20, "{seen} panels");
+    // No datasource UID anywhere but the variable (Grafana's own built-in
+    // annotation source aside).
+    let text = serde_json::to_string(&dashboard).unwrap();
+    for (i, _) in text.match_indices("\"uid\":") {
+        let value = &text[i + 6..];
         assert!(
-            exposition.contains(&format!("# TYPE {name} ")),
-            "{name} is not exposed"
+            value.starts_with("\"${datasource}\"")
+                || value.starts_with("\"-- Grafana --\"")
+                || value.starts_with("\"gitlab-haproxy-agent\""),
+            "a hard-coded uid: {}",
+            &text[i..(i + 60).min(text.len())]
         );
     }
 }

@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use support::{check, free_port, http, wait_for, Agent, Kv};
+use support::{check, free_port, http, p99, rss_kib, wait_for, Agent, Checker, Kv};
 
 const TIMEOUT: &str = "gitlab_haproxy_agent_requests_total{outcome=\"timeout\"}";
 const NO_NEWLINE: &str = "gitlab_haproxy_agent_requests_total{outcome=\"no_newline\"}";
@@ -77,12 +77,6 @@ fn wait_metric(agent: &Agent, series: &str, want: impl Fn(f64) -> bool, limit: D
 }
 
 /// Resident set size in KiB.
-fn rss_kib(pid: u32) -> u64 {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    let line = s.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
-    line.split_whitespace().nth(1).unwrap().parse().unwrap()
-}
-
 /// utime + stime in clock ticks.
 fn cpu_ticks(pid: u32) -> u64 {
     let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
@@ -114,11 +108,6 @@ fn limit_fds(pid: u32, n: usize) -> u64 {
 
 fn fd_count(pid: u32) -> usize {
     std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |d| d.count())
-}
-
-fn p99(mut v: Vec<Duration>) -> Duration {
-    v.sort();
-    v[(v.len() * 99 / 100).min(v.len() - 1)]
 }
 
 fn timed_checks(addr: SocketAddr, n: usize) -> Vec<Duration> {
@@ -517,43 +506,6 @@ fn raise_nofile() {
         libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim);
         lim.rlim_cur = lim.rlim_max;
         libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
-    }
-}
-
-/// Agent checks, one after another on fresh connections, on a thread of
-/// their own until stopped: the latency of each (a check without a reply
-/// counts as `Duration::MAX`).
-struct Checker {
-    stop: Arc<AtomicBool>,
-    thread: std::thread::JoinHandle<Vec<Duration>>,
-}
-
-impl Checker {
-    fn start(addr: SocketAddr) -> Checker {
-        let stop = Arc::new(AtomicBool::new(false));
-        let flag = Arc::clone(&stop);
-        let thread = std::thread::spawn(move || {
-            let mut took = Vec::new();
-            while !flag.load(Ordering::Relaxed) {
-                let t = Instant::now();
-                let ok = check(addr, b"be_web/srv1\n").as_deref() == Some("ready 100%");
-                took.push(if ok { t.elapsed() } else { Duration::MAX });
-                std::thread::sleep(Duration::from_millis(2));
-            }
-            took
-        });
-        Checker { stop, thread }
-    }
-
-    /// Stops; (p99, max) of the checks, each of which must have been
-    /// answered.
-    fn finish(self, what: &str) -> (Duration, Duration) {
-        self.stop.store(true, Ordering::Relaxed);
-        let took = self.thread.join().unwrap();
-        assert!(took.len() >= 20, "{what}: only {} checks", took.len());
-        let max = took.iter().copied().max().unwrap();
-        assert!(max != Duration::MAX, "{what}: a check got no reply");
-        (p99(took), max)
     }
 }
 

@@ -166,9 +166,16 @@ fn a_bad_value_or_identity_is_exit_2_every_one_named_and_nothing_written() {
     assert_eq!(code, 2);
     assert!(err.contains("use -over 10s or more"), "{err}");
     kv.put(&format!("{p}/be/m"), "maint");
-    let (code, _, err) = run(kv.addr, &p, &["ramp", "be/m", "-to", "100%", "-over", "10s"]);
+    let (code, _, err) = run(
+        kv.addr,
+        &p,
+        &["ramp", "be/m", "-to", "100%", "-over", "10s"],
+    );
     assert_eq!(code, 2);
-    assert!(err.contains("be/m is in maint, which has no weight: give -from"), "{err}");
+    assert!(
+        err.contains("be/m is in maint, which has no weight: give -from"),
+        "{err}"
+    );
 }
 
 #[test]

@@ -6,6 +6,7 @@
 
 use gitlab_haproxy_agent::consul::kv::{decode_list, ListDecoder};
 use gitlab_haproxy_agent::contract::parse_value;
+use gitlab_haproxy_agent::slice::Slice;
 use gitlab_haproxy_agent::state::Snapshot;
 use libfuzzer_sys::fuzz_target;
 
@@ -15,12 +16,12 @@ fuzz_target!(|data: &[u8]| {
     // Decoding in slices (as the client does for large listings) gives the
     // one-shot result, whatever the slice size, and always ends.
     let whole = decode_list(data);
-    let slice = 1 + data.first().map_or(0, |b| usize::from(*b % 8));
+    let slice = 1 + data.first().map_or(0, |b| u64::from(*b % 8));
     let mut decoder = ListDecoder::new();
     let mut sliced = Vec::new();
     let mut steps = 0usize;
     let sliced = loop {
-        match decoder.step(data, slice, &mut sliced) {
+        match decoder.step(data, &mut Slice::items(slice), &mut sliced) {
             Ok(true) => break Ok(sliced),
             Ok(false) => {}
             Err(e) => break Err(e),

@@ -6,10 +6,12 @@
 //! In: how a connection ended, the bytes it sent, and the time. Out: whether
 //! to log a hint for them now (with how many were held back since), and its
 //! text.
-//! Always holds: each distinct byte string is named at most once per
-//! [`HINT_EVERY`], so two misconfigured servers are both named; at most
-//! [`TRACKED`] strings are remembered (the oldest forgotten), so memory is
-//! bounded whatever peers send.
+//! Always holds: at most one hint line per [`ANY_EVERY`] across all peers
+//! (a flood of distinct strings is one line a second, with a count of the
+//! ones held back), and each distinct byte string is named at most once
+//! per [`HINT_EVERY`], so two misconfigured servers are both named within
+//! seconds; at most [`TRACKED`] strings are remembered (the oldest
+//! forgotten), so memory is bounded whatever peers send.
 
 use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};
@@ -23,6 +25,8 @@ use crate::logging::escape_keeping_backslashes;
 pub const HINT_EVERY: Duration = Duration::from_secs(10);
 /// Distinct strings remembered at once.
 pub const TRACKED: usize = 64;
+/// At most one hint line this often, whatever the strings.
+pub const ANY_EVERY: Duration = Duration::from_secs(1);
 
 /// What the bytes suggest is wrong.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -57,6 +61,9 @@ pub struct Hint {
     pub cause: Cause,
     /// The same string seen and not named since it was last named.
     pub suppressed: u64,
+    /// Hints of any string held back since the last line (the rate limit
+    /// across all peers).
+    pub held_back: u64,
 }
 
 /// When each distinct string was last named.
@@ -65,6 +72,9 @@ pub struct Hints {
     last: HashMap<Vec<u8>, (Instant, u64)>,
     /// Insertion order, to forget the oldest.
     order: VecDeque<Vec<u8>>,
+    /// When the last hint line went out, and hints held back since.
+    last_line: Option<Instant>,
+    held_back: u64,
 }
 
 impl Hints {
@@ -76,23 +86,33 @@ impl Hints {
             return;
         }
         if let Some(hint) = self.note(received, now) {
-            warn!(received = escape_keeping_backslashes(received, 64), similar_suppressed = hint.suppressed; "{}", hint.cause.message());
+            warn!(received = escape_keeping_backslashes(received, 64), similar_suppressed = hint.suppressed, others_suppressed = hint.held_back; "{}", hint.cause.message());
         }
     }
 
     /// A connection ended having sent `received` and no newline.
     pub fn note(&mut self, received: &[u8], now: Instant) -> Option<Hint> {
+        let line_allowed = self.last_line.is_none_or(|t| now >= t + ANY_EVERY);
         if let Some((at, suppressed)) = self.last.get_mut(received) {
-            if now < *at + HINT_EVERY {
+            let due = now >= *at + HINT_EVERY;
+            if !due || !line_allowed {
                 *suppressed += 1;
+                self.held_back += u64::from(due);
                 return None;
             }
             let hint = Hint {
                 cause: Cause::of(received),
                 suppressed: std::mem::take(suppressed),
+                held_back: std::mem::take(&mut self.held_back),
             };
             *at = now;
+            self.last_line = Some(now);
             return Some(hint);
+        }
+        if !line_allowed {
+            // Not remembered: named once the rate allows.
+            self.held_back += 1;
+            return None;
         }
         if self.order.len() == TRACKED {
             if let Some(oldest) = self.order.pop_front() {
@@ -101,9 +121,11 @@ impl Hints {
         }
         self.order.push_back(received.to_vec());
         self.last.insert(received.to_vec(), (now, 0));
+        self.last_line = Some(now);
         Some(Hint {
             cause: Cause::of(received),
             suppressed: 0,
+            held_back: std::mem::take(&mut self.held_back),
         })
     }
 }
@@ -118,14 +140,35 @@ mod tests {
         let mut h = Hints::default();
         let first = h.note(b"be_a/s1", t0).expect("named");
         assert_eq!(first.cause, Cause::NoNewline);
-        // A second misconfigured server is named too, at once.
-        assert!(h.note(b"be_b/s2", t0).is_some());
+        // A second misconfigured server is named too, a second later (one
+        // hint line a second across all peers).
+        assert_eq!(h.note(b"be_b/s2", t0), None);
+        let second = h.note(b"be_b/s2", t0 + ANY_EVERY).expect("named");
+        assert_eq!(second.held_back, 1);
         // Repeats within the window are held back and counted.
         for _ in 0..5 {
             assert_eq!(h.note(b"be_a/s1", t0 + Duration::from_secs(3)), None);
         }
         let again = h.note(b"be_a/s1", t0 + HINT_EVERY).expect("named again");
         assert_eq!(again.suppressed, 5);
+        assert_eq!(again.held_back, 0);
+    }
+
+    #[test]
+    fn a_flood_of_distinct_strings_is_one_line_a_second() {
+        let t0 = Instant::now();
+        let mut h = Hints::default();
+        let mut lines = Vec::new();
+        // 3,000 peers in 0.4 s, each with its own string (the review's
+        // flood): one line, then one more after a second, counting the rest.
+        for i in 0..3000u32 {
+            let at = t0 + Duration::from_micros(u64::from(i) * 133);
+            lines.extend(h.note(format!("be/s{i}").as_bytes(), at));
+        }
+        assert_eq!(lines.len(), 1);
+        let next = h.note(b"be/late", t0 + ANY_EVERY).expect("a second later");
+        assert_eq!(next.held_back, 2999);
+        assert!(h.last.len() <= TRACKED);
     }
 
     #[test]
@@ -153,11 +196,13 @@ mod tests {
     fn memory_is_bounded_by_the_strings_tracked() {
         let t0 = Instant::now();
         let mut h = Hints::default();
+        let mut t = t0;
         for i in 0..10 * TRACKED {
-            assert!(h.note(format!("be/s{i}").as_bytes(), t0).is_some());
+            t += ANY_EVERY;
+            assert!(h.note(format!("be/s{i}").as_bytes(), t).is_some());
         }
         assert_eq!((h.last.len(), h.order.len()), (TRACKED, TRACKED));
         // The oldest were forgotten: named again at once.
-        assert!(h.note(b"be/s0", t0).is_some());
+        assert!(h.note(b"be/s0", t + ANY_EVERY).is_some());
     }
 }

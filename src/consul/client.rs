@@ -53,8 +53,9 @@ pub use crate::consul::transport::{
     Connect, Socket, SocketConnector, Stream, Transport, CONNECT_TIMEOUT, HANDSHAKE_TIMEOUT,
     READ_BUDGET,
 };
-use crate::consul::watch::{Decoding, ErrorReason, Failure, Response, Update, Watch, DECODE_SLICE};
+use crate::consul::watch::{Decoding, ErrorReason, Failure, Response, Update, Watch};
 use crate::http::ResponseHead;
+use crate::slice::Slice;
 
 /// Headroom on top of the longest hold consul may apply (wait × 17/16).
 pub const RESPONSE_SLACK: Duration = Duration::from_secs(5);
@@ -284,13 +285,11 @@ impl<C: Connect> Client<C> {
         }
         match std::mem::replace(&mut self.phase, Phase::Idle { conn: None }) {
             Phase::Idle { conn } => self.start(now, conn, out),
-            Phase::Decoding { conn, mut decoding } => match decoding.step(DECODE_SLICE) {
-                Some(result) => {
-                    self.phase = Phase::Idle { conn };
-                    out.push(self.watch.on_decoded(now, result));
-                }
-                None => self.phase = Phase::Decoding { conn, decoding },
-            },
+            Phase::Decoding { conn, decoding } => {
+                let (phase, update) = self.decode(now, conn, decoding);
+                self.phase = phase;
+                out.extend(update);
+            }
             phase => {
                 // The read budget ran out last time: read on.
                 self.phase = phase;
@@ -549,10 +548,27 @@ impl<C: Connect> Client<C> {
         self.note_cluster(&head);
         match self.watch.on_response(now, &head, bytes) {
             Response::Done(update) => Next::Done(Phase::Idle { conn }, update),
-            Response::Decode(decoding) => Next::Wait(Phase::Decoding {
-                conn,
-                decoding: Box::new(decoding),
-            }),
+            Response::Decode(decoding) => match self.decode(now, conn, Box::new(decoding)) {
+                (phase, Some(update)) => Next::Done(phase, update),
+                (phase, None) => Next::Wait(phase),
+            },
+        }
+    }
+
+    /// One slice of the loop's time decoding a listing: the update once
+    /// done, else more next turn.
+    fn decode(
+        &mut self,
+        now: Instant,
+        conn: Option<Conn<C::Stream>>,
+        mut decoding: Box<Decoding>,
+    ) -> (Phase<C::Stream>, Option<Update>) {
+        match decoding.step(&mut Slice::of_turn(now)) {
+            Some(result) => (
+                Phase::Idle { conn },
+                Some(self.watch.on_decoded(now, result)),
+            ),
+            None => (Phase::Decoding { conn, decoding }, None),
         }
     }
 

@@ -18,6 +18,8 @@ use base64::Engine as _;
 use serde::de::{self, Deserializer, Visitor};
 use serde::Deserialize;
 
+use crate::slice::Slice;
+
 /// One KV entry as consul sends it, value decoded.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KvPair {
@@ -42,13 +44,15 @@ impl std::fmt::Display for DecodeError {
 pub fn decode_list(body: &[u8]) -> Result<Vec<KvPair>, DecodeError> {
     let mut decoder = ListDecoder::new();
     let mut pairs = Vec::new();
-    while !decoder.step(body, usize::MAX, &mut pairs)? {}
+    while !decoder.step(body, &mut Slice::unlimited(), &mut pairs)? {}
     Ok(pairs)
 }
 
-/// Decodes a listing a slice of entries at a time, so a snapshot of
-/// 100,000 keys never stalls the loop for long: the caller keeps the body
-/// and calls [`ListDecoder::step`] once per loop turn. The result is the
+/// Decodes a listing a [`Slice`] of time at a time (each entry counted
+/// with its bytes, so forty 500 KB values end a slice as surely as 4,096
+/// small ones), so a snapshot of 100,000 keys never stalls the loop for
+/// long: the caller keeps the body and calls [`ListDecoder::step`] once
+/// per loop turn. The result is the
 /// same as [`decode_list`]'s, whatever the slice size.
 #[derive(Debug, Clone, Default)]
 pub struct ListDecoder {
@@ -65,12 +69,13 @@ impl ListDecoder {
         ListDecoder::default()
     }
 
-    /// Decodes up to `max_entries` more entries of `body` (always the same
-    /// body) into `out`. `Ok(true)` once the whole listing is decoded.
+    /// Decodes more entries of `body` (always the same body) into `out`,
+    /// until the slice is spent. `Ok(true)` once the whole listing is
+    /// decoded.
     pub fn step(
         &mut self,
         body: &[u8],
-        max_entries: usize,
+        slice: &mut Slice,
         out: &mut Vec<KvPair>,
     ) -> Result<bool, DecodeError> {
         let err = |msg: &str| Err(DecodeError(format!("kv listing: {msg}")));
@@ -85,7 +90,7 @@ impl ListDecoder {
                 Some(_) => return err("not a JSON array of KV entries"),
             }
         }
-        for _ in 0..max_entries {
+        loop {
             self.pos = skip_ws(body, self.pos);
             match body.get(self.pos) {
                 None => return err("truncated array"),
@@ -117,8 +122,10 @@ impl ListDecoder {
             });
             self.any = true;
             self.pos = end;
+            if slice.spent(end - start) {
+                return Ok(false);
+            }
         }
-        Ok(false)
     }
 }
 
@@ -239,6 +246,23 @@ mod tests {
     }
 
     #[test]
+    fn big_values_end_a_timed_slice_by_their_bytes() {
+        let value = "YWFh".repeat(128 * 1024); // 512 KiB of base64
+        let entries: Vec<String> = (0..4)
+            .map(|i| format!(r#"{{"Key":"k{i}","Value":"{value}","ModifyIndex":1}}"#))
+            .collect();
+        let body = format!("[{}]", entries.join(",")).into_bytes();
+        let (mut d, mut out) = (ListDecoder::new(), Vec::new());
+        // A slice already past its end: one entry, however big, then stop
+        // (16 small ones would not have read the clock yet).
+        let past = std::time::Instant::now() - std::time::Duration::from_secs(1);
+        assert!(!d.step(&body, &mut Slice::until(past), &mut out).unwrap());
+        assert_eq!(out.len(), 1);
+        while !d.step(&body, &mut Slice::until(past), &mut out).unwrap() {}
+        assert_eq!(out.len(), 4);
+    }
+
+    #[test]
     fn slices_of_any_size_decode_the_same_as_one_shot() {
         let body = br#" [ {"Key":"a","Value":"YQ==","ModifyIndex":1} , {"Key":"b","Value":null,"Session":"x","ModifyIndex":2},
             {"Key":"c\"]","Value":"Yw==","ModifyIndex":3,"Extra":[1,{"x":"]"}]} ] "#;
@@ -249,7 +273,7 @@ mod tests {
             let mut d = ListDecoder::new();
             let mut out = Vec::new();
             let mut steps = 0;
-            while !d.step(body, slice, &mut out).unwrap() {
+            while !d.step(body, &mut Slice::items(slice), &mut out).unwrap() {
                 steps += 1;
                 assert!(steps < 10);
             }

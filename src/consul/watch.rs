@@ -21,6 +21,7 @@ use crate::consul::kv::{DecodeError, KvPair, ListDecoder};
 use crate::http::ResponseHead;
 use crate::jitter::Jitter;
 use crate::labels::label_enum;
+use crate::slice::Slice;
 use crate::state::{Snapshot, SnapshotBuilder};
 
 /// Never two requests closer than this.
@@ -125,10 +126,6 @@ pub enum Response {
     Decode(Decoding),
 }
 
-/// Entries decoded per slice: about a millisecond of work, so answers keep
-/// flowing while a 100,000-key snapshot is decoded.
-pub const DECODE_SLICE: usize = 4096;
-
 /// A listing being decoded, a slice at a time.
 #[derive(Debug)]
 pub struct Decoding {
@@ -140,10 +137,10 @@ pub struct Decoding {
 }
 
 impl Decoding {
-    /// Decodes up to `max_entries` more; `Some` once finished.
-    pub fn step(&mut self, max_entries: usize) -> Option<Result<Snapshot, DecodeError>> {
+    /// Decodes until the slice is spent; `Some` once finished.
+    pub fn step(&mut self, slice: &mut Slice) -> Option<Result<Snapshot, DecodeError>> {
         self.pairs.clear();
-        let done = match self.decoder.step(&self.body, max_entries, &mut self.pairs) {
+        let done = match self.decoder.step(&self.body, slice, &mut self.pairs) {
             Ok(done) => done,
             Err(e) => return Some(Err(e)),
         };
@@ -353,7 +350,7 @@ impl Watch {
             let empty = Snapshot::build(&self.prefix, new_index, Vec::new());
             return Response::Done(self.on_decoded(now, Ok(empty)));
         }
-        let mut decoding = Decoding {
+        let decoding = Decoding {
             index: new_index,
             decoder: ListDecoder::new(),
             // Sized like the last listing: growing a 100,000-entry table
@@ -366,12 +363,8 @@ impl Watch {
             pairs: Vec::new(),
             body,
         };
-        // Small listings are decoded at once; large ones by the caller,
-        // a slice per loop turn.
-        match decoding.step(DECODE_SLICE) {
-            Some(result) => Response::Done(self.on_decoded(now, result)),
-            None => Response::Decode(decoding),
-        }
+        // Decoded by the caller, a slice of the loop's time per turn.
+        Response::Decode(decoding)
     }
 
     /// A `stale` answer past `-consul-max-stale` (or not saying how stale
@@ -506,10 +499,16 @@ mod tests {
         index: Option<&[u8]>,
         body: &[u8],
     ) -> Update {
-        match w.on_response(now, &head(status, index, None), body.to_vec()) {
+        let response = w.on_response(now, &head(status, index, None), body.to_vec());
+        finish(w, now, response)
+    }
+
+    /// A response applied, its listing decoded 4,096 entries a slice.
+    fn finish(w: &mut Watch, now: Instant, response: Response) -> Update {
+        match response {
             Response::Done(u) => u,
             Response::Decode(mut d) => loop {
-                if let Some(result) = d.step(DECODE_SLICE) {
+                if let Some(result) = d.step(&mut Slice::items(4096)) {
                     break w.on_decoded(now, result);
                 }
             },
@@ -769,10 +768,8 @@ mod tests {
         lc: Option<&str>,
         body: &[u8],
     ) -> Update {
-        match w.on_response(now, &head(200, Some(index), lc), body.to_vec()) {
-            Response::Done(u) => u,
-            Response::Decode(_) => unreachable!("small bodies"),
-        }
+        let response = w.on_response(now, &head(200, Some(index), lc), body.to_vec());
+        finish(w, now, response)
     }
 
     #[test]
@@ -871,7 +868,7 @@ mod tests {
     fn a_large_listing_is_decoded_in_slices_and_commits_its_index_at_the_end() {
         let now = t0();
         let mut w = Watch::new("p", 1, Duration::ZERO);
-        let entries: Vec<String> = (0..DECODE_SLICE * 2 + 10)
+        let entries: Vec<String> = (0..8202)
             .map(|i| format!(r#"{{"Key":"p/be/s{i}","Value":"ZHJhaW4=","ModifyIndex":{i}}}"#))
             .collect();
         let body = format!("[{}]", entries.join(",")).into_bytes();
@@ -879,11 +876,14 @@ mod tests {
         else {
             panic!("expected a sliced decode");
         };
-        assert!(d.step(DECODE_SLICE).is_none(), "second slice still to go");
+        assert!(d.step(&mut Slice::items(4096)).is_none(), "first slice");
+        assert!(d.step(&mut Slice::items(4096)).is_none(), "second slice");
         assert_eq!(w.request_index(), 0, "index not committed mid-decode");
-        let result = d.step(DECODE_SLICE).expect("done after three slices");
+        let result = d
+            .step(&mut Slice::items(4096))
+            .expect("done after three slices");
         let s = swap(w.on_decoded(now, result));
-        assert_eq!(s.len(), DECODE_SLICE * 2 + 10);
+        assert_eq!(s.len(), 8202);
         assert_eq!(s.reply(b"be/s8200"), b"drain 100%\n");
         assert_eq!(w.request_index(), 99);
     }
@@ -893,7 +893,7 @@ mod tests {
         let now = t0();
         let mut w = Watch::new("p", 1, Duration::ZERO);
         swap(respond(&mut w, now, 200, Some(b"7"), BODY));
-        let mut entries: Vec<String> = (0..DECODE_SLICE + 5)
+        let mut entries: Vec<String> = (0..4101)
             .map(|i| format!(r#"{{"Key":"p/s{i}","Value":null,"ModifyIndex":1}}"#))
             .collect();
         entries.push("{\"Key\":".to_owned());

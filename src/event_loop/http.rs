@@ -24,8 +24,10 @@ use super::{EventLoop, HTTP_REQUESTS_PER_TURN, HTTP_REQUESTS_PER_TURN_ALL};
 use crate::devkv::{Handled, Wait};
 use crate::http::{RequestHead, Response};
 use crate::monitoring::metrics::HttpDrop;
+use crate::monitoring::renders::{Body, Heavy};
 use crate::monitoring::server::{is_head, HttpConn, HttpProgress, Role};
-use crate::monitoring::{handle_monitoring, handle_pprof};
+use crate::monitoring::{handle_monitoring, handle_pprof, Routed};
+use crate::slice::Slice;
 
 /// Connections one HTTP listener may accept per turn.
 const ACCEPT_BATCH: usize = 64;
@@ -200,12 +202,68 @@ impl EventLoop {
         let Some(role) = self.https.get(key).map(|s| s.role) else {
             return HttpProgress::Close;
         };
-        let resp = match role {
+        let routed = match role {
             Role::Monitoring => handle_monitoring(&head, &self.status(now)),
-            Role::Pprof => handle_pprof(&head, &self.status(now)),
+            Role::Pprof => handle_pprof(&head),
             Role::DevKv => return self.handle_devkv(key, &head, &body, now),
         };
-        self.respond(key, &resp, is_head(&head), None, now)
+        let head_only = is_head(&head);
+        match routed {
+            Routed::Now(resp) => self.respond(key, &resp, head_only, None, now),
+            Routed::Render(kind) => {
+                let Some(gen) = self.https.gen(key) else {
+                    return HttpProgress::Close;
+                };
+                let changes = self.metrics.changes();
+                match self.renders.ask(kind, (key, gen, head_only), now, changes) {
+                    Some(body) => self.respond_shared(key, kind, body, head_only, now),
+                    // Answered when the render is done (render_slice).
+                    None => HttpProgress::NeedRead,
+                }
+            }
+        }
+    }
+
+    /// A slice of the heavy renders requests wait for; each one done
+    /// answers its waiters with the shared body.
+    pub(super) fn render_slice(&mut self, now: Instant) {
+        let mut renders = std::mem::take(&mut self.renders);
+        renders.forget(|&(key, gen, _)| self.https.gen(key) != Some(gen));
+        let shared = self.state.shared();
+        let st = self.status(now);
+        let metrics_started = renders.start(&st, shared.as_ref(), self.metrics.changes());
+        let mut done = Vec::new();
+        renders.step(st.asking, &mut Slice::of_turn(now), now, &mut done);
+        self.renders = renders;
+        if metrics_started {
+            // "Since the last scrape": that render has taken the max.
+            self.metrics.loop_turn_max = std::time::Duration::ZERO;
+        }
+        for ((key, gen, head_only), kind, body) in done {
+            if self.https.gen(key) == Some(gen) {
+                let progress = self.respond_shared(key, kind, body, head_only, now);
+                self.http_progress(key, progress, now);
+            }
+        }
+    }
+
+    fn respond_shared(
+        &mut self,
+        key: usize,
+        kind: Heavy,
+        body: Body,
+        head_only: bool,
+        now: Instant,
+    ) -> HttpProgress {
+        let resp = Response {
+            status: 200,
+            headers: vec![("Content-Type", kind.content_type().into())],
+            body: Vec::new(),
+        };
+        match self.https.get_mut(key) {
+            Some(slot) => slot.conn.respond_shared(&resp, body, head_only, now),
+            None => HttpProgress::Close,
+        }
     }
 
     /// A dev KV request: answered, or parked; a write then wakes the

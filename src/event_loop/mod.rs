@@ -17,9 +17,15 @@
 //!
 //! Work left: every machine with more to do reports a deadline of now
 //! ([`EventLoop::next_deadline`]): a decode slice or a spent read budget
-//! (the consul client), a state still being retired, an accept batch that
-//! ran out or a gate that opened again, HTTP connections queued in `again`.
-//! That one signal turns the `poll` timeout to zero.
+//! (the consul client), a state still being retired, a sweep in progress,
+//! a heavy render requests wait for, an accept batch that ran out or a
+//! gate that opened again, HTTP connections queued in `again`. That one
+//! signal turns the `poll` timeout to zero.
+//!
+//! Background work (decoding, retiring, the unasked sweep, renders) runs
+//! in [`Slice`]s of time: each turn's work ends about [`crate::slice::SLICE`]
+//! after the turn's clock, so a ready check waits at most about that long
+//! behind the agent's own work (`loop_turn_seconds` shows it).
 //!
 //! Fairness: no connection gets more than a fixed budget per turn (an
 //! agent check one line; an HTTP connection
@@ -52,9 +58,11 @@ use crate::consul::health::Health;
 use crate::consul::watch::Update;
 use crate::devkv::{DevKv, Parking};
 use crate::monitoring::metrics::Metrics;
+use crate::monitoring::renders::Renders;
 use crate::monitoring::server::Role;
 use crate::monitoring::{StateFileStatus, Status, WatchStatus};
 use crate::persist::{self, StateFile};
+use crate::slice::Slice;
 use crate::state::unasked::{Asking, Unasked};
 use crate::state::{Clock, Snapshot, Swapper};
 use agents::AgentSlot;
@@ -78,13 +86,11 @@ const HTTP_BASE: usize = 1 << (usize::BITS - 1);
 const ACCEPT_EVERY: usize = 64;
 /// Requests one HTTP connection may have answered per turn (pipelining).
 const HTTP_REQUESTS_PER_TURN: usize = 16;
-/// Requests all HTTP connections together may have answered per turn: a
-/// `/-/metrics` render costs about 0.1 ms, so a turn spends at most a few
-/// ms on HTTP however many connections pipeline.
+/// Requests all HTTP connections together may have answered per turn;
+/// heavy responses are rendered in slices and shared
+/// ([`crate::monitoring::renders`]), so a request costs a parse and a
+/// write, however many connections pipeline.
 const HTTP_REQUESTS_PER_TURN_ALL: usize = 64;
-/// Entries of a replaced state compared (for the change log) or freed per
-/// loop turn: well under a millisecond each.
-const RETIRE_SLICE: usize = 4096;
 /// Shutdown waits at most this long for in-flight answers.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 
@@ -126,6 +132,9 @@ pub struct EventLoop {
     again: Vec<(usize, u32)>,
     /// HTTP requests handed out this turn, all connections together.
     http_turn_requests: usize,
+    /// `/-/metrics` and `/debug/state`, rendered in slices and shared;
+    /// each waiter is (HTTP key, generation, `HEAD`).
+    renders: Renders<(usize, u32, bool)>,
     last_pool_warning: [Option<Instant>; Role::ALL.len()],
 
     client: Client<SocketConnector>,
@@ -208,6 +217,7 @@ impl EventLoop {
             http_scratch: vec![0; http::SCRATCH],
             again: Vec::new(),
             http_turn_requests: 0,
+            renders: Renders::default(),
             last_pool_warning: [None; Role::ALL.len()],
             client: Client::new(
                 consul,
@@ -258,7 +268,9 @@ impl EventLoop {
                     continue;
                 }
             }
-            self.turn(&events, Instant::now());
+            let start = Instant::now();
+            self.turn(&events, start);
+            self.metrics.count_turn(start.elapsed());
         }
     }
 
@@ -341,7 +353,8 @@ impl EventLoop {
 
     /// The nearest deadline of every machine; `now` when one has work left.
     fn next_deadline(&self, now: Instant) -> Instant {
-        let busy = (!self.again.is_empty() || self.state.busy()).then_some(now);
+        let busy =
+            (!self.again.is_empty() || self.state.busy() || self.renders.busy()).then_some(now);
         [
             busy,
             Some(self.client.poll_at(now)),
@@ -363,7 +376,7 @@ impl EventLoop {
     /// being retired, connection timers, parked queries, the unasked-key
     /// sweep, consul, accepts.
     fn on_time(&mut self, now: Instant) {
-        if self.state.step(RETIRE_SLICE) > 0 {
+        if self.state.step(&mut Slice::of_turn(now)) > 0 {
             self.metrics.last_change = Some(SystemTime::now());
         }
         while let Some(key) = self.agents.expired(now) {
@@ -378,7 +391,11 @@ impl EventLoop {
             self.answer_parked(key, &wait, now);
         }
         if self.unasked.due() <= now {
-            self.unasked.sweep(&mut self.state, now);
+            self.unasked
+                .step(&mut self.state, now, &mut Slice::of_turn(now));
+        }
+        if self.renders.busy() {
+            self.render_slice(now);
         }
         self.forget_rendered();
         if self.client.poll_at(now) <= now {

@@ -23,7 +23,7 @@ pub use head::{
     parse_request_head, parse_response_head, Framing, Method, RequestHead, ResponseHead,
 };
 pub use query::{percent_decode, percent_encode, query_pairs, EncodeSet};
-pub use render::{render_response, Response};
+pub use render::{render_head, render_response, Response};
 
 /// Result of parsing a head from the bytes seen so far.
 #[derive(Debug, Clone, PartialEq, Eq)]

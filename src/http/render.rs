@@ -44,12 +44,46 @@ pub fn render_response(
     render_at(out, resp, keep_alive, chunk_over, head_only, now);
 }
 
+/// Appends the head of a response whose body (of `body_len` bytes, sent
+/// with `Content-Length`) the caller writes from its own buffer: a body
+/// shared by many connections is never copied into each.
+pub fn render_head(out: &mut Vec<u8>, resp: &Response, body_len: usize, keep_alive: bool) {
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    render_head_at(out, resp, body_len, false, keep_alive, now);
+}
+
 fn render_at(
     out: &mut Vec<u8>,
     resp: &Response,
     keep_alive: bool,
     chunk_over: Option<usize>,
     head_only: bool,
+    unix_secs: u64,
+) {
+    let chunked = chunk_over.is_some_and(|limit| resp.body.len() > limit);
+    render_head_at(out, resp, resp.body.len(), chunked, keep_alive, unix_secs);
+    if head_only {
+        return;
+    }
+    if chunked {
+        // Non-empty by construction (len > limit >= 0).
+        let _ = write!(out, "{:x}\r\n", resp.body.len());
+        out.extend_from_slice(&resp.body);
+        out.extend_from_slice(b"\r\n0\r\n\r\n");
+    } else {
+        out.extend_from_slice(&resp.body);
+    }
+}
+
+/// The status line and headers, framing included, up to the blank line.
+fn render_head_at(
+    out: &mut Vec<u8>,
+    resp: &Response,
+    body_len: usize,
+    chunked: bool,
+    keep_alive: bool,
     unix_secs: u64,
 ) {
     let _ = write!(out, "HTTP/1.1 {} {}\r\n", resp.status, reason(resp.status));
@@ -70,27 +104,15 @@ fn render_at(
     out.extend_from_slice(b"Date: ");
     http_date(out, unix_secs);
     out.extend_from_slice(b"\r\n");
-    let chunked = chunk_over.is_some_and(|limit| resp.body.len() > limit);
     if chunked {
         out.extend_from_slice(b"Transfer-Encoding: chunked\r\n");
     } else {
-        let _ = write!(out, "Content-Length: {}\r\n", resp.body.len());
+        let _ = write!(out, "Content-Length: {body_len}\r\n");
     }
     if !keep_alive {
         out.extend_from_slice(b"Connection: close\r\n");
     }
     out.extend_from_slice(b"\r\n");
-    if head_only {
-        return;
-    }
-    if chunked {
-        // Non-empty by construction (len > limit >= 0).
-        let _ = write!(out, "{:x}\r\n", resp.body.len());
-        out.extend_from_slice(&resp.body);
-        out.extend_from_slice(b"\r\n0\r\n\r\n");
-    } else {
-        out.extend_from_slice(&resp.body);
-    }
 }
 
 /// The standard reason phrase (RFC 9110 §15), or the class's name.

@@ -3,7 +3,9 @@
 //! allocation; the Prometheus text exposition (format 0.0.4) is rendered
 //! only when scraped.
 
+use std::collections::BinaryHeap;
 use std::fmt::Write as _;
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use crate::agent::Outcome;
@@ -11,8 +13,9 @@ use crate::consul::client::Traffic;
 use crate::consul::watch::ErrorReason;
 use crate::labels::label_enum;
 use crate::monitoring::server::Role;
+use crate::slice::Slice;
 use crate::state::unasked::Asking;
-use crate::state::{Diverted, InvalidReason, Snapshot};
+use crate::state::{InvalidReason, Snapshot};
 
 /// Upper bounds (seconds) of the request duration histogram: answers take
 /// microseconds, stalls milliseconds, timeouts seconds.
@@ -65,6 +68,11 @@ pub struct Metrics {
     pub last_change: Option<SystemTime>,
     /// HTTP connections closed by the agent, by listener and [`HttpDrop`].
     pub http_dropped: [[u64; HttpDrop::ALL.len()]; Role::ALL.len()],
+    /// How long each loop turn's work took (from `poll` returning to the
+    /// next `poll`).
+    pub loop_turn: Histogram,
+    /// The longest turn since the last `/-/metrics` render.
+    pub loop_turn_max: Duration,
 }
 
 label_enum! {
@@ -87,6 +95,21 @@ impl Metrics {
         if let Some(d) = took {
             self.request_duration.observe(d);
         }
+    }
+
+    /// A count that moves whenever something a render shows may have
+    /// changed in substance: a check answered, a consul answer, a swap.
+    /// (Gauges of time, like ages, move without it.)
+    pub fn changes(&self) -> u64 {
+        let requests: u64 = self.requests.iter().sum();
+        let errors: u64 = self.consul_errors.iter().sum();
+        requests + errors + self.swaps + self.consul_unchanged + self.consul_index_resets
+    }
+
+    /// One loop turn's work took `d`.
+    pub fn count_turn(&mut self, d: Duration) {
+        self.loop_turn.observe(d);
+        self.loop_turn_max = self.loop_turn_max.max(d);
     }
 
     pub fn count_consul_error(&mut self, reason: ErrorReason) {
@@ -128,17 +151,111 @@ pub const MAX_DIVERTED_SERIES: usize = 1000;
 
 const P: &str = "gitlab_haproxy_agent_";
 
-/// Renders the whole exposition (text format 0.0.4): each family's `# HELP`
-/// and `# TYPE` once, then its samples.
-pub fn render(v: &View<'_>) -> String {
-    let mut o = Exposition(String::with_capacity(8 * 1024));
-    agent_requests(&mut o, v);
-    http_connections(&mut o, v.metrics);
-    state(&mut o, v);
-    asks(&mut o, v);
-    consul(&mut o, v);
-    process(&mut o, v);
-    o.0
+/// The exposition (text format 0.0.4) being rendered, a slice of the
+/// loop's time at a time: every family but the per-key last-ask series is
+/// written at once (a fixed amount of work); those series are chosen from
+/// the diverted entries slice by slice ([`MetricsRender::step`]), then
+/// written last ([`MetricsRender::finish`]).
+#[derive(Debug)]
+pub struct MetricsRender {
+    out: Exposition,
+    /// The state the series are chosen from.
+    state: Option<Arc<Snapshot>>,
+    pos: usize,
+    /// The best [`MAX_DIVERTED_SERIES`] so far (the worst on top).
+    chosen: BinaryHeap<Series>,
+    diverted: usize,
+}
+
+/// One per-key last-ask series, ranked: unasked keys first, then by
+/// identity.
+#[derive(Debug, PartialEq, Eq, PartialOrd, Ord)]
+struct Series {
+    asked: bool,
+    identity: Box<str>,
+    unix_seconds: u64,
+}
+
+impl MetricsRender {
+    /// Writes every family but the per-key series; `state` is `v`'s
+    /// snapshot, shared, for the slices to come.
+    pub fn new(v: &View<'_>, state: Option<Arc<Snapshot>>) -> MetricsRender {
+        let mut o = Exposition(String::with_capacity(16 * 1024));
+        agent_requests(&mut o, v);
+        http_connections(&mut o, v.metrics);
+        self::state(&mut o, v);
+        asks(&mut o, v);
+        consul(&mut o, v);
+        process(&mut o, v);
+        MetricsRender {
+            out: o,
+            state,
+            pos: 0,
+            chosen: BinaryHeap::new(),
+            diverted: 0,
+        }
+    }
+
+    /// Chooses the series among more diverted entries until the slice is
+    /// spent; `true` once all are seen.
+    pub fn step(&mut self, asking: Option<Asking<'_>>, slice: &mut Slice) -> bool {
+        let (Some(s), Some(a)) = (self.state.as_deref(), asking) else {
+            return true;
+        };
+        for d in s.diverted_from(&mut self.pos) {
+            self.diverted += 1;
+            let asked = a.unasked.get(d.identity).is_none();
+            let worst = self.chosen.peek();
+            let better = self.chosen.len() < MAX_DIVERTED_SERIES
+                || worst.is_some_and(|w| (asked, d.identity) < (w.asked, &*w.identity));
+            if better {
+                self.chosen.push(Series {
+                    asked,
+                    identity: d.identity.into(),
+                    unix_seconds: a.clock.unix_seconds(d.last_asked),
+                });
+                if self.chosen.len() > MAX_DIVERTED_SERIES {
+                    self.chosen.pop();
+                }
+            }
+            if slice.spent(d.identity.len()) {
+                break;
+            }
+        }
+        self.pos >= s.len()
+    }
+
+    /// Writes the per-key series (at most [`MAX_DIVERTED_SERIES`]: a
+    /// bounded amount of work) and returns the exposition.
+    pub fn finish(mut self) -> String {
+        let o = &mut self.out;
+        o.family(
+            "diverted_key_last_asked_timestamp_seconds",
+            "gauge",
+            "Per diverted key (reply not ready 100%): Unix time a check last asked for it here, 0 = never. The max over the fleet finds keys no haproxy asks for.",
+        );
+        for s in self.chosen.into_sorted_vec() {
+            o.int(
+                "diverted_key_last_asked_timestamp_seconds",
+                &[("identity", &s.identity)],
+                s.unix_seconds,
+            );
+        }
+        o.gauge(
+            "diverted_keys_over_series_limit",
+            "Diverted keys left out of diverted_key_last_asked_timestamp_seconds (at most 1000 series; unasked keys come first).",
+            self.diverted.saturating_sub(MAX_DIVERTED_SERIES) as f64,
+        );
+        self.out.0
+    }
+}
+
+/// The whole exposition at once (tests, and off the loop).
+#[cfg(test)]
+pub fn render(v: &View<'_>, state: Option<Arc<Snapshot>>) -> String {
+    let mut r = MetricsRender::new(v, state);
+    while !r.step(v.asking, &mut Slice::unlimited()) {}
+    r.finish()
 }
 
 /// Agent-check connections: outcomes, reply latency, the connection limit.
@@ -260,8 +377,8 @@ fn state(o: &mut Exposition, v: &View<'_>) {
     );
 }
 
-/// Who asks for what: unasked keys, identities asked without a key, and
-/// per diverted key its last ask (for one alert over the whole fleet).
+/// Who asks for what: unasked keys and identities asked without a key
+/// (per diverted key its last ask comes last, see [`MetricsRender`]).
 fn asks(o: &mut Exposition, v: &View<'_>) {
     let a = v.asking;
     o.gauge(
@@ -278,39 +395,6 @@ fn asks(o: &mut Exposition, v: &View<'_>) {
         "unknown_identities_overflow_total",
         "Asks for an identity without a key that were not recorded because -max-unknown-identities was reached.",
         a.map_or(0, |a| a.strangers.overflow()),
-    );
-    o.family(
-        "diverted_key_last_asked_timestamp_seconds",
-        "gauge",
-        "Per diverted key (reply not ready 100%): Unix time a check last asked for it here, 0 = never. The max over the fleet finds keys no haproxy asks for.",
-    );
-    let mut over = 0;
-    if let (Some(s), Some(a)) = (v.snapshot, a) {
-        let mut diverted: Vec<_> = s.diverted().collect();
-        // Unasked first, then by identity.
-        let order = |x: &Diverted<'_>, y: &Diverted<'_>| {
-            let asked = |d: &Diverted<'_>| a.unasked.get(d.identity).is_none();
-            (asked(x), x.identity).cmp(&(asked(y), y.identity))
-        };
-        over = diverted.len().saturating_sub(MAX_DIVERTED_SERIES);
-        if over > 0 {
-            diverted.select_nth_unstable_by(MAX_DIVERTED_SERIES, order);
-            diverted.truncate(MAX_DIVERTED_SERIES);
-        }
-        diverted.sort_unstable_by(order);
-        for d in diverted.iter().take(MAX_DIVERTED_SERIES) {
-            let t = a.clock.unix_seconds(d.last_asked);
-            o.int(
-                "diverted_key_last_asked_timestamp_seconds",
-                &[("identity", d.identity)],
-                t,
-            );
-        }
-    }
-    o.gauge(
-        "diverted_keys_over_series_limit",
-        "Diverted keys left out of diverted_key_last_asked_timestamp_seconds (at most 1000 series; unasked keys come first).",
-        over as f64,
     );
 }
 
@@ -388,12 +472,28 @@ fn consul_cluster(o: &mut Exposition, t: &Traffic) {
     );
 }
 
-/// The loop and the process: poll errors, build, then what /proc says.
+/// The loop and the process: turn times, poll errors, dropped log lines,
+/// build, then what /proc says.
 fn process(o: &mut Exposition, v: &View<'_>) {
+    o.histogram(
+        "loop_turn_seconds",
+        "Time each event-loop turn spent working (between two polls): checks wait at most this long behind the agent's own work.",
+        &v.metrics.loop_turn,
+    );
+    o.gauge(
+        "loop_turn_max_seconds",
+        "The longest event-loop turn since the last /-/metrics render (a stall between scrapes shows here).",
+        v.metrics.loop_turn_max.as_secs_f64(),
+    );
     o.counter(
         "poll_errors_total",
         "Errors from the event loop's poll (epoll_wait) other than EINTR; the loop survives them, and exits only when they persist.",
         v.metrics.poll_errors,
+    );
+    o.counter(
+        "log_lines_dropped_total",
+        "Log lines dropped because the log reader (stderr: journald, a container pipe) was too slow and the bounded queue was full; the loop never waits on a log write.",
+        crate::logging::dropped(),
     );
     o.family("build_info", "gauge", "Build information; always 1.");
     o.int(
@@ -409,6 +509,7 @@ fn process(o: &mut Exposition, v: &View<'_>) {
 
 /// The exposition being written. Names given without the `process_` prefix
 /// get the agent's prefix.
+#[derive(Debug)]
 struct Exposition(String);
 
 impl Exposition {
@@ -608,7 +709,7 @@ mod tests {
     use super::*;
 
     fn scrape(m: &Metrics) -> String {
-        render(&view(m))
+        render(&view(m), None)
     }
 
     fn view(m: &Metrics) -> View<'_> {
@@ -757,7 +858,11 @@ mod tests {
         }
         state.answer(b"nobody/asks", at);
         let mut unasked = Unasked::new(Duration::from_secs(60), t0);
-        unasked.sweep(&mut state, t0 + Duration::from_secs(61));
+        unasked.step(
+            &mut state,
+            t0 + Duration::from_secs(61),
+            &mut Slice::unlimited(),
+        );
         let m = Metrics::default();
         let mut view = view(&m);
         view.snapshot = state.current();
@@ -767,7 +872,21 @@ mod tests {
             unasked: &unasked,
             previous: None,
         });
-        let t = render(&view);
+        let t = render(&view, state.shared());
+        // Chosen a few entries a slice, the same series.
+        let mut sliced = MetricsRender::new(&view, state.shared());
+        let mut slices = 0;
+        while !sliced.step(view.asking, &mut Slice::items(100)) {
+            slices += 1;
+        }
+        assert!(slices > 9, "{slices} slices");
+        let keyed = |t: &str| -> Vec<String> {
+            t.lines()
+                .filter(|l| l.contains("diverted"))
+                .map(str::to_owned)
+                .collect()
+        };
+        assert_eq!(keyed(&sliced.finish()), keyed(&t));
         let series = "gitlab_haproxy_agent_diverted_key_last_asked_timestamp_seconds";
         let n = t
             .lines()

@@ -5,23 +5,26 @@
 //! profile from outside ([`NO_PPROF`]): an in-process signal sampler would
 //! interrupt the one answering thread and need a second thread to report.
 //!
-//! In: a request head and a [`Status`] view of the loop. Out: a response.
-//! Always holds: handlers are pure over the view, so they never block the
-//! loop and tests need no sockets; the consul token is never part of a view.
+//! In: a request head and a [`Status`] view of the loop. Out: a response,
+//! or for `/-/metrics` and `/debug/state` a [`Heavy`] render: built a
+//! slice of the loop's time at a time, at most once a second, and shared
+//! by every connection that asks ([`renders`]). Always holds: handlers are
+//! pure over the view, so they never block the loop and tests need no
+//! sockets; the consul token is never part of a view.
 
+mod debug_state;
 pub mod metrics;
+pub mod renders;
 pub mod server;
 
 use std::time::{Duration, Instant, SystemTime};
 
-use serde_json::json;
-
 use crate::consul::client::Traffic;
-use crate::contract::Desired;
 use crate::http::{Method, RequestHead, Response};
 use crate::monitoring::metrics::{Metrics, View};
 use crate::state::unasked::Asking;
-use crate::state::{shown_identity, Snapshot, Source, Tick};
+use crate::state::{Snapshot, Source};
+pub use renders::Heavy;
 
 /// `/debug/state` lists at most this many identities asked without a key
 /// (the most recently asked); `unknown_identities_count` has them all.
@@ -70,39 +73,47 @@ pub struct StateFileStatus<'a> {
     pub write_errors: u64,
 }
 
+/// What a route answers: a small response at once, or a heavy one
+/// rendered in slices and shared ([`renders`]).
+#[derive(Debug, PartialEq, Eq)]
+pub enum Routed {
+    Now(Response),
+    Render(Heavy),
+}
+
 /// Routes of `-monitoring-addr`.
-pub fn handle_monitoring(head: &RequestHead, st: &Status<'_>) -> Response {
+pub fn handle_monitoring(head: &RequestHead, st: &Status<'_>) -> Routed {
     if let Some(r) = only_get(head) {
-        return r;
+        return Routed::Now(r);
     }
-    match head.path.as_str() {
+    Routed::Now(match head.path.as_str() {
         "/-/liveness" => text(200, "ok\n"),
         "/-/readiness" if st.snapshot.is_some() => text(200, "ready\n"),
         "/-/readiness" => text(503, "not ready: no complete consul read yet\n"),
-        "/-/metrics" => {
-            let view = View {
-                metrics: st.metrics,
-                snapshot: st.snapshot,
-                now: st.now,
-                started: st.started,
-                max_connections: st.max_connections,
-                consul_failures: st.watch.failures,
-                consul_requests: st.watch.requests,
-                consul_traffic: st.watch.traffic,
-                synced: st.source == Some(Source::Consul),
-                from_file: matches!(st.source, Some(Source::File { .. })),
-                state_file_writes: st.state_file.as_ref().map_or(0, |f| f.writes),
-                state_file_write_errors: st.state_file.as_ref().map_or(0, |f| f.write_errors),
-                asking: st.asking,
-            };
-            let mut r = text(200, &metrics::render(&view));
-            r.headers[0].1 = "text/plain; version=0.0.4; charset=utf-8".into();
-            r
-        }
+        "/-/metrics" => return Routed::Render(Heavy::Metrics),
         _ => text(
             404,
             "not found; try /-/metrics, /-/liveness, /-/readiness\n",
         ),
+    })
+}
+
+/// The metrics view of a status.
+pub fn metrics_view<'a>(st: &Status<'a>) -> View<'a> {
+    View {
+        metrics: st.metrics,
+        snapshot: st.snapshot,
+        now: st.now,
+        started: st.started,
+        max_connections: st.max_connections,
+        consul_failures: st.watch.failures,
+        consul_requests: st.watch.requests,
+        consul_traffic: st.watch.traffic,
+        synced: st.source == Some(Source::Consul),
+        from_file: matches!(st.source, Some(Source::File { .. })),
+        state_file_writes: st.state_file.as_ref().map_or(0, |f| f.writes),
+        state_file_write_errors: st.state_file.as_ref().map_or(0, |f| f.write_errors),
+        asking: st.asking,
     }
 }
 
@@ -120,20 +131,18 @@ stacks. The state the agent answers from is at /debug/state.
 ";
 
 /// Routes of `-pprof-addr`.
-pub fn handle_pprof(head: &RequestHead, st: &Status<'_>) -> Response {
+pub fn handle_pprof(head: &RequestHead) -> Routed {
     if let Some(r) = only_get(head) {
-        return r;
+        return Routed::Now(r);
     }
-    match head.path.as_str() {
+    Routed::Now(match head.path.as_str() {
         "/debug/state" => {
-            let only_diverted = head.query.split('&').any(|p| p == "diverted");
-            let mut r = text(200, &debug_state(st, only_diverted));
-            r.headers[0].1 = "application/json".into();
-            r
+            let diverted = head.query.split('&').any(|p| p == "diverted");
+            return Routed::Render(Heavy::DebugState { diverted });
         }
         p if p == "/debug/pprof" || p.starts_with("/debug/pprof/") => text(404, NO_PPROF),
         _ => text(404, "not found; try /debug/state\n"),
-    }
+    })
 }
 
 fn only_get(head: &RequestHead) -> Option<Response> {
@@ -155,158 +164,15 @@ fn text(status: u16, body: &str) -> Response {
     }
 }
 
-/// `/debug/state`: the snapshot the agent answers from and the watcher.
-/// `age_seconds` is the time since the last successful consul read; the
-/// consul token is not in [`Status`], so it cannot appear here.
-///
-/// With `only_diverted` (`?diverted`, what `status` asks for), the
-/// identities are the diverted ones only: a 20,000-key state renders in
-/// about 100-150 ms of the loop's time, 5 diverted keys of it in about 1 ms
-/// (`scripts/debug-state-cost.py`).
-pub fn debug_state(st: &Status<'_>, only_diverted: bool) -> String {
-    let age = st
-        .metrics
-        .last_success
-        .map(|t| st.now.saturating_duration_since(t).as_secs_f64());
-    let asked = |t: Option<Tick>| st.asking.and_then(|a| asked_json(a, t?, st.now));
-    let state = st.snapshot.map(|s| {
-        let mut entries: Vec<_> = match only_diverted {
-            true => s.diverted().map(|d| (d.identity, d.entry)).collect(),
-            false => s.entries().collect(),
-        };
-        entries.sort_by(|a, b| a.0.cmp(b.0));
-        let identities: serde_json::Map<String, serde_json::Value> = entries
-            .into_iter()
-            .map(|(id, e)| {
-                let reply = reply_text(e.desired);
-                let unasked = st.asking.is_some_and(|a| a.unasked.get(id).is_some());
-                let asks = st.asking.and_then(|a| Some((a, s.asks(id.as_bytes(), a.previous)?)));
-                let since = asks.map(|(a, (_, since))| a.clock.unix_seconds(since));
-                let last = asks.map(|(_, (last, _))| last);
-                (id.to_owned(), json!({"value": e.desired.to_string(), "reply": reply, "modify_index": e.modify_index, "last_asked": asked(last), "unchanged_since_unix_seconds": since, "unasked": unasked}))
-            })
-            .collect();
-        let invalid: Vec<_> = s
-            .invalid()
-            .iter()
-            .map(|k| json!({"key": k.key, "value": k.value, "reason": k.reason.label(), "modify_index": k.modify_index}))
-            .collect();
-        let shown = if only_diverted { "diverted" } else { "all" };
-        json!({"index": s.index(), "keys": s.len(), "identities_shown": shown, "identities": identities, "invalid": invalid})
-    });
-    let last_change = st.metrics.last_change.and_then(|t| {
-        t.duration_since(SystemTime::UNIX_EPOCH)
-            .ok()
-            .map(|d| d.as_secs_f64())
-    });
-    let doc = json!({
-        "version": crate::build_info::version_line(),
-        "synced": st.source == Some(Source::Consul),
-        "source": st.source.map(|s| match s {
-            Source::Consul => "consul",
-            Source::File { .. } => "state_file",
-        }),
-        "state_file": st.state_file.as_ref().map(|f| {
-            let written = match st.source {
-                Some(Source::File { written }) => Some(written),
-                _ => None,
-            };
-            json!({
-                "path": f.path.display().to_string(),
-                "answering_from_it": written.is_some(),
-                "written_unix_seconds": written.and_then(|t| t.duration_since(SystemTime::UNIX_EPOCH).ok()).map(|d| d.as_secs_f64()),
-                "age_seconds": written.and_then(|t| SystemTime::now().duration_since(t).ok()).map(|d| d.as_secs_f64()),
-                "writes": f.writes,
-                "write_errors": f.write_errors,
-            })
-        }),
-        "kv_prefix": st.kv_prefix,
-        "age_seconds": age,
-        "last_change_unix_seconds": last_change,
-        "absent_reply": "ready 100%",
-        "state": state,
-        "asking": st.asking.map(|a| asking_json(a, st.now, !only_diverted)),
-        "watcher": {
-            "phase": st.watch.phase,
-            "index": st.watch.index,
-            "consecutive_failures": st.watch.failures,
-            "last_error": st.watch.last_error,
-            "backing_off": st.watch.failures > 0 && st.watch.next_request_in.is_some(),
-            "next_request_in_seconds": st.watch.next_request_in.map(|d| d.as_secs_f64()),
-            "request_deadline_in_seconds": st.watch.request_deadline_in.map(|d| d.as_secs_f64()),
-        },
-    });
-    let mut s = serde_json::to_string_pretty(&doc).unwrap_or_default();
-    s.push('\n');
-    s
-}
-
-fn reply_text(d: Desired) -> String {
-    String::from_utf8_lossy(d.reply()).trim_end().to_owned()
-}
-
-/// A last ask: when (Unix seconds) and how long ago; `None` for never.
-fn asked_json(a: Asking<'_>, t: Tick, now: Instant) -> Option<serde_json::Value> {
-    let unix = a.clock.unix_seconds(t);
-    let ago = t.secs_until(a.clock.tick(now));
-    (!t.is_never()).then(|| json!({"unix_seconds": unix, "seconds_ago": ago}))
-}
-
-/// `/debug/state`'s `asking`: the unasked keys with the identity probably
-/// meant, and the identities asked for that have no key (listed only
-/// `with_unknown`; counted always).
-fn asking_json(a: Asking<'_>, now: Instant, with_unknown: bool) -> serde_json::Value {
-    let unasked: Vec<_> = a
-        .unasked
-        .sorted()
-        .into_iter()
-        .map(|(id, f)| {
-            json!({
-                "identity": id,
-                "value": f.entry.desired.to_string(),
-                "reply": reply_text(f.entry.desired),
-                "modify_index": f.entry.modify_index,
-                "last_asked": asked_json(a, f.last_asked, now),
-                "unchanged_since_unix_seconds": a.clock.unix_seconds(f.since),
-                "did_you_mean": f.suggestion.as_ref().and_then(|s| s.as_deref()),
-            })
-        })
-        .collect();
-    // The most recently asked (a flood of 65,536 would be seconds of JSON
-    // on the loop), then by name.
-    let mut strangers: Vec<_> = match with_unknown {
-        true => a.strangers.iter().collect(),
-        false => Vec::new(),
-    };
-    let order = |x: &(&[u8], Tick), y: &(&[u8], Tick)| y.1.cmp(&x.1).then(x.0.cmp(y.0));
-    if strangers.len() > MAX_UNKNOWN_SHOWN {
-        strangers.select_nth_unstable_by(MAX_UNKNOWN_SHOWN, order);
-        strangers.truncate(MAX_UNKNOWN_SHOWN);
-    }
-    strangers.sort_unstable_by(order);
-    let unknown: serde_json::Map<String, serde_json::Value> = strangers
-        .into_iter()
-        .map(|(id, t)| {
-            (
-                shown_identity(id),
-                asked_json(a, t, now).unwrap_or_default(),
-            )
-        })
-        .collect();
-    json!({
-        "unasked_after_seconds": a.unasked.after().as_secs(),
-        "unasked": unasked,
-        "unknown_identities": unknown,
-        "unknown_identities_count": a.strangers.len(),
-        "unknown_identities_overflow": a.strangers.overflow(),
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::consul::kv::KvPair;
     use crate::http::{parse_request_head, Parse};
+    use crate::monitoring::debug_state::debug_state;
+    use crate::slice::Slice;
+    use serde_json::json;
+    use std::sync::Arc;
 
     fn head(req: &str) -> RequestHead {
         match parse_request_head(req.as_bytes(), 4096) {
@@ -360,62 +226,93 @@ mod tests {
         std::str::from_utf8(&r.body).unwrap()
     }
 
+    /// A small response, answered at once.
+    fn now(r: Routed) -> Response {
+        match r {
+            Routed::Now(r) => r,
+            Routed::Render(kind) => panic!("rendered in slices: {kind:?}"),
+        }
+    }
+
     #[test]
     fn readiness_follows_the_first_read() {
         let m = Metrics::default();
-        let now = Instant::now();
-        let r = handle_monitoring(&get("/-/readiness"), &status(&m, None, now, true));
+        let t = Instant::now();
+        let r = now(handle_monitoring(
+            &get("/-/readiness"),
+            &status(&m, None, t, true),
+        ));
         assert_eq!(r.status, 503);
         let snap = Snapshot::build("p", 3, vec![]);
-        let r = handle_monitoring(&get("/-/readiness"), &status(&m, Some(&snap), now, true));
+        let r = now(handle_monitoring(
+            &get("/-/readiness"),
+            &status(&m, Some(&snap), t, true),
+        ));
         assert_eq!(r.status, 200);
-        let r = handle_monitoring(&get("/-/liveness"), &status(&m, None, now, true));
+        let r = now(handle_monitoring(
+            &get("/-/liveness"),
+            &status(&m, None, t, true),
+        ));
         assert_eq!((r.status, body(&r)), (200, "ok\n"));
     }
 
     #[test]
-    fn metrics_route_has_the_text_format_content_type() {
+    fn heavy_routes_are_rendered_in_slices_with_their_content_type() {
         let m = Metrics::default();
-        let r = handle_monitoring(&get("/-/metrics"), &status(&m, None, Instant::now(), true));
-        assert_eq!(r.status, 200);
-        assert_eq!(r.headers[0].1, "text/plain; version=0.0.4; charset=utf-8");
-        assert!(body(&r).contains("gitlab_haproxy_agent_consul_consecutive_failures 2\n"));
+        let st = status(&m, None, Instant::now(), true);
+        assert_eq!(
+            handle_monitoring(&get("/-/metrics"), &st),
+            Routed::Render(Heavy::Metrics)
+        );
+        assert_eq!(
+            Heavy::Metrics.content_type(),
+            "text/plain; version=0.0.4; charset=utf-8"
+        );
+        assert_eq!(
+            handle_pprof(&get("/debug/state?x&diverted")),
+            Routed::Render(Heavy::DebugState { diverted: true })
+        );
+        assert_eq!(
+            handle_pprof(&get("/debug/state")),
+            Routed::Render(Heavy::DebugState { diverted: false })
+        );
+        let view = metrics_view(&st);
+        let text = metrics::render(&view, None);
+        assert!(text.contains("gitlab_haproxy_agent_consul_consecutive_failures 2\n"));
     }
 
     #[test]
     fn unknown_paths_and_methods() {
         let m = Metrics::default();
         let st = status(&m, None, Instant::now(), true);
-        assert_eq!(handle_monitoring(&get("/nope"), &st).status, 404);
-        assert_eq!(handle_pprof(&get("/-/metrics"), &st).status, 404);
+        assert_eq!(now(handle_monitoring(&get("/nope"), &st)).status, 404);
+        assert_eq!(now(handle_pprof(&get("/-/metrics"))).status, 404);
         let post = head("POST /-/metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n");
-        let r = handle_monitoring(&post, &st);
+        let r = now(handle_monitoring(&post, &st));
         assert_eq!(r.status, 405);
         assert!(r
             .headers
             .iter()
             .any(|(k, v)| *k == "Allow" && v == "GET, HEAD"));
-        assert_eq!(handle_pprof(&post, &st).status, 405);
+        assert_eq!(now(handle_pprof(&post)).status, 405);
         let head_req = head("HEAD /-/liveness HTTP/1.1\r\nHost: x\r\n\r\n");
-        assert_eq!(handle_monitoring(&head_req, &st).status, 200);
+        assert_eq!(now(handle_monitoring(&head_req, &st)).status, 200);
     }
 
     #[test]
     fn pprof_profile_explains_perf() {
-        let m = Metrics::default();
-        let st = status(&m, None, Instant::now(), true);
         for path in ["/debug/pprof/profile", "/debug/pprof", "/debug/pprof/heap"] {
-            let r = handle_pprof(&get(path), &st);
+            let r = now(handle_pprof(&get(path)));
             assert_eq!(r.status, 404, "{path}");
             assert!(body(&r).contains("perf record"), "{path}");
         }
-        let r = handle_pprof(&get("/debug/pprof/profile?seconds=5"), &st);
+        let r = now(handle_pprof(&get("/debug/pprof/profile?seconds=5")));
         assert!(body(&r).contains("perf record -F 99 -g -p <pid>"));
     }
 
     #[test]
     fn debug_state_shows_identities_invalid_keys_and_the_idle_watcher() {
-        let snap = Snapshot::build(
+        let snap = Arc::new(Snapshot::build(
             "p",
             42,
             vec![
@@ -423,12 +320,16 @@ mod tests {
                 pair("p/be/b", "50%", 41),
                 pair("p/be/c", "up", 42),
             ],
-        );
+        ));
         let mut m = Metrics::default();
         let now = Instant::now();
         m.last_success = Some(now - Duration::from_secs(3));
-        let doc: serde_json::Value =
-            serde_json::from_str(&debug_state(&status(&m, Some(&snap), now, true), false)).unwrap();
+        let doc: serde_json::Value = serde_json::from_str(&debug_state(
+            &status(&m, Some(&snap), now, true),
+            Some(Arc::clone(&snap)),
+            false,
+        ))
+        .unwrap();
         assert_eq!(doc["synced"], true);
         assert_eq!(doc["age_seconds"], 3.0);
         assert_eq!(doc["state"]["index"], 42);
@@ -468,7 +369,7 @@ mod tests {
         }
         let mut unasked = Unasked::new(Duration::from_secs(60), t0);
         let now = t0 + Duration::from_secs(61);
-        unasked.sweep(&mut state, now);
+        unasked.step(&mut state, now, &mut Slice::unlimited());
         let m = Metrics::default();
         let mut st = status(&m, state.current(), now, false);
         st.asking = Some(Asking {
@@ -477,7 +378,8 @@ mod tests {
             unasked: &unasked,
             previous: None,
         });
-        let doc: serde_json::Value = serde_json::from_str(&debug_state(&st, false)).unwrap();
+        let doc: serde_json::Value =
+            serde_json::from_str(&debug_state(&st, state.shared(), false)).unwrap();
         let ids = &doc["state"]["identities"];
         assert!(ids["be_web/srv01"]["last_asked"].is_null(), "never");
         assert_eq!(ids["be_web/srv01"]["unasked"], true);
@@ -501,8 +403,8 @@ mod tests {
         assert_eq!(a["unknown_identities_overflow"], 0);
         assert_eq!(ids.as_object().unwrap().len(), 3);
         // `?diverted`: the same, but only the diverted identities.
-        let r = handle_pprof(&get("/debug/state?diverted"), &st);
-        let only: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+        let only: serde_json::Value =
+            serde_json::from_str(&debug_state(&st, state.shared(), true)).unwrap();
         assert_eq!(only["state"]["identities_shown"], "diverted");
         let shown: Vec<&String> = only["state"]["identities"]
             .as_object()
@@ -528,6 +430,7 @@ mod tests {
         let m = Metrics::default();
         let doc: serde_json::Value = serde_json::from_str(&debug_state(
             &status(&m, None, Instant::now(), false),
+            None,
             false,
         ))
         .unwrap();

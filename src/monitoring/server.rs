@@ -25,10 +25,11 @@ use std::io::{self, Read, Write};
 use std::time::{Duration, Instant};
 
 use crate::http::{
-    parse_request_head, render_response, BodyDecoder, BodyError, Method, Parse, RequestHead,
-    Response,
+    parse_request_head, render_head, render_response, BodyDecoder, BodyError, Method, Parse,
+    RequestHead, Response,
 };
 use crate::labels::label_enum;
+use crate::monitoring::renders::Body;
 
 /// A kept-alive connection may wait this long for the first byte of its
 /// next request (and a new one for its first).
@@ -137,6 +138,9 @@ pub struct HttpConn<S> {
     stream: S,
     inbuf: Vec<u8>,
     out: Vec<u8>,
+    /// A shared body written after `out` (a heavy render: a reference,
+    /// never a copy per connection).
+    shared: Option<Body>,
     phase: Phase,
     limits: Limits,
     accepted: Instant,
@@ -150,6 +154,7 @@ impl<S: Read + Write> HttpConn<S> {
             stream,
             inbuf: Vec::new(),
             out: Vec::new(),
+            shared: None,
             phase: Phase::ExpectHead {
                 since: now,
                 started: None,
@@ -322,12 +327,40 @@ impl<S: Read + Write> HttpConn<S> {
         chunk_over: Option<usize>,
         now: Instant,
     ) -> HttpProgress {
+        self.send(None, now, |out, keep_alive| {
+            render_response(out, resp, keep_alive, chunk_over, head_only);
+        })
+    }
+
+    /// Sends a response whose body is shared (`resp.body` is ignored): the
+    /// connection holds a reference until it is written.
+    pub fn respond_shared(
+        &mut self,
+        resp: &Response,
+        body: Body,
+        head_only: bool,
+        now: Instant,
+    ) -> HttpProgress {
+        let len = body.len();
+        self.send((!head_only).then_some(body), now, |out, keep_alive| {
+            render_head(out, resp, len, keep_alive);
+        })
+    }
+
+    /// Writes what `head` renders (given keep-alive), then `shared`.
+    fn send(
+        &mut self,
+        shared: Option<Body>,
+        now: Instant,
+        head: impl FnOnce(&mut Vec<u8>, bool),
+    ) -> HttpProgress {
         let keep_alive = match self.phase {
             Phase::Handling { keep_alive } => keep_alive,
             _ => false,
         };
         self.out.clear();
-        render_response(&mut self.out, resp, keep_alive, chunk_over, head_only);
+        head(&mut self.out, keep_alive);
+        self.shared = shared;
         self.phase = Phase::Writing {
             written: 0,
             keep_alive,
@@ -345,8 +378,13 @@ impl<S: Read + Write> HttpConn<S> {
         else {
             return HttpProgress::NeedRead;
         };
-        while *written < self.out.len() {
-            match self.stream.write(&self.out[*written..]) {
+        let total = self.out.len() + self.shared.as_ref().map_or(0, |b| b.len());
+        while *written < total {
+            let rest = match written.checked_sub(self.out.len()) {
+                None => &self.out[*written..],
+                Some(at) => &self.shared.as_deref().map_or(&[][..], |b| &b[..])[at..],
+            };
+            match self.stream.write(rest) {
                 Ok(0) => return HttpProgress::Close,
                 Ok(n) => *written += n,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return HttpProgress::NeedWrite,
@@ -354,6 +392,7 @@ impl<S: Read + Write> HttpConn<S> {
                 Err(_) => return HttpProgress::Close,
             }
         }
+        self.shared = None;
         self.served += 1;
         if !*keep_alive {
             return HttpProgress::Close;

@@ -12,6 +12,7 @@
 
 use std::collections::hash_map::RandomState;
 use std::collections::HashMap;
+use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -110,8 +111,18 @@ impl Asks {
     }
 }
 
+/// Asked identities up to this long are kept whole; longer ones as their
+/// first [`LONG_PREFIX`] bytes, a `0xff` byte and a keyed 64-bit hash of
+/// the whole ([`Strangers::is_whole`] tells them apart: longer than this).
+/// A peer choosing 64 KiB identities then costs at most this much per
+/// entry, not 64 KiB.
+pub const KEEP_WHOLE: usize = 256;
+/// The bytes of a long identity kept as they are.
+const LONG_PREFIX: usize = KEEP_WHOLE - 8;
+
 /// Asked identities without a key: the last ask of each, at most `cap` of
-/// them. Survives every swap (it is not part of a snapshot).
+/// them, each at most [`KEEP_WHOLE`] + 1 bytes. Survives every swap (it is
+/// not part of a snapshot).
 #[derive(Debug)]
 pub struct Strangers {
     map: HashMap<Box<[u8]>, Tick, RandomState>,
@@ -130,11 +141,30 @@ impl Strangers {
     }
 
     /// The hot path for identities without a key: one probe; one
-    /// allocation the first time an identity is asked.
+    /// allocation the first time an identity is asked (none after).
     pub fn record(&mut self, identity: &[u8], now: Tick) {
         if !self.put(identity, now) {
             self.overflow += 1;
         }
+    }
+
+    /// How an identity is held: itself up to [`KEEP_WHOLE`] bytes, else
+    /// its prefix, `0xff` and its hash, built in `buf` (no allocation).
+    fn held<'a>(&self, identity: &'a [u8], buf: &'a mut [u8; KEEP_WHOLE + 1]) -> &'a [u8] {
+        if identity.len() <= KEEP_WHOLE {
+            return identity;
+        }
+        buf[..LONG_PREFIX].copy_from_slice(&identity[..LONG_PREFIX]);
+        buf[LONG_PREFIX] = 0xff;
+        let hash = self.map.hasher().hash_one(identity);
+        buf[LONG_PREFIX + 1..].copy_from_slice(&hash.to_be_bytes());
+        &buf[..]
+    }
+
+    /// Whether a held identity (from [`Strangers::iter`]) is the whole
+    /// identity, not a long one's prefix and hash.
+    pub fn is_whole(held: &[u8]) -> bool {
+        held.len() <= KEEP_WHOLE
     }
 
     /// Takes over the last ask of an identity whose key was deleted,
@@ -148,6 +178,8 @@ impl Strangers {
     /// Sets an identity's last ask; `false` if it is new and there is no
     /// room.
     fn put(&mut self, identity: &[u8], last: Tick) -> bool {
+        let mut buf = [0; KEEP_WHOLE + 1];
+        let identity = self.held(identity, &mut buf);
         if let Some(held) = self.map.get_mut(identity) {
             *held = last;
         } else if self.map.len() < self.cap {
@@ -160,10 +192,14 @@ impl Strangers {
 
     /// Removes an identity that now has a key; its last ask.
     pub fn take(&mut self, identity: &[u8]) -> Tick {
+        let mut buf = [0; KEEP_WHOLE + 1];
+        let identity = self.held(identity, &mut buf);
         self.map.remove(identity).unwrap_or(Tick::NEVER)
     }
 
     pub fn last(&self, identity: &[u8]) -> Tick {
+        let mut buf = [0; KEEP_WHOLE + 1];
+        let identity = self.held(identity, &mut buf);
         self.map.get(identity).copied().unwrap_or(Tick::NEVER)
     }
 
@@ -185,8 +221,9 @@ impl Strangers {
         self.overflow
     }
 
-    /// Every identity held and its last ask, in no particular order. An
-    /// asked identity need not be UTF-8: show it lossily.
+    /// Every identity held and its last ask, in no particular order (a
+    /// long one as its prefix and hash, see [`Strangers::is_whole`]). An
+    /// asked identity need not be UTF-8: show it with [`shown_identity`].
     pub fn iter(&self) -> impl Iterator<Item = (&[u8], Tick)> {
         self.map.iter().map(|(k, t)| (&k[..], *t))
     }
@@ -194,8 +231,15 @@ impl Strangers {
 
 /// An asked identity as shown (JSON, `status`): as it is when it is UTF-8
 /// without a backslash, else escaped (`\\`, `\xff`), so that two
-/// identities never show alike.
+/// identities never show alike. A long one held as its prefix and hash
+/// shows as `prefix...#` and 16 hex digits: longer than any whole
+/// identity shown unescaped.
 pub fn shown_identity(identity: &[u8]) -> String {
+    if !Strangers::is_whole(identity) {
+        let (prefix, hash) = identity.split_at(LONG_PREFIX);
+        let hash = u64::from_be_bytes(hash[1..].try_into().unwrap_or_default());
+        return format!("{}...#{hash:016x}", shown_identity(prefix));
+    }
     match std::str::from_utf8(identity) {
         Ok(s) if !s.contains('\\') => s.to_owned(),
         _ => crate::logging::escape(identity, usize::MAX),
@@ -205,6 +249,43 @@ pub fn shown_identity(identity: &[u8]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn long_identities_are_held_as_a_prefix_and_a_hash() {
+        let mut s = Strangers::new(10_000);
+        let t = Tick(5);
+        // 2,000 distinct 65 KB identities (the review's +130 MB): each held
+        // in at most KEEP_WHOLE + 1 bytes.
+        let long = |i: usize| {
+            let mut id = vec![b'a'; 65_000];
+            id.extend_from_slice(format!("/{i}").as_bytes());
+            id
+        };
+        for i in 0..2000 {
+            s.record(&long(i), t);
+        }
+        assert_eq!(s.len(), 2000, "same prefix, different identities");
+        let held: usize = s.iter().map(|(k, _)| k.len()).sum();
+        assert_eq!(held, 2000 * (KEEP_WHOLE + 1));
+        // The same identity again is the same entry, and found as itself.
+        s.record(&long(7), Tick(9));
+        assert_eq!((s.len(), s.last(&long(7))), (2000, Tick(9)));
+        assert_eq!(s.take(&long(7)), Tick(9));
+        assert_eq!(s.last(&long(7)), Tick::NEVER);
+        // Up to KEEP_WHOLE bytes an identity is held whole.
+        let edge = vec![b'b'; KEEP_WHOLE];
+        s.record(&edge, t);
+        assert!(s
+            .iter()
+            .any(|(k, _)| k == &edge[..] && Strangers::is_whole(k)));
+        let (k, _) = s.iter().find(|(k, _)| !Strangers::is_whole(k)).unwrap();
+        let shown = shown_identity(k);
+        assert!(
+            shown.starts_with("aaaa") && shown.contains("...#"),
+            "{shown}"
+        );
+        assert_eq!(shown.len(), LONG_PREFIX + 4 + 16);
+    }
 
     #[test]
     fn ticks_are_whole_seconds_after_start_and_never_is_zero() {

@@ -6,15 +6,18 @@
 //! at the swap, per-key changes slice by slice) and, for the metrics, what
 //! each step found. Always holds: the new state answers from the swap on;
 //! the old one is compared (for the change log) and then freed in slices of
-//! at most `max` entries, so a 100,000-key swap never stalls the loop; a
-//! swap arriving while the last is still being retired finishes it first,
-//! so every change is logged once and against the state it replaced.
+//! the loop's time ([`Slice`]), so a 100,000-key swap never stalls the
+//! loop; a swap arriving while the last is still being retired queues
+//! behind it (never finished in one turn), and the queue is worked in
+//! order, so every change is logged once and against the state it
+//! replaced.
 //!
 //! It also answers: [`Swapper::answer`] is the hot path, which records
 //! when each identity was asked (in the current snapshot's slot, or in the
 //! set of identities without a key), and the retirement carries those asks
 //! over to the new state, so they survive every swap.
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Instant, SystemTime};
 
@@ -23,6 +26,7 @@ use log::{debug, info, warn};
 use super::{ChangeScan, Clock, Entry, Graveyard, InvalidReason, Snapshot, Strangers};
 use crate::contract::{Admin, Desired};
 use crate::logging::escape;
+use crate::slice::Slice;
 
 /// Where the current state came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -47,10 +51,20 @@ pub struct Swapper {
     strangers: Strangers,
     current: Option<Arc<Snapshot>>,
     source: Option<Source>,
-    /// The state before the last swap, while its changes are logged.
-    retiring: Option<(Arc<Snapshot>, ChangeScan)>,
-    /// The state before that, being freed.
-    graveyard: Option<Graveyard>,
+    /// States replaced and not yet compared with their successor, oldest
+    /// first: (old, the state that replaced it, the scan).
+    retiring: VecDeque<Retiring>,
+    /// States compared, being freed, oldest first.
+    graveyard: VecDeque<Graveyard>,
+}
+
+/// A replaced state whose changes are being logged and whose asks are
+/// being carried over to the state that replaced it.
+#[derive(Debug)]
+struct Retiring {
+    old: Arc<Snapshot>,
+    new: Arc<Snapshot>,
+    scan: ChangeScan,
 }
 
 /// What a swap found, for the metrics.
@@ -81,8 +95,8 @@ impl Swapper {
             strangers: Strangers::new(max_strangers),
             current: None,
             source: None,
-            retiring: None,
-            graveyard: None,
+            retiring: VecDeque::new(),
+            graveyard: VecDeque::new(),
         }
     }
 
@@ -135,25 +149,23 @@ impl Swapper {
         }
     }
 
-    /// The state whose asks are still being carried over, while they are
-    /// (a new entry's last ask and `since` are not final until then).
+    /// The state whose asks are still being carried over to the current
+    /// one, while they are (a new entry's last ask and `since` are not
+    /// final until then).
     pub fn carrying_from(&self) -> Option<&Snapshot> {
-        self.retiring.as_ref().map(|(old, _)| &**old)
+        self.retiring.back().map(|r| &*r.old)
     }
 
     /// Whether an old state is still being compared or freed: the loop
     /// calls [`Swapper::step`] every turn until it is not.
     pub fn busy(&self) -> bool {
-        self.retiring.is_some() || self.graveyard.is_some()
+        !self.retiring.is_empty() || !self.graveyard.is_empty()
     }
 
     /// Answers from `new` at once (from `now`), logs the keys it newly
-    /// drops, and starts retiring the state it replaces.
+    /// drops, and queues the state it replaces for retirement (behind any
+    /// still being retired: never finished here, in one turn).
     pub fn swap(&mut self, mut new: Snapshot, now: Instant) -> Swapped {
-        // A swap still being logged from the last change: finish it first.
-        while self.busy() {
-            self.step(usize::MAX);
-        }
         let empty = Snapshot::default();
         let invalid = new.new_invalid_since(self.current.as_deref().unwrap_or(&empty));
         for k in &invalid {
@@ -172,7 +184,8 @@ impl Swapper {
         let from_file = matches!(self.source, Some(Source::File { .. }));
         self.source = Some(Source::Consul);
         new.set_born(self.clock.tick(now));
-        let first = match self.current.replace(Arc::new(new)) {
+        let new = Arc::new(new);
+        let first = match self.current.replace(Arc::clone(&new)) {
             None => {
                 info!(keys = keys, invalid = invalid_keys, index = index; "first consul read complete: answering");
                 true
@@ -181,45 +194,58 @@ impl Swapper {
                 if from_file {
                     info!(keys = keys, invalid = invalid_keys, index = index; "first consul read complete: replacing the state from the state file (its differences follow as state changes)");
                 }
-                self.retiring = Some((old, ChangeScan::default()));
+                self.retiring.push_back(Retiring {
+                    old,
+                    new,
+                    scan: ChangeScan::default(),
+                });
                 from_file
             }
         };
         Swapped { first, invalid }
     }
 
-    /// One slice of retiring the previous state: log up to `max` entries'
-    /// changes, or, once compared, free up to `max` entries. Returns how
-    /// many changes it logged.
-    pub fn step(&mut self, max: usize) -> usize {
-        if let Some((old, scan)) = self.retiring.as_mut() {
-            let Some(new) = self.current.as_ref() else {
-                return 0; // unreachable: retiring implies a current state
-            };
+    /// One slice of retiring the replaced states, oldest first: log their
+    /// changes (carrying their asks over), then free them, until the
+    /// slice is spent. Returns how many changes it logged.
+    pub fn step(&mut self, slice: &mut Slice) -> usize {
+        let mut logged = 0;
+        while let Some(r) = self.retiring.front_mut() {
             let mut changes = Vec::new();
-            let done = scan.step(new, old, max, &mut changes, Some(&mut self.strangers));
+            let done = r.scan.step(
+                &r.new,
+                &r.old,
+                slice,
+                &mut changes,
+                Some(&mut self.strangers),
+            );
             for c in &changes {
                 let show = |e: Option<Entry>| {
                     e.map_or_else(|| "absent".to_owned(), |e| e.desired.to_string())
                 };
                 // A delete has no ModifyIndex of its own: the state's.
-                let index = c.new.map_or(new.index(), |e| e.modify_index);
+                let index = c.new.map_or(r.new.index(), |e| e.modify_index);
                 info!(identity = escape(c.identity.as_bytes(), 256), old = show(c.old), new = show(c.new), index = index; "state change");
             }
-            let logged = changes.len();
-            if done {
-                // Shared with the state file's writer: it frees it.
-                let old = self.retiring.take().map(|(old, _)| Arc::try_unwrap(old));
-                self.graveyard = old.and_then(Result::ok).map(Snapshot::into_graveyard);
+            logged += changes.len();
+            if !done {
+                return logged;
             }
-            return logged;
-        }
-        if let Some(g) = self.graveyard.as_mut() {
-            if g.free(max) {
-                self.graveyard = None;
+            // Shared with the state file's writer: then it frees it.
+            if let Some(Ok(old)) = self.retiring.pop_front().map(|r| Arc::try_unwrap(r.old)) {
+                self.graveyard.push_back(old.into_graveyard());
+            }
+            if slice.is_over() {
+                return logged;
             }
         }
-        0
+        while let Some(g) = self.graveyard.front_mut() {
+            if !g.free(slice) {
+                break;
+            }
+            self.graveyard.pop_front();
+        }
+        logged
     }
 }
 
@@ -256,7 +282,7 @@ mod tests {
         let mut s = swapper();
         assert!(s.current().is_none());
         assert!(!s.busy());
-        assert_eq!(s.step(10), 0);
+        assert_eq!(s.step(&mut Slice::items(10)), 0);
         let swapped = s.swap(snapshot(1, &[("b/a", "drain")]), Instant::now());
         assert_eq!(
             swapped,
@@ -289,12 +315,12 @@ mod tests {
         let mut logged = 0;
         let mut steps = 0;
         while s.busy() {
-            logged += s.step(3);
+            logged += s.step(&mut Slice::items(3));
             steps += 1;
             assert!(steps < 20, "retiring must end");
         }
         assert_eq!(logged, 10);
-        assert!(steps >= 4 + 4, "3 entries a slice: compare, then free");
+        assert!(steps >= 7, "3 entries a slice: 10 compared, then 10 freed");
     }
 
     #[test]
@@ -339,7 +365,11 @@ mod tests {
         assert!(swapped.first && swapped.changed(), "consul takes over");
         assert_eq!(s.source(), Some(Source::Consul));
         // b/b: maint -> absent; b/a: a new ModifyIndex.
-        assert_eq!(s.step(usize::MAX), 2, "the difference is logged");
+        assert_eq!(
+            s.step(&mut Slice::unlimited()),
+            2,
+            "the difference is logged"
+        );
         // A file never replaces a state that is already there.
         s.load(snapshot(1, &[]), written, Instant::now());
         assert_eq!(s.current().unwrap().index(), 6);
@@ -352,7 +382,7 @@ mod tests {
         let held = s.shared().unwrap();
         s.swap(snapshot(2, &[]), Instant::now());
         while s.busy() {
-            s.step(usize::MAX);
+            s.step(&mut Slice::unlimited());
         }
         assert_eq!(held.index(), 1, "still readable by its holder");
         assert_eq!(Arc::strong_count(&held), 1);
@@ -364,11 +394,15 @@ mod tests {
         s.swap(snapshot(1, &[("b/a", "drain")]), Instant::now());
         s.swap(snapshot(2, &[("b/a", "maint")]), Instant::now());
         assert!(s.busy());
-        // The next swap finishes the previous retirement before its own.
+        // The next swap queues behind the previous retirement: the swap
+        // itself retires nothing (no unbounded work in one turn).
         s.swap(snapshot(3, &[("b/a", "ready")]), Instant::now());
         assert_eq!(s.current().unwrap().index(), 3);
-        assert_eq!(s.step(usize::MAX), 1, "maint -> ready, against state 2");
-        s.step(usize::MAX);
+        assert_eq!(s.retiring.len(), 2);
+        // Oldest first: drain -> maint against state 1, then maint ->
+        // ready against state 2, each logged once.
+        assert_eq!(s.step(&mut Slice::items(1)), 1, "drain -> maint");
+        assert_eq!(s.step(&mut Slice::unlimited()), 1, "maint -> ready");
         assert!(!s.busy());
     }
 }

@@ -12,7 +12,7 @@
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -397,6 +397,55 @@ pub fn put_many(addr: SocketAddr, keys: impl Iterator<Item = (String, &'static s
     done
 }
 
+/// Agent checks, one after another on fresh connections, on a thread of
+/// their own until stopped: the latency of each (a check without a reply
+/// counts as `Duration::MAX`).
+pub struct Checker {
+    stop: Arc<AtomicBool>,
+    thread: std::thread::JoinHandle<Vec<Duration>>,
+}
+
+impl Checker {
+    pub fn start(addr: SocketAddr) -> Checker {
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = Arc::clone(&stop);
+        let thread = std::thread::spawn(move || {
+            let mut took = Vec::new();
+            while !flag.load(Ordering::Relaxed) {
+                let t = Instant::now();
+                let ok = check(addr, b"be_web/srv1\n").as_deref() == Some("ready 100%");
+                took.push(if ok { t.elapsed() } else { Duration::MAX });
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            took
+        });
+        Checker { stop, thread }
+    }
+
+    /// Stops; (p99, max) of the checks, each of which must have been
+    /// answered.
+    pub fn finish(self, what: &str) -> (Duration, Duration) {
+        self.stop.store(true, Ordering::Relaxed);
+        let took = self.thread.join().unwrap();
+        assert!(took.len() >= 20, "{what}: only {} checks", took.len());
+        let max = took.iter().copied().max().unwrap();
+        assert!(max != Duration::MAX, "{what}: a check got no reply");
+        (p99(took), max)
+    }
+}
+
+/// The resident set of a process, in KiB.
+pub fn rss_kib(pid: u32) -> u64 {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let line = s.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
+    line.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+pub fn p99(mut v: Vec<Duration>) -> Duration {
+    v.sort();
+    v[(v.len() * 99 / 100).min(v.len() - 1)]
+}
+
 /// A KV prefix no other test uses.
 pub fn unique_prefix(test: &str) -> String {
     static N: AtomicUsize = AtomicUsize::new(0);
@@ -497,5 +546,6 @@ pub fn free_port() -> u16 {
         .port()
 }
 pub mod haproxy;
+pub mod prometheus;
 pub mod proxy;
 pub mod tls;

@@ -5,6 +5,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use super::*;
 use crate::consul::kv::KvPair;
+use crate::slice::Slice;
 use crate::state::{Clock, Snapshot};
 
 const PREFIX: &str = "p";
@@ -35,7 +36,7 @@ impl World {
     fn swap(&mut self, secs: u64, pairs: &[(&str, &str, u64)]) {
         self.swap_only(secs, pairs);
         while self.state.busy() {
-            self.state.step(usize::MAX);
+            self.state.step(&mut Slice::unlimited());
         }
     }
 
@@ -65,15 +66,18 @@ impl World {
 
     fn sweep(&mut self, secs: u64) -> Swept {
         let at = self.at(secs);
-        self.unasked.sweep(&mut self.state, at)
+        self.unasked
+            .step(&mut self.state, at, &mut Slice::unlimited())
     }
 
     fn unasked(&self) -> Vec<(&str, Option<&str>)> {
-        self.unasked
-            .sorted()
-            .into_iter()
+        let mut v: Vec<_> = self
+            .unasked
+            .iter()
             .map(|(id, f)| (id, f.suggestion.as_ref().and_then(|s| s.as_deref())))
-            .collect()
+            .collect();
+        v.sort();
+        v
     }
 }
 
@@ -220,9 +224,9 @@ fn a_sweep_waits_for_the_asks_to_be_carried_over() {
         "back as soon as the loop is free"
     );
     assert_eq!(w.unasked.len(), 2);
-    w.state.step(1);
+    w.state.step(&mut Slice::items(1));
     while w.state.busy() {
-        w.state.step(usize::MAX);
+        w.state.step(&mut Slice::unlimited());
     }
     assert_eq!(
         w.sweep(64),
@@ -282,38 +286,77 @@ fn a_key_asked_more_often_than_the_window_is_never_unasked_whatever_the_phase() 
         let at = w.t0 + Duration::from_millis(400 * i);
         w.state.answer(b"b/a", at);
         let sweep_at = w.t0 + Duration::from_millis(400 * i + 399);
-        assert_eq!(w.unasked.sweep(&mut w.state, sweep_at).warned, 0, "ask {i}");
+        assert_eq!(
+            w.unasked
+                .step(&mut w.state, sweep_at, &mut Slice::unlimited())
+                .warned,
+            0,
+            "ask {i}"
+        );
     }
     // Two whole seconds later it is.
     let later = w.t0 + Duration::from_millis(400 * 49 + 2_001);
-    assert_eq!(w.unasked.sweep(&mut w.state, later).warned, 1);
+    assert_eq!(
+        w.unasked
+            .step(&mut w.state, later, &mut Slice::unlimited())
+            .warned,
+        1
+    );
 }
 
 #[test]
-fn suggestions_spend_a_bounded_budget_per_sweep_and_finish_later() {
+fn a_sweep_over_many_keys_and_candidates_takes_many_slices_with_checks_between() {
     let mut w = World::new(200_000);
-    let keys: Vec<String> = (0..4).map(|i| format!("be/key{i}")).collect();
+    // 2,000 diverted keys nobody asks for, 100,000 identities asked (the
+    // review's stall: each key's suggestion searched every candidate).
+    let keys: Vec<String> = (0..2000).map(|i| format!("be/key{i}")).collect();
     let pairs: Vec<(&str, &str, u64)> = keys.iter().map(|k| (k.as_str(), "drain", 1)).collect();
     w.swap(0, &pairs);
-    // Many identities asked: each key's suggestion scans them all.
-    let n = SUGGEST_BUDGET / 2 + 1;
     let at = w.at(60);
-    for i in 0..n {
+    for i in 0..100_000 {
         w.state.answer(format!("be/other{i}").as_bytes(), at);
     }
     w.state.answer(b"be/kex2", at);
-    assert_eq!(
-        w.sweep(61).warned,
-        1,
-        "one key's worth, then the budget is spent"
-    );
-    assert_eq!(w.unasked.len(), 4, "all unasked at once; warnings follow");
-    assert_eq!(w.sweep(62).warned, 1);
-    assert_eq!(w.sweep(63).warned, 1);
-    assert_eq!(w.sweep(64).warned, 1);
+    let (mut slices, mut warned) = (0, 0);
+    let now = w.at(61);
+    loop {
+        warned += w
+            .unasked
+            .step(&mut w.state, now, &mut Slice::items(5_000))
+            .warned;
+        slices += 1;
+        if w.unasked.due() > now {
+            break; // swept: the next one is a period away
+        }
+        // Between slices the loop answers checks.
+        assert!(w.state.answer(b"be/other7", now).is_some());
+        assert!(slices < 10_000, "a sweep must end");
+    }
+    assert_eq!(warned, 2000);
+    assert!(slices > 20, "{slices} slices");
     assert_eq!(
         w.unasked.get("be/key2").unwrap().suggestion,
         Some(Some("be/kex2".into()))
+    );
+    // A swap (another key written) sweeps again at once, but the keys
+    // already warned about keep their suggestion: no search, no warning.
+    let mut more = pairs.clone();
+    more.push(("be/new", "ready", 2));
+    w.swap(62, &more);
+    let at = w.at(62);
+    w.unasked.soon(at);
+    let mut slices = 0;
+    let mut again = Swept::default();
+    while slices == 0 || w.unasked.due() <= at {
+        let s = w.unasked.step(&mut w.state, at, &mut Slice::items(5_000));
+        again.warned += s.warned;
+        again.cleared += s.cleared;
+        slices += 1;
+    }
+    assert_eq!(again, Swept::default());
+    assert!(
+        slices < 10,
+        "marking 2,000 keys, no suggestions: {slices} slices"
     );
 }
 
@@ -333,21 +376,25 @@ fn old_strangers_are_forgotten_making_room() {
     assert_eq!(w.state.strangers().len(), 2);
 }
 
+/// The closest of `asked` (identity, keyed) to `identity`, searched at once.
+fn closest(identity: &[u8], asked: &[(&str, bool)]) -> Option<String> {
+    let mut index = Index::default();
+    for (id, keyed) in asked {
+        index.add(id.as_bytes(), *keyed);
+    }
+    let mut search = Search::default();
+    search
+        .run(identity, &index, &mut Slice::unlimited())
+        .expect("an unlimited slice ends the search")
+}
+
 #[test]
 fn the_closest_identity_is_suggested_only_when_close() {
-    let cands = |ids: &[(&'static str, bool)]| -> Vec<Candidate<'static>> {
-        ids.iter()
-            .map(|(id, keyed)| Candidate {
-                identity: id.as_bytes(),
-                keyed: *keyed,
-            })
-            .collect()
-    };
-    let asked = cands(&[
+    let asked = [
         ("be_web/srv1", false),
         ("be_web/srv2", false),
         ("be_api/srv1", true),
-    ]);
+    ];
     assert_eq!(
         closest(b"be_web/srv01", &asked).as_deref(),
         Some("be_web/srv1")
@@ -372,7 +419,7 @@ fn the_closest_identity_is_suggested_only_when_close() {
         "never itself"
     );
     // A tie between a keyed and an unkeyed identity: the unkeyed one.
-    let tie = cands(&[("b/s1", true), ("b/s3", false)]);
+    let tie = [("b/s1", true), ("b/s3", false)];
     assert_eq!(closest(b"b/s2", &tie).as_deref(), Some("b/s3"));
 }
 

@@ -1,0 +1,421 @@
+//! `/debug/state`: the snapshot the agent answers from, who asks for what,
+//! and the watcher, as one JSON document rendered a slice of the loop's
+//! time at a time.
+//!
+//! In: a [`Status`] view when the render starts (the scalar fields, and the
+//! state, shared), then each slice the asks ([`Asking`]) and a [`Slice`].
+//! Out: the document. Always holds: one identity per line (sorted), so a
+//! 20,000-key state is a few hundred slices of well under a millisecond,
+//! never one turn; `age_seconds` is the time since the last successful
+//! consul read; the consul token is not in [`Status`], so it cannot appear
+//! here.
+//!
+//! With `only_diverted` (`?diverted`, what `status` asks for), the
+//! identities are the diverted ones only, and the identities asked without
+//! a key are counted, not listed.
+//!
+//! | part | source | how it resumes |
+//! |---|---|---|
+//! | head | the status: version, source, watcher, counts | written at once |
+//! | identities | the state's entries (or diverted ones) | collected into a sorted set by position, then written in order |
+//! | invalid | the state's invalid keys | by position |
+//! | unasked | the unasked keys | collected by position, then written in order |
+//! | unknown | the asked identities without a key | the 1,000 most recent kept in a heap by position, then written |
+
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
+use std::fmt::Write as _;
+use std::sync::Arc;
+use std::time::{Instant, SystemTime};
+
+use serde_json::{json, Value};
+
+use super::{Status, MAX_UNKNOWN_SHOWN};
+use crate::contract::Desired;
+use crate::slice::Slice;
+use crate::state::unasked::{Asking, Finding};
+use crate::state::{shown_identity, Snapshot, Source, Tick};
+
+/// A `/debug/state` document being rendered.
+#[derive(Debug)]
+pub struct DebugStateRender {
+    out: String,
+    state: Option<Arc<Snapshot>>,
+    only_diverted: bool,
+    now: Instant,
+    part: Part,
+}
+
+#[derive(Debug)]
+enum Part {
+    CollectIdentities {
+        pos: usize,
+        ids: BTreeSet<Box<str>>,
+    },
+    Identities {
+        ids: BTreeSet<Box<str>>,
+        first: bool,
+    },
+    Invalid {
+        pos: usize,
+    },
+    CollectUnasked {
+        pos: usize,
+        keys: BTreeMap<Box<str>, Finding>,
+    },
+    Unasked {
+        keys: BTreeMap<Box<str>, Finding>,
+        first: bool,
+    },
+    CollectUnknown {
+        pos: usize,
+        recent: BinaryHeap<Recent>,
+    },
+    Unknown {
+        rows: Vec<Recent>,
+        first: bool,
+    },
+    Done,
+}
+
+/// An identity asked without a key, ranked for the heap: the top is the
+/// one to drop first (the oldest ask, then the greatest name).
+#[derive(Debug, PartialEq, Eq, PartialOrd, Ord)]
+struct Recent {
+    ago: std::cmp::Reverse<Tick>,
+    identity: Box<[u8]>,
+}
+
+impl DebugStateRender {
+    /// Writes the head (everything but the lists) from `st`; `state` is
+    /// `st`'s snapshot, shared for the slices to come.
+    pub fn new(st: &Status<'_>, state: Option<Arc<Snapshot>>, only_diverted: bool) -> Self {
+        let mut out = String::with_capacity(64 * 1024);
+        out.push_str("{\n");
+        for (key, value) in head(st) {
+            let _ = writeln!(out, "{}: {value},", json!(key));
+        }
+        let part = match &state {
+            Some(s) => {
+                let shown = if only_diverted { "diverted" } else { "all" };
+                let _ = write!(
+                    out,
+                    "\"state\": {{\"index\": {}, \"keys\": {}, \"identities_shown\": \"{shown}\", \"identities\": {{",
+                    s.index(),
+                    s.len()
+                );
+                Part::CollectIdentities {
+                    pos: 0,
+                    ids: BTreeSet::new(),
+                }
+            }
+            None => {
+                out.push_str("\"state\": null,\n");
+                Part::CollectUnasked {
+                    pos: 0,
+                    keys: BTreeMap::new(),
+                }
+            }
+        };
+        DebugStateRender {
+            out,
+            state,
+            only_diverted,
+            now: st.now,
+            part,
+        }
+    }
+
+    /// Renders on until the slice is spent; `true` once the document is
+    /// complete ([`DebugStateRender::finish`]).
+    pub fn step(&mut self, asking: Option<Asking<'_>>, slice: &mut Slice) -> bool {
+        loop {
+            let part = std::mem::replace(&mut self.part, Part::Done);
+            self.part = self.advance(part, asking, slice);
+            if matches!(self.part, Part::Done) {
+                return true;
+            }
+            if slice.is_over() {
+                return false;
+            }
+        }
+    }
+
+    pub fn finish(self) -> String {
+        self.out
+    }
+
+    fn advance(&mut self, part: Part, asking: Option<Asking<'_>>, slice: &mut Slice) -> Part {
+        let state = self.state.as_deref();
+        match part {
+            Part::CollectIdentities { mut pos, mut ids } => {
+                let Some(s) = state else { return Part::Done };
+                let done = if self.only_diverted {
+                    collect(
+                        s.diverted_from(&mut pos).map(|d| d.identity),
+                        &mut ids,
+                        slice,
+                    )
+                } else {
+                    collect(s.asks_from(&mut pos).map(|(id, _)| id), &mut ids, slice)
+                };
+                match done && pos >= s.len() {
+                    true => Part::Identities { ids, first: true },
+                    false => Part::CollectIdentities { pos, ids },
+                }
+            }
+            Part::Identities { mut ids, mut first } => {
+                let Some(s) = state else { return Part::Done };
+                while let Some(id) = ids.pop_first() {
+                    let row = identity_row(s, &id, asking, self.now);
+                    push_row(
+                        &mut self.out,
+                        &mut first,
+                        format_args!("{}: {row}", json!(&*id)),
+                    );
+                    if slice.spent(row.len()) {
+                        return Part::Identities { ids, first };
+                    }
+                }
+                self.out.push_str("\n}, \"invalid\": [");
+                Part::Invalid { pos: 0 }
+            }
+            Part::Invalid { mut pos } => {
+                let Some(s) = state else { return Part::Done };
+                while let Some(k) = s.invalid().get(pos) {
+                    let row = json!({"key": k.key, "value": k.value, "reason": k.reason.label(), "modify_index": k.modify_index}).to_string();
+                    push_row(&mut self.out, &mut (pos == 0), format_args!("{row}"));
+                    pos += 1;
+                    if slice.spent(row.len()) {
+                        return Part::Invalid { pos };
+                    }
+                }
+                self.out.push_str("\n]},\n");
+                Part::CollectUnasked {
+                    pos: 0,
+                    keys: BTreeMap::new(),
+                }
+            }
+            Part::CollectUnasked { mut pos, mut keys } => {
+                let Some(a) = asking else {
+                    self.out.push_str("\"asking\": null\n}\n");
+                    return Part::Done;
+                };
+                // The unasked keys may change between slices (a sweep): a
+                // key then missed or shown twice is the sweep's news.
+                for (id, f) in a.unasked.iter().skip(pos) {
+                    pos += 1;
+                    keys.insert(id.into(), f.clone());
+                    if slice.spent(id.len()) {
+                        break;
+                    }
+                }
+                if pos < a.unasked.len() {
+                    return Part::CollectUnasked { pos, keys };
+                }
+                let _ = write!(
+                    self.out,
+                    "\"asking\": {{\"unasked_after_seconds\": {}, \"unknown_identities_count\": {}, \"unknown_identities_overflow\": {}, \"unasked\": [",
+                    a.unasked.after().as_secs(),
+                    a.strangers.len(),
+                    a.strangers.overflow()
+                );
+                Part::Unasked { keys, first: true }
+            }
+            Part::Unasked {
+                mut keys,
+                mut first,
+            } => {
+                let Some(a) = asking else { return Part::Done };
+                while let Some((id, f)) = keys.pop_first() {
+                    let row = unasked_row(a, &id, &f, self.now).to_string();
+                    push_row(&mut self.out, &mut first, format_args!("{row}"));
+                    if slice.spent(row.len()) {
+                        return Part::Unasked { keys, first };
+                    }
+                }
+                self.out.push_str("\n], \"unknown_identities\": {");
+                if self.only_diverted {
+                    return Part::Unknown {
+                        rows: Vec::new(),
+                        first: true,
+                    };
+                }
+                Part::CollectUnknown {
+                    pos: 0,
+                    recent: BinaryHeap::new(),
+                }
+            }
+            Part::CollectUnknown {
+                mut pos,
+                mut recent,
+            } => {
+                let Some(a) = asking else { return Part::Done };
+                for (id, t) in a.strangers.iter().skip(pos) {
+                    pos += 1;
+                    let r = Recent {
+                        ago: std::cmp::Reverse(t),
+                        identity: id.into(),
+                    };
+                    if recent.len() < MAX_UNKNOWN_SHOWN || recent.peek().is_some_and(|top| r < *top)
+                    {
+                        recent.push(r);
+                        if recent.len() > MAX_UNKNOWN_SHOWN {
+                            recent.pop();
+                        }
+                    }
+                    if slice.spent(id.len()) {
+                        break;
+                    }
+                }
+                if pos < a.strangers.len() {
+                    return Part::CollectUnknown { pos, recent };
+                }
+                // Most recent first; written from the back.
+                let mut rows = recent.into_sorted_vec();
+                rows.reverse();
+                Part::Unknown { rows, first: true }
+            }
+            Part::Unknown {
+                mut rows,
+                mut first,
+            } => {
+                let Some(a) = asking else { return Part::Done };
+                while let Some(r) = rows.pop() {
+                    let row = asked_json(a, r.ago.0, self.now).unwrap_or_default();
+                    push_row(
+                        &mut self.out,
+                        &mut first,
+                        format_args!("{}: {row}", json!(shown_identity(&r.identity))),
+                    );
+                    if slice.spent(r.identity.len() + 64) {
+                        return Part::Unknown { rows, first };
+                    }
+                }
+                self.out.push_str("\n}}\n}\n");
+                Part::Done
+            }
+            Part::Done => Part::Done,
+        }
+    }
+}
+
+/// Appends one row of a JSON list or object: a separator first, unless it
+/// is the first row.
+fn push_row(out: &mut String, first: &mut bool, row: std::fmt::Arguments<'_>) {
+    out.push_str(if std::mem::take(first) { "\n" } else { ",\n" });
+    let _ = out.write_fmt(row);
+}
+
+/// Adds identities to `ids` until the slice is spent; `true` if the
+/// iterator ran out.
+fn collect<'a>(
+    it: impl Iterator<Item = &'a str>,
+    ids: &mut BTreeSet<Box<str>>,
+    slice: &mut Slice,
+) -> bool {
+    for id in it {
+        ids.insert(id.into());
+        if slice.spent(id.len()) {
+            return false;
+        }
+    }
+    true
+}
+
+/// The document's scalar fields, in order.
+fn head(st: &Status<'_>) -> Vec<(&'static str, Value)> {
+    let age = st
+        .metrics
+        .last_success
+        .map(|t| st.now.saturating_duration_since(t).as_secs_f64());
+    let last_change = st.metrics.last_change.and_then(|t| {
+        t.duration_since(SystemTime::UNIX_EPOCH)
+            .ok()
+            .map(|d| d.as_secs_f64())
+    });
+    let state_file = st.state_file.as_ref().map(|f| {
+        let written = match st.source {
+            Some(Source::File { written }) => Some(written),
+            _ => None,
+        };
+        json!({
+            "path": f.path.display().to_string(),
+            "answering_from_it": written.is_some(),
+            "written_unix_seconds": written.and_then(|t| t.duration_since(SystemTime::UNIX_EPOCH).ok()).map(|d| d.as_secs_f64()),
+            "age_seconds": written.and_then(|t| SystemTime::now().duration_since(t).ok()).map(|d| d.as_secs_f64()),
+            "writes": f.writes,
+            "write_errors": f.write_errors,
+        })
+    });
+    vec![
+        ("version", json!(crate::build_info::version_line())),
+        ("synced", json!(st.source == Some(Source::Consul))),
+        (
+            "source",
+            json!(st.source.map(|s| match s {
+                Source::Consul => "consul",
+                Source::File { .. } => "state_file",
+            })),
+        ),
+        ("state_file", json!(state_file)),
+        ("kv_prefix", json!(st.kv_prefix)),
+        ("age_seconds", json!(age)),
+        ("last_change_unix_seconds", json!(last_change)),
+        ("absent_reply", json!("ready 100%")),
+        (
+            "watcher",
+            json!({
+                "phase": st.watch.phase,
+                "index": st.watch.index,
+                "consecutive_failures": st.watch.failures,
+                "last_error": st.watch.last_error,
+                "backing_off": st.watch.failures > 0 && st.watch.next_request_in.is_some(),
+                "next_request_in_seconds": st.watch.next_request_in.map(|d| d.as_secs_f64()),
+                "request_deadline_in_seconds": st.watch.request_deadline_in.map(|d| d.as_secs_f64()),
+            }),
+        ),
+    ]
+}
+
+/// One identity of the state, with its asks.
+fn identity_row(s: &Snapshot, id: &str, asking: Option<Asking<'_>>, now: Instant) -> String {
+    let Some(e) = s.get(id.as_bytes()) else {
+        return "null".to_owned();
+    };
+    let unasked = asking.is_some_and(|a| a.unasked.get(id).is_some());
+    let asks = asking.and_then(|a| Some((a, s.asks(id.as_bytes(), a.previous)?)));
+    let since = asks.map(|(a, (_, since))| a.clock.unix_seconds(since));
+    let last = asks.and_then(|(a, (last, _))| asked_json(a, last, now));
+    json!({"value": e.desired.to_string(), "reply": reply_text(e.desired), "modify_index": e.modify_index, "last_asked": last, "unchanged_since_unix_seconds": since, "unasked": unasked}).to_string()
+}
+
+fn unasked_row(a: Asking<'_>, id: &str, f: &Finding, now: Instant) -> Value {
+    json!({
+        "identity": id,
+        "value": f.entry.desired.to_string(),
+        "reply": reply_text(f.entry.desired),
+        "modify_index": f.entry.modify_index,
+        "last_asked": asked_json(a, f.last_asked, now),
+        "unchanged_since_unix_seconds": a.clock.unix_seconds(f.since),
+        "did_you_mean": f.suggestion.as_ref().and_then(|s| s.as_deref()),
+    })
+}
+
+fn reply_text(d: Desired) -> String {
+    String::from_utf8_lossy(d.reply()).trim_end().to_owned()
+}
+
+/// A last ask: when (Unix seconds) and how long ago; `None` for never.
+fn asked_json(a: Asking<'_>, t: Tick, now: Instant) -> Option<Value> {
+    let unix = a.clock.unix_seconds(t);
+    let ago = t.secs_until(a.clock.tick(now));
+    (!t.is_never()).then(|| json!({"unix_seconds": unix, "seconds_ago": ago}))
+}
+
+/// The whole document at once (tests).
+#[cfg(test)]
+pub fn debug_state(st: &Status<'_>, state: Option<Arc<Snapshot>>, only_diverted: bool) -> String {
+    let mut r = DebugStateRender::new(st, state, only_diverted);
+    while !r.step(st.asking, &mut Slice::unlimited()) {}
+    r.finish()
+}
