@@ -693,3 +693,58 @@ fn a_real_consuls_https_listener() {
         }
     }
 }
+
+/// The writers (`set`, `unset`) take the daemon's TLS settings, from its
+/// flags or consul's variables, and go through the same TLS client.
+#[test]
+fn the_writers_reach_consul_over_tls_with_the_daemons_settings() {
+    let s = Setup::new("writers_tls");
+    let ca = s.pki.ca("ca");
+    let front = TlsFront::start(s.kv.addr, &s.server(IP), Some(&ca));
+    let client = s.pki.issue("ca", "DNS:agent.test", KeyKind::Pkcs8, false);
+    let url = front.url();
+    let writer = |args: &[&str], env: &[(&str, &str)]| {
+        let out = std::process::Command::new(support::BIN)
+            .args(args)
+            .args(["-consul-addr", &url, "-kv-prefix", &s.prefix])
+            .envs(env.iter().copied())
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        (out.status.code(), err)
+    };
+    let flags = [
+        "-consul-ca-cert",
+        &ca,
+        "-consul-client-cert",
+        client.cert(),
+        "-consul-client-key",
+        client.key(),
+    ];
+    let mut args = vec!["set", "be/s1=maint"];
+    args.extend(flags);
+    assert_eq!(writer(&args, &[]).0, Some(0));
+    let value = support::http(
+        s.kv.addr,
+        "GET",
+        &format!("/v1/kv/{}/be/s1?raw", s.prefix),
+        b"",
+    );
+    assert_eq!(value.unwrap().1, b"maint");
+    let env = [
+        ("CONSUL_CACERT", ca.as_str()),
+        ("CONSUL_CLIENT_CERT", client.cert()),
+        ("CONSUL_CLIENT_KEY", client.key()),
+    ];
+    assert_eq!(writer(&["unset", "be/s1"], &env).0, Some(0));
+    let (st, _) =
+        support::http(s.kv.addr, "GET", &format!("/v1/kv/{}/be/s1", s.prefix), b"").unwrap();
+    assert_eq!(st, 404);
+    // Without the client certificate: refused, named, nothing written.
+    let (code, err) = writer(&["set", "be/s1=drain", "-consul-ca-cert", &ca], &[]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(
+        err.contains("GET /v1/kv/") && err.contains("(tls)"),
+        "{err}"
+    );
+}
