@@ -226,6 +226,18 @@ fn verification_off_takes_any_certificate_and_warns_at_start() {
     );
 }
 
+/// The flags that trust `ca` and present `client`.
+fn client_flags<'a>(ca: &'a str, client: &'a Issued) -> [&'a str; 6] {
+    [
+        "-consul-ca-cert",
+        ca,
+        "-consul-client-cert",
+        client.cert(),
+        "-consul-client-key",
+        client.key(),
+    ]
+}
+
 #[test]
 fn a_client_certificate_required_and_given_in_each_key_format() {
     let s = Setup::new("client_cert");
@@ -244,18 +256,7 @@ fn a_client_certificate_required_and_given_in_each_key_format() {
                 ("CONSUL_CLIENT_KEY", client.key()),
             ],
         ));
-        agents.push(s.agent(
-            &front.url(),
-            &[
-                "-consul-ca-cert",
-                &ca,
-                "-consul-client-cert",
-                client.cert(),
-                "-consul-client-key",
-                client.key(),
-            ],
-            &[],
-        ));
+        agents.push(s.agent(&front.url(), &client_flags(&ca, &client), &[]));
     }
     for agent in &agents {
         agent.wait_reply("be/s1", "drain 100%", SYNC);
@@ -713,16 +714,8 @@ fn the_writers_reach_consul_over_tls_with_the_daemons_settings() {
         let err = String::from_utf8_lossy(&out.stderr).into_owned();
         (out.status.code(), err)
     };
-    let flags = [
-        "-consul-ca-cert",
-        &ca,
-        "-consul-client-cert",
-        client.cert(),
-        "-consul-client-key",
-        client.key(),
-    ];
     let mut args = vec!["set", "be/s1=maint"];
-    args.extend(flags);
+    args.extend(client_flags(&ca, &client));
     assert_eq!(writer(&args, &[]).0, Some(0));
     let value = support::http(
         s.kv.addr,
