@@ -551,3 +551,54 @@ fn transactions_answer_as_consul_does() {
     assert!(String::from_utf8_lossy(&answer)
         .contains("Transaction contains too many operations (129 > "));
 }
+
+/// A failure in the second of three transactions: the first stays written,
+/// the rest is not, and the command says which keys are which.
+#[test]
+fn a_conflict_in_the_second_batch_says_which_keys_were_written() {
+    let kv = Kv::dev();
+    let proxy = Proxy::start(kv.addr);
+    let p = unique_prefix("batch_conflict");
+    let ids: Vec<String> = (0..130).map(|i| format!("be/s{i}=drain")).collect();
+    let mut args = vec!["set"];
+    args.extend(ids.iter().map(String::as_str));
+    proxy.set_mode(Mode::HoldPuts);
+    let child = spawn_piped(writer(proxy.addr, &p, &args));
+    wait_for(10 * SEC, "the first PUT", || {
+        let heads = proxy.request_heads();
+        heads
+            .iter()
+            .any(|h| h.starts_with("PUT /v1/txn"))
+            .then_some(())
+    });
+    kv.put(&format!("{p}/be/s100"), "maint");
+    proxy.set_mode(Mode::Pass);
+    let (code, out, err) = triple(child.wait_with_output().unwrap());
+    assert_eq!(code, 1, "{out}{err}");
+    let written: Vec<String> = (0..64).map(|i| format!("be/s{i}")).collect();
+    let not: Vec<String> = (64..130).map(|i| format!("be/s{i}")).collect();
+    assert!(
+        err.contains(&format!("written before it: {}\n", written.join(" "))),
+        "{err}"
+    );
+    assert!(
+        err.contains(&format!("not written: {}\n", not.join(" "))),
+        "{err}"
+    );
+    assert!(err.contains("be/s100 was changed by someone else"), "{err}");
+    assert_eq!(
+        value(kv.addr, &format!("{p}/be/s63")).as_deref(),
+        Some("drain")
+    );
+    assert_eq!(value(kv.addr, &format!("{p}/be/s64")), None);
+    assert_eq!(value(kv.addr, &format!("{p}/be/s129")), None);
+    // The undo line covers what was written, and only that.
+    let undo = out
+        .lines()
+        .find_map(|l| l.strip_prefix("undo: "))
+        .expect("undo");
+    assert!(
+        undo.ends_with(" be/s63") && !undo.contains("be/s64 "),
+        "{undo}"
+    );
+}
