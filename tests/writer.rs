@@ -602,3 +602,33 @@ fn a_conflict_in_the_second_batch_says_which_keys_were_written() {
         "{undo}"
     );
 }
+
+/// `-then drain` after a drain-down, and `set -f -` from standard input.
+#[test]
+fn a_drain_down_then_drain_and_a_file_on_stdin() {
+    let kv = Kv::dev();
+    let p = unique_prefix("then");
+    let mut cmd = writer(kv.addr, &p, &["set", "-f", "-"]);
+    let mut child = cmd
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let input = b"# the canary\nbe/s0 50%\nbe/s1=50%\n\n";
+    child.stdin.take().unwrap().write_all(input).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    assert_eq!(one_step(kv.addr, &p, 2).as_deref(), Some("50%"));
+    let schedule = ["-to", "0%", "-over", "2s", "-steps", "2", "-then", "drain"];
+    let (code, out, err) = triple(ramp(kv.addr, &p, 2, &schedule).output().unwrap());
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(
+        out.contains("step 1 of 2: ready 25%") && out.contains("then: drain 100%"),
+        "{out}"
+    );
+    assert_eq!(one_step(kv.addr, &p, 2).as_deref(), Some("drain"));
+}

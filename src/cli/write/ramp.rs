@@ -150,7 +150,7 @@ impl Ramp {
             Some("unset") => Some(Target::Unset),
             Some(t) => return Err(format!("-then {t:?}: give drain, maint or unset")),
         };
-        check_rate(over, steps.count() + usize::from(then.is_some()))?;
+        check_rate(over, steps.count(), then.is_some())?;
         Ok(Ramp {
             to,
             over,

@@ -78,9 +78,10 @@ pub fn offset(over: Duration, n: usize, k: usize) -> Duration {
 }
 
 /// Refuses a schedule that writes more than once a second, naming the
-/// shortest `-over` that fits.
-pub fn check_rate(over: Duration, n: usize) -> Result<(), String> {
-    if n <= 1 || over / n as u32 >= MIN_INTERVAL {
+/// shortest `-over` that fits: `n` steps `over/n` apart (and a `-then`
+/// write, `then`, `over/n` after the last).
+pub fn check_rate(over: Duration, n: usize, then: bool) -> Result<(), String> {
+    if (n <= 1 && !then) || over / n as u32 >= MIN_INTERVAL {
         return Ok(());
     }
     Err(format!(
@@ -153,13 +154,18 @@ mod tests {
         let at: Vec<u64> = (1..=10).map(|k| offset(over, 10, k).as_secs()).collect();
         assert_eq!(at, [0, 60, 120, 180, 240, 300, 360, 420, 480, 540]);
         assert_eq!(offset(Duration::from_secs(3), 3, 3), Duration::from_secs(2));
-        assert!(check_rate(Duration::from_secs(3), 3).is_ok());
-        assert!(check_rate(Duration::from_secs(10), 1).is_ok());
-        assert!(check_rate(Duration::ZERO, 1).is_ok());
+        assert!(check_rate(Duration::from_secs(3), 3, false).is_ok());
+        assert!(
+            check_rate(Duration::from_secs(2), 2, true).is_ok(),
+            "-then at -over"
+        );
+        assert!(check_rate(Duration::from_secs(10), 1, false).is_ok());
+        assert!(check_rate(Duration::ZERO, 1, false).is_ok());
+        assert!(check_rate(Duration::from_millis(500), 1, true).is_err());
         assert_eq!(
-            check_rate(Duration::from_secs(5), 10).unwrap_err(),
+            check_rate(Duration::from_secs(5), 10, false).unwrap_err(),
             "10 steps over 5s is more than one write a second: use -over 10s or more, or fewer -steps"
         );
-        assert!(check_rate(Duration::from_millis(9_999), 10).is_err());
+        assert!(check_rate(Duration::from_millis(9_999), 10, false).is_err());
     }
 }
