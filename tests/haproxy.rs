@@ -824,3 +824,100 @@ fn two_agents_sharing_1501_diverted_keys_export_the_asked_ones_last_ask() {
     );
     drop(hap);
 }
+
+/// A writer command against `kv` under `prefix`.
+fn write_state(kv: &Kv, prefix: &str, args: &[&str]) -> (i32, String, String) {
+    let consul = format!("http://{}", kv.addr);
+    let mut all = args.to_vec();
+    all.extend(["-consul-addr", &consul, "-kv-prefix", prefix]);
+    operator(&all)
+}
+
+/// `ramp` (SPEC §11) on a real haproxy: the weight goes 25, 50, 100 on
+/// schedule, and the ramp ends with the key deleted (`ready 100%`).
+#[test]
+fn ramp_steps_the_weight_and_ends_with_the_key_deleted() {
+    let kv = Kv::any();
+    let prefix = unique_prefix("ramp");
+    let agent = agent(&kv, &prefix, &[]);
+    let hap = Haproxy::start("ramp", agent.listen().port(), &servers("be_web", 1));
+    let id = "be_web/srv1";
+    hap.wait_server(id, "UP 100, answered", 5 * SEC, |r| {
+        up_at(r, 100) && agent_answered(r)
+    });
+    let args = [
+        "ramp",
+        id,
+        "-from",
+        "0%",
+        "-to",
+        "100%",
+        "-over",
+        "3s",
+        "-steps",
+        "25,50,100",
+    ];
+    let consul = format!("http://{}", kv.addr);
+    let mut cmd = std::process::Command::new(support::BIN);
+    cmd.args(args)
+        .args(["-consul-addr", &consul, "-kv-prefix", &prefix]);
+    let mut ramp = support::Proc::spawn(cmd);
+    for want in [25, 50] {
+        hap.wait_server(id, &format!("weight {want}"), 3 * SEC, |r| {
+            r.weight() == want
+        });
+        assert_eq!(hap.get_weight(id), (want as u32, 100));
+    }
+    let status = ramp.wait_exit(5 * SEC).expect("the ramp ends");
+    assert!(status.success(), "{:?}", ramp.log());
+    hap.wait_server(id, "weight 100", 3 * SEC, |r| up_at(r, 100));
+    let (st, _) =
+        support::http(kv.addr, "GET", &format!("/v1/kv/{}", key(&prefix, id)), b"").unwrap();
+    assert_eq!(st, 404, "the ramp ends with the key deleted");
+    assert_eq!(
+        agent.check(&format!("{id}\n")).as_deref(),
+        Some("ready 100%")
+    );
+}
+
+/// `set` of three servers: one transaction, so haproxy sees all three
+/// change within one agent interval (100 ms) of each other.
+#[test]
+fn set_of_three_servers_changes_them_in_the_same_interval() {
+    let kv = Kv::any();
+    let prefix = unique_prefix("set3");
+    let agent = agent(&kv, &prefix, &[]);
+    let srv = servers("be_web", 3);
+    let hap = Haproxy::start("set3", agent.listen().port(), &srv);
+    hap.wait_all("UP 100, answered", 5 * SEC, |_, r| {
+        up_at(r, 100) && agent_answered(r)
+    });
+    let (code, out, err) = write_state(
+        &kv,
+        &prefix,
+        &[
+            "set",
+            "be_web/srv1=drain",
+            "be_web/srv2=drain",
+            "be_web/srv3=drain",
+        ],
+    );
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(
+        out.contains("written: 3 key(s) in 1 transaction(s)"),
+        "{out}"
+    );
+    let first = wait_for(3 * SEC, "a server drained", || {
+        let st = hap.stat();
+        srv.iter()
+            .any(|s| is_drain(&st[&s.id()]))
+            .then(Instant::now)
+    });
+    hap.wait_all("all three drained", 3 * SEC, |_, r| is_drain(r));
+    let spread = first.elapsed();
+    eprintln!("three servers drained within {spread:?} of the first");
+    assert!(
+        spread < Duration::from_millis(400),
+        "{spread:?}: not one interval (100 ms, polled every 20 ms)"
+    );
+}

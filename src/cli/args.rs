@@ -15,6 +15,9 @@ pub struct Args {
     /// `(flag, value)`, the last one given winning.
     values: Vec<(&'static str, String)>,
     bools: Vec<(&'static str, bool)>,
+    /// Flags of the daemon's, as given (each with its value), for the
+    /// daemon's parser: the writers take its consul settings.
+    pub daemon: Vec<String>,
     /// `-h`, `-help` or `--help`.
     pub help: bool,
 }
@@ -26,6 +29,17 @@ impl Args {
         args: &[OsString],
         values: &[&'static str],
         bools: &[&'static str],
+    ) -> Result<Args, String> {
+        Args::parse_with(args, values, bools, |_| None)
+    }
+
+    /// As [`Args::parse`], and a flag `daemon` knows (`Some(takes a
+    /// value)`) goes to [`Args::daemon`] with its value.
+    pub fn parse_with(
+        args: &[OsString],
+        values: &[&'static str],
+        bools: &[&'static str],
+        daemon: fn(&str) -> Option<bool>,
     ) -> Result<Args, String> {
         let mut a = Args::default();
         let mut words = args.iter().map(|w| {
@@ -70,6 +84,13 @@ impl Args {
                         .ok_or_else(|| format!("invalid value {v:?} for flag -{n}"))?,
                 };
                 a.bools.push((n, v));
+            } else if let Some(takes_value) = daemon(name) {
+                a.daemon.push(word.clone());
+                if takes_value && inline.is_none() {
+                    let v = words.next().transpose()?;
+                    a.daemon
+                        .push(v.ok_or_else(|| format!("flag needs an argument: -{name}"))?);
+                }
             } else {
                 return Err(format!("flag provided but not defined: -{name}"));
             }
@@ -135,6 +156,39 @@ mod tests {
         assert!(!parse(&["-json", "-json=false"]).unwrap().flag("json"));
         assert!(parse(&["-h"]).unwrap().help);
         assert!(parse(&["--help"]).unwrap().help);
+    }
+
+    #[test]
+    fn the_daemons_flags_pass_through_with_their_values() {
+        let words: Vec<OsString> = [
+            "-consul-addr",
+            "http://c:8500",
+            "be/a=drain",
+            "-json",
+            "--kv-prefix=x",
+            "-dev",
+            "be/b",
+        ]
+        .iter()
+        .map(OsString::from)
+        .collect();
+        let daemon = |name: &str| match name {
+            "consul-addr" | "kv-prefix" => Some(true),
+            "dev" => Some(false),
+            _ => None,
+        };
+        let a = Args::parse_with(&words, &[], &["json"], daemon).unwrap();
+        assert_eq!(a.positional, ["be/a=drain", "be/b"]);
+        assert_eq!(
+            a.daemon,
+            ["-consul-addr", "http://c:8500", "--kv-prefix=x", "-dev"]
+        );
+        assert!(a.flag("json"));
+        let words = [OsString::from("-consul-addr")];
+        assert_eq!(
+            Args::parse_with(&words, &[], &[], daemon).unwrap_err(),
+            "flag needs an argument: -consul-addr"
+        );
     }
 
     #[test]

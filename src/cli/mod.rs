@@ -8,6 +8,8 @@
 //! - `lint-haproxy FILE…`: the agent-check settings of haproxy's config;
 //! - `wait-drained IDENTITY…`: waits until haproxy holds no session for
 //!   the servers named.
+//! - `set`, `unset`, `ramp`: write the desired state, checked, atomic,
+//!   guarded against another writer ([`write`]).
 //!
 //! In: the words after the command, the environment (for the same
 //! `GITLAB_HAPROXY_AGENT_*` addresses the daemon reads), stdout and stderr.
@@ -21,6 +23,7 @@ mod drained;
 mod fetch;
 mod lint;
 mod status;
+pub mod write;
 
 use std::ffi::OsString;
 use std::io::Write;
@@ -56,6 +59,13 @@ Operator commands (the first word; exit 0 ok, 1 a finding, 2 usage):
         check the agent-check settings of haproxy configuration files
   wait-drained IDENTITY... -timeout DURATION [-haproxy-socket ADDR]... [-prometheus URL]
         wait until haproxy holds no session or queue for the servers named
+  set IDENTITY=VALUE... | -f FILE   [-dry-run] [-json]
+        write servers' states, checked, in one guarded consul transaction; prints the undo
+  unset IDENTITY... [-dry-run] [-json]
+        delete servers' keys (back to ready 100%), guarded as set
+  ramp IDENTITY... -to PCT -over DURATION [-from PCT] [-steps N|P1,P2,...] [-then drain|maint|unset]
+        write intermediate weights on a schedule, stopping if anyone else writes
+The writers take the daemon's consul flags and variables (-consul-addr, token, TLS, -kv-prefix).
 Each takes -h for its own help.
 ";
 
@@ -63,7 +73,14 @@ Each takes -h for its own help.
 pub fn is_command(word: &str) -> bool {
     matches!(
         word,
-        "ask" | "check-value" | "status" | "lint-haproxy" | "wait-drained"
+        "ask"
+            | "check-value"
+            | "status"
+            | "lint-haproxy"
+            | "wait-drained"
+            | "set"
+            | "unset"
+            | "ramp"
     )
 }
 
@@ -75,6 +92,9 @@ pub fn run(word: &str, args: &[OsString], io: &mut Io<'_>) -> u8 {
         "status" => status::run(args, io),
         "lint-haproxy" => lint::run(args, io),
         "wait-drained" => drained::run(args, io),
+        "set" => write::set(args, io),
+        "unset" => write::unset(args, io),
+        "ramp" => write::ramp(args, io),
         _ => usage_error(io, word, "not an operator command"),
     }
 }

@@ -198,3 +198,14 @@ impl Config {
         }
     }
 }
+
+/// Whether the daemon has the flag `name` (without dashes), and whether it
+/// takes a value (`Some(false)`: a bool flag). The writers pass the
+/// daemon's flags on to [`parse`], so they need to know which word is a
+/// flag's value.
+pub fn daemon_flag(name: &str) -> Option<bool> {
+    flags::FLAGS
+        .iter()
+        .find(|f| f.name == name)
+        .map(|f| f.kind != flags::Kind::Bool)
+}

@@ -47,7 +47,7 @@ use mio::Interest;
 
 use crate::config::ConsulConfig;
 use crate::consul::transport::{
-    connect_step, handshake_step, receive_step, send_step, Body, Conn, Received, Rx,
+    connect_step, handshake_step, receive_step, send_step, Body, Conn, Received, RequestSpec, Rx,
 };
 pub use crate::consul::transport::{
     Connect, Socket, SocketConnector, Stream, Transport, CONNECT_TIMEOUT, HANDSHAKE_TIMEOUT,
@@ -144,20 +144,6 @@ impl<S> Next<S> {
     }
 }
 
-/// How the request looks, from the configuration.
-struct RequestSpec {
-    host_header: String,
-    path_prefix: String,
-    token: Option<String>,
-    basic_auth: Option<String>,
-    namespace: Option<String>,
-    partition: Option<String>,
-    wait: Duration,
-    max_body_bytes: usize,
-    /// Send `Accept-Encoding: gzip`.
-    gzip: bool,
-}
-
 /// What the client saw of consul, for the metrics (read when scraped).
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct Traffic {
@@ -188,17 +174,7 @@ impl<C: Connect> Client<C> {
     pub fn new(config: &ConsulConfig, connector: C, prefix: &str, seed: u64) -> Client<C> {
         Client {
             connector,
-            spec: RequestSpec {
-                host_header: config.host_header.clone(),
-                path_prefix: config.path_prefix.clone(),
-                token: config.token.clone(),
-                basic_auth: config.basic_auth.clone(),
-                namespace: config.namespace.clone(),
-                partition: config.partition.clone(),
-                wait: config.wait,
-                max_body_bytes: config.max_body_bytes,
-                gzip: config.asks_gzip(),
-            },
+            spec: RequestSpec::new(config),
             watch: Watch::new(prefix, seed, config.max_stale),
             phase: Phase::Idle { conn: None },
             retired: Vec::new(),
@@ -411,26 +387,7 @@ impl<C: Connect> Client<C> {
             c.namespace.as_deref(),
             c.partition.as_deref(),
         );
-        let mut r = format!(
-            "GET {target} HTTP/1.1\r\nHost: {}\r\nUser-Agent: gitlab-haproxy-agent/{}\r\n",
-            c.host_header,
-            crate::build_info::version()
-        );
-        if let Some(t) = &c.token {
-            r.push_str("X-Consul-Token: ");
-            r.push_str(t);
-            r.push_str("\r\n");
-        }
-        if let Some(a) = &c.basic_auth {
-            r.push_str("Authorization: Basic ");
-            r.push_str(a);
-            r.push_str("\r\n");
-        }
-        if c.gzip {
-            r.push_str("Accept-Encoding: gzip\r\n");
-        }
-        r.push_str("\r\n");
-        r.into_bytes()
+        c.request("GET", &target, &[])
     }
 
     /// Moves the machine as far as the socket allows.

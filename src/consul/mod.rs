@@ -3,9 +3,11 @@
 //! client connection that runs it inside the loop ([`client`]), over the
 //! transport steps ([`transport`]: connect, handshake, write, read a
 //! response), under TLS when configured ([`tls`]); the
-//! watch's health as operators see it: outages, the last error ([`health`]).
+//! watch's health as operators see it: outages, the last error ([`health`]);
+//! the operator commands' requests over the same transport ([`exchange`]).
 
 pub mod client;
+pub mod exchange;
 pub mod health;
 pub mod kv;
 pub mod memstream;

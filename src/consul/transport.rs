@@ -210,6 +210,67 @@ impl Connect for SocketConnector {
     }
 }
 
+/// How requests look, from the configuration.
+pub struct RequestSpec {
+    pub host_header: String,
+    pub path_prefix: String,
+    token: Option<String>,
+    basic_auth: Option<String>,
+    pub namespace: Option<String>,
+    pub partition: Option<String>,
+    pub wait: Duration,
+    pub max_body_bytes: usize,
+    /// Send `Accept-Encoding: gzip`.
+    gzip: bool,
+}
+
+impl RequestSpec {
+    pub fn new(config: &ConsulConfig) -> RequestSpec {
+        RequestSpec {
+            host_header: config.host_header.clone(),
+            path_prefix: config.path_prefix.clone(),
+            token: config.token.clone(),
+            basic_auth: config.basic_auth.clone(),
+            namespace: config.namespace.clone(),
+            partition: config.partition.clone(),
+            wait: config.wait,
+            max_body_bytes: config.max_body_bytes,
+            gzip: config.asks_gzip(),
+        }
+    }
+
+    /// The request's bytes: `method target`, the headers every request
+    /// carries (host, user agent, token, basic auth, gzip), and `body`
+    /// with its length when there is one.
+    pub fn request(&self, method: &str, target: &str, body: &[u8]) -> Vec<u8> {
+        let mut r = format!(
+            "{method} {target} HTTP/1.1\r\nHost: {}\r\nUser-Agent: gitlab-haproxy-agent/{}\r\n",
+            self.host_header,
+            crate::build_info::version()
+        );
+        if let Some(t) = &self.token {
+            r.push_str("X-Consul-Token: ");
+            r.push_str(t);
+            r.push_str("\r\n");
+        }
+        if let Some(a) = &self.basic_auth {
+            r.push_str("Authorization: Basic ");
+            r.push_str(a);
+            r.push_str("\r\n");
+        }
+        if self.gzip {
+            r.push_str("Accept-Encoding: gzip\r\n");
+        }
+        if !body.is_empty() {
+            r.push_str(&format!("Content-Length: {}\r\n", body.len()));
+        }
+        r.push_str("\r\n");
+        let mut bytes = r.into_bytes();
+        bytes.extend_from_slice(body);
+        bytes
+    }
+}
+
 /// One connection and what it has carried.
 pub struct Conn<S> {
     pub stream: S,

@@ -1,6 +1,7 @@
 //! `/v1/kv/` over the store: GET (single key, `?recurse`, `?keys`,
 //! `?raw`, blocking with `index`/`wait`), PUT (`?flags`, `?cas`), DELETE
-//! (`?recurse`, `?cas`), OPTIONS; 405 otherwise.
+//! (`?recurse`, `?cas`), OPTIONS; 405 otherwise. `PUT /v1/txn` is
+//! [`super::txn`]'s.
 //!
 //! In: a parsed request head, its decoded body and `now`. Out: a
 //! [`Response`] to render, or a [`Wait`] the loop parks until
@@ -48,6 +49,7 @@ pub const MAX_QUERY_TIME: Duration = Duration::from_secs(600);
 /// The datacenter a dev agent is in; `?dc=` naming another gets 500.
 const DATACENTER: &str = "dc1";
 const ALLOW: &str = "OPTIONS,GET,PUT,DELETE";
+const TXN_ALLOW: &str = "OPTIONS,PUT";
 const TEXT: &str = "text/plain; charset=utf-8";
 const JITTER_SEED: u64 = 0x9e37_79b9_7f4a_7c15;
 
@@ -113,7 +115,7 @@ enum ReadKind {
 /// matters to some clients; `Session` is omitted because none is ever set).
 #[derive(Serialize)]
 #[serde(rename_all = "PascalCase")]
-struct DirEntry<'a> {
+pub(super) struct DirEntry<'a> {
     lock_index: u64,
     key: &'a str,
     flags: u64,
@@ -185,6 +187,9 @@ impl DevKv {
                 body: br#""127.0.0.1:8300""#.to_vec(),
             });
         }
+        if req.path == "/v1/txn" {
+            return Handled::Respond(encode(self.txn(req, body, now), gzip));
+        }
         match self.route(req, body, now, gzip) {
             Ok(Handled::Respond(resp)) | Err(resp) => Handled::Respond(encode(resp, gzip)),
             Ok(wait) => wait,
@@ -229,6 +234,20 @@ impl DevKv {
     pub fn generation(&self) -> u64 {
         // The store hands out a new index for every real write and only then.
         self.store.last_index()
+    }
+
+    /// `/v1/txn`: PUT only (consul's `Txn` handler).
+    fn txn(&mut self, req: &RequestHead, body: &[u8], now: Instant) -> Response {
+        match req.method {
+            Method::Put => super::txn::handle(&mut self.store, body, now),
+            Method::Options => wrapped(200, vec![("Allow", TXN_ALLOW.to_owned())], Vec::new()),
+            _ => {
+                let mut resp = error(405, &format!("method {} not allowed", req.method_name));
+                resp.headers.push(("Allow", TXN_ALLOW.to_owned()));
+                sort_headers(&mut resp.headers);
+                resp
+            }
+        }
     }
 
     /// Every early answer is an `Err` so the steps read top to bottom.
@@ -594,7 +613,7 @@ fn parse_uint(s: &str) -> Result<u64, Response> {
     })
 }
 
-fn dir_entry<'a>(key: &'a str, e: &super::store::Entry) -> DirEntry<'a> {
+pub(super) fn dir_entry<'a>(key: &'a str, e: &super::store::Entry) -> DirEntry<'a> {
     DirEntry {
         lock_index: e.lock_index,
         key,
@@ -624,7 +643,7 @@ fn list_keys(store: &Store, prefix: &str, separator: &str) -> Vec<String> {
 
 /// Go's `json.Marshal` (or `MarshalIndent` with 4 spaces plus `\n` for
 /// `?pretty`), HTML-escaping included.
-fn json_bytes<T: Serialize + ?Sized>(v: &T, pretty: bool) -> Vec<u8> {
+pub(super) fn json_bytes<T: Serialize + ?Sized>(v: &T, pretty: bool) -> Vec<u8> {
     let mut out = Vec::new();
     let res = if pretty {
         let fmt = serde_json::ser::PrettyFormatter::with_indent(b"    ");
@@ -650,7 +669,7 @@ fn json_response<T: Serialize>(v: &T, pretty: bool) -> Response {
 }
 
 /// A plain-text error (Go sniffs such bodies as `text/plain; charset=utf-8`).
-fn error(status: u16, text: &str) -> Response {
+pub(super) fn error(status: u16, text: &str) -> Response {
     wrapped(
         status,
         vec![("Content-Type", TEXT.to_owned())],
@@ -660,7 +679,11 @@ fn error(status: u16, text: &str) -> Response {
 
 /// Adds the headers every response from consul's `wrap` + gzip handler
 /// carries, and orders them as Go writes them (sorted by name).
-fn wrapped(status: u16, mut headers: Vec<(&'static str, String)>, body: Vec<u8>) -> Response {
+pub(super) fn wrapped(
+    status: u16,
+    mut headers: Vec<(&'static str, String)>,
+    body: Vec<u8>,
+) -> Response {
     headers.push(("Vary", "Accept-Encoding".to_owned()));
     headers.push(("X-Consul-Default-Acl-Policy", "allow".to_owned()));
     sort_headers(&mut headers);
@@ -692,11 +715,12 @@ fn sort_headers(headers: &mut [(&'static str, String)]) {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use crate::http::Framing;
 
-    fn req(method: &str, target: &str) -> RequestHead {
+    /// A request head for `target` (`path?query`).
+    pub(in crate::devkv) fn req(method: &str, target: &str) -> RequestHead {
         let (path, query) = target.split_once('?').unwrap_or((target, ""));
         let m = Method::from_name(method);
         RequestHead {

@@ -1,6 +1,6 @@
 //! The `-dev` consul-compatible KV, pure: an in-memory store with
 //! consul's index, tombstone and blocking-query rules ([`store`]) and the
-//! `/v1/kv/` HTTP API over it ([`api`]), and the blocked GETs parked until
+//! `/v1/kv/` HTTP API over it ([`api`]), `/v1/txn` ([`txn`]), and the blocked GETs parked until
 //! a write or their wait's end ([`park`]). The event loop owns the sockets;
 //! nothing here does IO or reads the clock.
 //!
@@ -12,6 +12,7 @@
 pub mod api;
 pub mod park;
 pub mod store;
+pub mod txn;
 
 pub use api::{DevKv, Handled, Wait};
 pub use park::Parking;

@@ -54,6 +54,9 @@ pub struct Store {
     kvs_index: u64,
     tombstones_index: u64,
     tombstone_ttl: Duration,
+    /// Inside [`Store::transaction`]: the last index before it (every
+    /// write of the transaction takes the one after).
+    txn_base: Option<u64>,
 }
 
 impl Default for Store {
@@ -71,6 +74,7 @@ impl Store {
             kvs_index: 0,
             tombstones_index: 0,
             tombstone_ttl: DEFAULT_TOMBSTONE_TTL,
+            txn_base: None,
         }
     }
 
@@ -220,8 +224,27 @@ impl Store {
     }
 
     fn next_index(&mut self) -> u64 {
-        self.last_index += 1;
+        self.last_index = match self.txn_base {
+            Some(base) => base + 1,
+            None => self.last_index + 1,
+        };
         self.last_index
+    }
+
+    /// Runs `ops` as one transaction (consul's `Txn`): every write in it
+    /// takes the same new index, so a blocking watch sees one change; an
+    /// `Err` leaves the store as it was (the ops run on a copy, as memdb's
+    /// write transaction does).
+    pub fn transaction<T, E>(
+        &mut self,
+        ops: impl FnOnce(&mut Store) -> Result<T, E>,
+    ) -> Result<T, E> {
+        let mut draft = self.clone();
+        draft.txn_base = Some(self.last_index);
+        let done = ops(&mut draft)?;
+        draft.txn_base = None;
+        *self = draft;
+        Ok(done)
     }
 
     /// The last index handed out (moves on every real write; for

@@ -23,8 +23,8 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use gitlab_haproxy_agent::http::{
-    gzip, parse_request_head, parse_response_head, render_response, BodyDecoder, Framing, Parse,
-    RequestHead, Response, ResponseHead,
+    gzip, parse_request_head, parse_response_head, render_response, BodyDecoder, Framing, Method,
+    Parse, RequestHead, Response, ResponseHead,
 };
 
 /// Client connections served at once; more are closed at accept.
@@ -52,6 +52,10 @@ pub enum Mode {
     /// Read the request and answer nothing until the mode changes (then
     /// close) or the client goes away: a stalled consul.
     Hold,
+    /// Forward GETs; hold each PUT until the mode changes, then handle it
+    /// as the new mode says (a write made in between lands between the
+    /// writer's read and its write).
+    HoldPuts,
     /// Forward the response head and half of the body, then close (needs a
     /// non-empty body).
     Truncate,
@@ -328,7 +332,13 @@ fn serve(shared: &Shared, mut client: TcpStream) {
             }
             heads.push_back((seq, text));
         }
-        let mode = shared.mode();
+        let mut mode = shared.mode();
+        if mode == Mode::HoldPuts && head.method == Method::Put {
+            while shared.mode() == Mode::HoldPuts && !shared.stopped() {
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            mode = shared.mode();
+        }
         let request = match mode {
             Mode::Refuse => return,
             Mode::Reset => return reset(client),
@@ -486,7 +496,7 @@ fn respond(shared: &Shared, client: &mut TcpStream, up: &Upstream) -> bool {
             hold(shared, client);
             false
         }
-        Mode::Pass | Mode::Immediate => whole(client),
+        Mode::Pass | Mode::Immediate | Mode::HoldPuts => whole(client),
         Mode::Truncate => {
             let _ = client.write_all(&up.raw_head);
             let _ = client.write_all(&up.raw_body[..up.raw_body.len() / 2]);

@@ -1,0 +1,634 @@
+//! The writers (`set`, `unset`, `ramp`: SPEC §11) as an operator runs
+//! them: the binary against the dev KV in a separate process (or a real
+//! consul for the transaction conformance test), through the fault proxy
+//! where a fault matters. Every wait polls with a deadline.
+
+mod support;
+
+use std::io::Write;
+use std::net::SocketAddr;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use support::proxy::{Mode, Proxy};
+use support::{http, unique_prefix, wait_for, Kv, Proc, BIN};
+
+const SEC: Duration = Duration::from_secs(1);
+
+/// The writer command `args` against consul at `addr` under `prefix`.
+fn writer(addr: SocketAddr, prefix: &str, args: &[&str]) -> Command {
+    let mut cmd = Command::new(BIN);
+    cmd.args(args)
+        .args([
+            "-consul-addr",
+            &format!("http://{addr}"),
+            "-kv-prefix",
+            prefix,
+        ])
+        .env_remove("CONSUL_HTTP_ADDR")
+        .env_remove("CONSUL_HTTP_TOKEN");
+    cmd
+}
+
+fn run(addr: SocketAddr, prefix: &str, args: &[&str]) -> (i32, String, String) {
+    let out = writer(addr, prefix, args).output().expect("writer runs");
+    triple(out)
+}
+
+fn triple(out: Output) -> (i32, String, String) {
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// A key's value and ModifyIndex, `None` when absent.
+fn get(addr: SocketAddr, key: &str) -> Option<(String, u64)> {
+    let (status, body) = http(addr, "GET", &format!("/v1/kv/{key}"), b"").expect("KV answers");
+    if status == 404 {
+        return None;
+    }
+    let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    let e = &v[0];
+    let raw = e["Value"].as_str().unwrap_or("");
+    use base64::Engine as _;
+    let value = base64::engine::general_purpose::STANDARD
+        .decode(raw)
+        .unwrap();
+    Some((
+        String::from_utf8(value).unwrap(),
+        e["ModifyIndex"].as_u64().unwrap(),
+    ))
+}
+
+fn value(addr: SocketAddr, key: &str) -> Option<String> {
+    get(addr, key).map(|(v, _)| v)
+}
+
+/// The index a recursive read of `prefix` reports.
+fn prefix_index(addr: SocketAddr, prefix: &str) -> u64 {
+    let target = format!("/v1/kv/{prefix}/?recurse");
+    let (_, headers, _) = support::http_full(addr, "GET", &target, b"").expect("KV answers");
+    let (_, v) = headers
+        .iter()
+        .find(|(n, _)| n.eq_ignore_ascii_case("x-consul-index"))
+        .expect("index header");
+    String::from_utf8_lossy(v).trim().parse().unwrap()
+}
+
+#[test]
+fn set_reads_prints_writes_in_one_transaction_and_prints_the_undo() {
+    let kv = Kv::dev();
+    let p = unique_prefix("set");
+    kv.put(&format!("{p}/be/b"), "50%");
+    kv.put(&format!("{p}/be/c"), "drain");
+    let (code, out, err) = run(
+        kv.addr,
+        &p,
+        &["set", "be/a=drain", "be/b=maint", "be/c=DRAIN"],
+    );
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(
+        out.contains("be/a: ready 100% (absent) -> drain 100%\n"),
+        "{out}"
+    );
+    assert!(out.contains("be/b: ready 50% -> maint 100%\n"), "{out}");
+    assert!(out.contains("be/c: drain 100% (unchanged)\n"), "{out}");
+    assert!(
+        out.contains("written: 2 key(s) in 1 transaction(s)"),
+        "{out}"
+    );
+    let (a, b) = (
+        get(kv.addr, &format!("{p}/be/a")).unwrap(),
+        get(kv.addr, &format!("{p}/be/b")).unwrap(),
+    );
+    assert_eq!((a.0.as_str(), b.0.as_str()), ("drain", "maint"));
+    assert_eq!(a.1, b.1, "one transaction, one index");
+    let undo = out
+        .lines()
+        .find_map(|l| l.strip_prefix("undo: "))
+        .expect("undo line");
+    assert_eq!(
+        undo,
+        format!("gitlab-haproxy-agent set -consul-addr http://{} -kv-prefix {p} be/b=50% && gitlab-haproxy-agent unset -consul-addr http://{} -kv-prefix {p} be/a", kv.addr, kv.addr)
+    );
+    // The undo line does what it says.
+    let status = Command::new("sh")
+        .arg("-c")
+        .arg(undo.replace("gitlab-haproxy-agent", BIN))
+        .output()
+        .unwrap();
+    assert!(
+        status.status.success(),
+        "{}",
+        String::from_utf8_lossy(&status.stderr)
+    );
+    assert_eq!(value(kv.addr, &format!("{p}/be/a")), None);
+    assert_eq!(value(kv.addr, &format!("{p}/be/b")).as_deref(), Some("50%"));
+
+    // Nothing to change: exit 0, nothing written.
+    let before = prefix_index(kv.addr, &p);
+    let (code, out, _) = run(kv.addr, &p, &["set", "be/c=drain", "-json"]);
+    assert_eq!(code, 0);
+    let doc: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(doc["changes"][0]["unchanged"], true);
+    assert_eq!(doc["undo"], serde_json::Value::Null);
+    assert_eq!(prefix_index(kv.addr, &p), before);
+}
+
+#[test]
+fn a_bad_value_or_identity_is_exit_2_every_one_named_and_nothing_written() {
+    let kv = Kv::dev();
+    let p = unique_prefix("bad");
+    let before = prefix_index(kv.addr, &p);
+    let (code, out, err) = run(
+        kv.addr,
+        &p,
+        &["set", "be/a=drain", "be/b=drian", "be/c=up", "be/=maint"],
+    );
+    assert_eq!(code, 2, "{out}{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    for named in [
+        "be/b: value \"drian\"",
+        "be/c: value \"up\"",
+        "identity \"be/\"",
+    ] {
+        assert!(err.contains(named), "{named} in {err}");
+    }
+    assert_eq!(value(kv.addr, &format!("{p}/be/a")), None);
+    assert_eq!(prefix_index(kv.addr, &p), before);
+    let (code, _, err) = run(
+        kv.addr,
+        &p,
+        &["ramp", "be/a", "-to", "100%", "-over", "5s", "-steps", "10"],
+    );
+    assert_eq!(code, 2);
+    assert!(err.contains("use -over 10s or more"), "{err}");
+    kv.put(&format!("{p}/be/m"), "maint");
+    let (code, _, err) = run(
+        kv.addr,
+        &p,
+        &["ramp", "be/m", "-to", "100%", "-over", "10s"],
+    );
+    assert_eq!(code, 2);
+    assert!(
+        err.contains("be/m is in maint, which has no weight: give -from"),
+        "{err}"
+    );
+}
+
+#[test]
+fn dry_run_writes_nothing_the_index_is_unchanged() {
+    let kv = Kv::dev();
+    let p = unique_prefix("dry");
+    kv.put(&format!("{p}/be/a"), "drain");
+    let before = prefix_index(kv.addr, &p);
+    let (code, out, _) = run(kv.addr, &p, &["set", "be/a=50%", "be/b=maint", "-dry-run"]);
+    assert_eq!(code, 0);
+    assert!(
+        out.contains("be/a: drain 100% -> ready 50%") && out.contains("dry run: nothing written"),
+        "{out}"
+    );
+    let (code, out, _) = run(kv.addr, &p, &["unset", "be/a", "-dry-run"]);
+    assert_eq!(code, 0, "{out}");
+    let (code, out, _) = run(
+        kv.addr,
+        &p,
+        &[
+            "ramp", "be/a", "-to", "100%", "-over", "3s", "-steps", "3", "-dry-run",
+        ],
+    );
+    assert_eq!(code, 0);
+    assert_eq!(out, "+0s step 1 of 3: ready 33%\n+1s step 2 of 3: ready 67%\n+2s step 3 of 3: ready 100% (absent)\ndry run: nothing written\n");
+    assert_eq!(prefix_index(kv.addr, &p), before);
+    assert_eq!(
+        value(kv.addr, &format!("{p}/be/a")).as_deref(),
+        Some("drain")
+    );
+}
+
+/// A write made between the read and the write: 409, nothing of the
+/// transaction written, the key named with its new value and index.
+#[test]
+fn a_conflict_between_the_read_and_the_write_writes_nothing_and_names_the_key() {
+    let kv = Kv::dev();
+    let proxy = Proxy::start(kv.addr);
+    let p = unique_prefix("conflict");
+    kv.put(&format!("{p}/be/b"), "50%");
+    proxy.set_mode(Mode::HoldPuts);
+    let child = spawn_piped(writer(proxy.addr, &p, &["set", "be/a=drain", "be/b=drain"]));
+    wait_for(10 * SEC, "the writer's PUT", || {
+        proxy
+            .request_heads()
+            .iter()
+            .any(|h| h.starts_with("PUT /v1/txn"))
+            .then_some(())
+    });
+    kv.put(&format!("{p}/be/b"), "maint");
+    let index = get(kv.addr, &format!("{p}/be/b")).unwrap().1;
+    proxy.set_mode(Mode::Pass);
+    let (code, out, err) = triple(child.wait_with_output().unwrap());
+    assert_eq!(code, 1, "{out}{err}");
+    assert!(
+        err.contains(&format!("conflict: be/b was changed by someone else since it was read: it is now maint 100% (index {index})")),
+        "{err}"
+    );
+    assert!(err.contains("not written: be/a be/b"), "{err}");
+    assert!(!out.contains("undo:"), "{out}");
+    assert_eq!(
+        value(kv.addr, &format!("{p}/be/a")),
+        None,
+        "nothing of the transaction written"
+    );
+    assert_eq!(
+        value(kv.addr, &format!("{p}/be/b")).as_deref(),
+        Some("maint")
+    );
+    let puts = proxy
+        .request_heads()
+        .iter()
+        .filter(|h| h.starts_with("PUT"))
+        .count();
+    assert_eq!(puts, 1, "never retried");
+}
+
+/// 130 keys: three transactions of at most 64, in order; timed.
+#[test]
+fn one_hundred_thirty_keys_go_in_three_transactions() {
+    let kv = Kv::dev();
+    let proxy = Proxy::start(kv.addr);
+    let p = unique_prefix("batches");
+    let mut file = tempfile_in(&p);
+    for i in 0..130 {
+        writeln!(file.1, "be/s{i} drain # canary").unwrap();
+    }
+    drop(file.1);
+    let path = file.0.to_str().unwrap().to_owned();
+    for n in [1usize, 64, 130] {
+        kv.delete_tree(&p);
+        let ids: Vec<String> = (0..n).map(|i| format!("be/s{i}=maint")).collect();
+        let mut args = vec!["set"];
+        args.extend(ids.iter().map(String::as_str));
+        let t = Instant::now();
+        let (code, out, err) = run(kv.addr, &p, &args);
+        eprintln!("set of {n} keys: {:?}", t.elapsed());
+        assert_eq!(code, 0, "{err}");
+        assert!(
+            out.contains(&format!(
+                "written: {n} key(s) in {} transaction(s)",
+                n.div_ceil(64)
+            )),
+            "{out}"
+        );
+    }
+    kv.delete_tree(&p);
+    let puts_before = proxy.request_heads().len();
+    let (code, out, err) = run(proxy.addr, &p, &["set", "-f", &path]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("written: 130 key(s) in 3 transaction(s)"),
+        "{out}"
+    );
+    let puts: Vec<String> = proxy
+        .request_heads_since(puts_before)
+        .into_iter()
+        .filter(|h| h.starts_with("PUT /v1/txn"))
+        .collect();
+    assert_eq!(puts.len(), 3);
+    let indexes: std::collections::BTreeSet<u64> = (0..130)
+        .map(|i| get(kv.addr, &format!("{p}/be/s{i}")).unwrap().1)
+        .collect();
+    assert_eq!(indexes.len(), 3, "three transactions, three indexes");
+}
+
+/// A file under the target dir for `-f`.
+fn tempfile_in(name: &str) -> (std::path::PathBuf, std::fs::File) {
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"));
+    let path = dir.join(format!("{name}.txt"));
+    let f = std::fs::File::create(&path).unwrap();
+    (path, f)
+}
+
+#[test]
+fn consul_down_or_refusing_is_exit_1_naming_the_request() {
+    let kv = Kv::dev();
+    let proxy = Proxy::start(kv.addr);
+    let p = unique_prefix("down");
+    proxy.set_mode(Mode::Refuse);
+    let (code, _, err) = run(proxy.addr, &p, &["set", "be/a=drain"]);
+    assert_eq!(code, 1);
+    assert!(
+        err.contains(&format!("GET /v1/kv/{p}/: consul unreachable")),
+        "{err}"
+    );
+    proxy.set_mode(Mode::HoldPuts);
+    wait_for(5 * SEC, "the proxy listening again", || {
+        std::net::TcpStream::connect(proxy.addr).ok()
+    });
+    let child = writer(proxy.addr, &p, &["unset", "be/a"]).output();
+    // Nothing to change for an absent key: no PUT at all.
+    assert_eq!(child.unwrap().status.code(), Some(0));
+    let child = writer(proxy.addr, &p, &["set", "be/a=drain"])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_for(10 * SEC, "the PUT", || {
+        proxy
+            .request_heads()
+            .iter()
+            .any(|h| h.starts_with("PUT"))
+            .then_some(())
+    });
+    proxy.set_mode(Mode::Status(403));
+    let (code, _, err) = triple(child.wait_with_output().unwrap());
+    assert_eq!(code, 1);
+    assert!(
+        err.contains("PUT /v1/txn: consul answered HTTP 403"),
+        "{err}"
+    );
+    // (The proxy's status replaces consul's answer after forwarding: what
+    // the writer says is what it was told.)
+    assert!(err.contains("not written: be/a"), "{err}");
+}
+
+/// Every key holds the same step: the ramp's writes are whole.
+fn one_step(addr: SocketAddr, p: &str, n: usize) -> Option<String> {
+    let values: std::collections::BTreeSet<Option<String>> = (0..n)
+        .map(|i| value(addr, &format!("{p}/be/s{i}")))
+        .collect();
+    assert_eq!(values.len(), 1, "keys hold different steps: {values:?}");
+    values.into_iter().next().unwrap()
+}
+
+/// `ramp be/s0 ... be/s{n-1}` with `schedule`.
+fn ramp(addr: SocketAddr, p: &str, n: usize, schedule: &[&str]) -> Command {
+    let ids: Vec<String> = (0..n).map(|i| format!("be/s{i}")).collect();
+    let mut args: Vec<&str> = vec!["ramp"];
+    args.extend(ids.iter().map(String::as_str));
+    args.extend(schedule);
+    writer(addr, p, &args)
+}
+
+fn spawn_piped(mut cmd: Command) -> std::process::Child {
+    cmd.stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+#[test]
+fn a_conflict_mid_ramp_stops_it_and_nothing_more_is_written() {
+    let kv = Kv::dev();
+    let p = unique_prefix("ramp_conflict");
+    let schedule = ["-from", "0%", "-to", "100%", "-over", "4s", "-steps", "4"];
+    let child = spawn_piped(ramp(kv.addr, &p, 3, &schedule));
+    wait_for(5 * SEC, "step 1", || {
+        (value(kv.addr, &format!("{p}/be/s1")).as_deref() == Some("25%")).then_some(())
+    });
+    kv.put(&format!("{p}/be/s1"), "drain");
+    let (code, out, err) = triple(child.wait_with_output().unwrap());
+    assert_eq!(code, 1, "{out}{err}");
+    assert!(err.contains("ramp stopped after step 1 of 4: be/s1 was changed by someone else since it was read: it is now drain 100%"), "{err}");
+    assert_eq!(
+        value(kv.addr, &format!("{p}/be/s0")).as_deref(),
+        Some("25%"),
+        "the step that met the conflict wrote nothing"
+    );
+    std::thread::sleep(2 * SEC);
+    assert_eq!(
+        value(kv.addr, &format!("{p}/be/s1")).as_deref(),
+        Some("drain")
+    );
+    assert_eq!(
+        value(kv.addr, &format!("{p}/be/s2")).as_deref(),
+        Some("25%")
+    );
+}
+
+#[test]
+fn sigint_and_sigterm_stop_a_ramp_after_a_whole_step_and_print_the_resume() {
+    for (sig, code) in [(libc::SIGINT, 130), (libc::SIGTERM, 143)] {
+        let kv = Kv::dev();
+        let p = unique_prefix("ramp_signal");
+        let schedule = ["-from", "0%", "-to", "100%", "-over", "20s", "-steps", "5"];
+        let child = spawn_piped(ramp(kv.addr, &p, 2, &schedule));
+        wait_for(5 * SEC, "step 1", || {
+            (one_step(kv.addr, &p, 2).as_deref() == Some("20%")).then_some(())
+        });
+        // SAFETY: kill(2) on our own child's PID.
+        unsafe { libc::kill(child.id() as i32, sig) };
+        let t = Instant::now();
+        let (got, out, err) = triple(child.wait_with_output().unwrap());
+        assert!(
+            t.elapsed() < 2 * SEC,
+            "stopped between steps, not at the next one"
+        );
+        assert_eq!(got, code, "{out}{err}");
+        assert!(
+            err.contains("ramp stopped after step 1 of 5; the keys hold ready 20%"),
+            "{err}"
+        );
+        let resume = out
+            .lines()
+            .find_map(|l| l.strip_prefix("resume: "))
+            .expect("resume line");
+        assert_eq!(
+            resume,
+            format!("gitlab-haproxy-agent ramp -consul-addr http://{} -kv-prefix {p} be/s0 be/s1 -to 100% -over 16s -steps 40,60,80,100", kv.addr)
+        );
+        assert_eq!(one_step(kv.addr, &p, 2).as_deref(), Some("20%"));
+    }
+}
+
+#[test]
+fn sigkill_mid_ramp_leaves_one_whole_step_in_every_key() {
+    let kv = Kv::dev();
+    let p = unique_prefix("ramp_kill");
+    let n = 40;
+    let schedule = ["-from", "0%", "-to", "100%", "-over", "5s", "-steps", "5"];
+    for kill_after in [1500u64, 2700] {
+        kv.delete_tree(&p);
+        let mut child = Proc::spawn(ramp(kv.addr, &p, n, &schedule));
+        std::thread::sleep(Duration::from_millis(kill_after));
+        child.signal(libc::SIGKILL);
+        child.wait_exit(5 * SEC).expect("killed");
+        let held = one_step(kv.addr, &p, n);
+        assert!(
+            matches!(held.as_deref(), Some("20%" | "40%" | "60%")),
+            "{held:?}"
+        );
+    }
+}
+
+/// Lateness of each step against its schedule over a 60-step ramp (the
+/// figure the issue asks for), and the one-write-a-second floor held.
+#[test]
+#[ignore = "a 60 s measurement: cargo test --test writer -- --ignored"]
+fn sixty_step_ramp_lateness() {
+    let kv = Kv::dev();
+    let p = unique_prefix("ramp60");
+    let (code, out, err) = run(
+        kv.addr,
+        &p,
+        &[
+            "ramp", "be/a", "be/b", "-from", "0%", "-to", "60%", "-over", "60s", "-steps", "60",
+        ],
+    );
+    assert_eq!(code, 0, "{err}");
+    let late: Vec<u64> = out
+        .lines()
+        .filter_map(|l| l.split("late ").nth(1)?.strip_suffix("ms)")?.parse().ok())
+        .collect();
+    assert_eq!(late.len(), 60, "{out}");
+    eprintln!(
+        "60-step ramp: max lateness {} ms, mean {} ms",
+        late.iter().max().unwrap(),
+        late.iter().sum::<u64>() / 60
+    );
+}
+
+/// `PUT /v1/txn` on the dev KV, or on a real consul where one is
+/// available: the answers the writers rely on agree.
+#[test]
+fn transactions_answer_as_consul_does() {
+    let kv = Kv::any();
+    let p = unique_prefix("txn");
+    let put = |body: serde_json::Value| {
+        let (status, answer) =
+            http(kv.addr, "PUT", "/v1/txn", body.to_string().as_bytes()).expect("answers");
+        (
+            status,
+            serde_json::from_slice::<serde_json::Value>(&answer).unwrap_or(serde_json::Value::Null),
+        )
+    };
+    let op = |verb: &str, key: &str, v: Option<&str>, index: u64| {
+        use base64::Engine as _;
+        let v = v.map(|v| base64::engine::general_purpose::STANDARD.encode(v));
+        serde_json::json!({"KV": {"Verb": verb, "Key": format!("{p}/{key}"), "Value": v, "Index": index}})
+    };
+    let (status, body) = put(serde_json::json!([
+        op("cas", "a", Some("drain"), 0),
+        op("cas", "b", Some("50%"), 0)
+    ]));
+    assert_eq!(status, 200, "{body}");
+    let (ia, ib) = (
+        body["Results"][0]["KV"]["ModifyIndex"].as_u64().unwrap(),
+        body["Results"][1]["KV"]["ModifyIndex"].as_u64().unwrap(),
+    );
+    assert_eq!(ia, ib, "one index for the transaction");
+    assert_eq!(body["Results"][0]["KV"]["Value"], serde_json::Value::Null);
+    let (status, body) = put(serde_json::json!([
+        op("cas", "a", Some("maint"), ia),
+        op("cas", "b", Some("maint"), ib + 1000)
+    ]));
+    assert_eq!(status, 409, "{body}");
+    assert_eq!(
+        body["Errors"],
+        serde_json::json!([{"OpIndex": 1, "What": format!("failed to set key \"{p}/b\", index is stale")}])
+    );
+    assert_eq!(
+        value(kv.addr, &format!("{p}/a")).as_deref(),
+        Some("drain"),
+        "nothing applied"
+    );
+    let (status, body) = put(serde_json::json!([
+        op("delete-cas", "a", None, ia),
+        op("check-not-exists", "c", None, 0)
+    ]));
+    assert_eq!((status, &body["Results"]), (200, &serde_json::json!([])));
+    let many: Vec<serde_json::Value> = (0..129)
+        .map(|i| op("set", &format!("k{i}"), Some("drain"), 0))
+        .collect();
+    let (status, answer) = http(
+        kv.addr,
+        "PUT",
+        "/v1/txn",
+        serde_json::Value::Array(many).to_string().as_bytes(),
+    )
+    .unwrap();
+    assert_eq!(status, 413);
+    assert!(String::from_utf8_lossy(&answer)
+        .contains("Transaction contains too many operations (129 > "));
+}
+
+/// A failure in the second of three transactions: the first stays written,
+/// the rest is not, and the command says which keys are which.
+#[test]
+fn a_conflict_in_the_second_batch_says_which_keys_were_written() {
+    let kv = Kv::dev();
+    let proxy = Proxy::start(kv.addr);
+    let p = unique_prefix("batch_conflict");
+    let ids: Vec<String> = (0..130).map(|i| format!("be/s{i}=drain")).collect();
+    let mut args = vec!["set"];
+    args.extend(ids.iter().map(String::as_str));
+    proxy.set_mode(Mode::HoldPuts);
+    let child = spawn_piped(writer(proxy.addr, &p, &args));
+    wait_for(10 * SEC, "the first PUT", || {
+        let heads = proxy.request_heads();
+        heads
+            .iter()
+            .any(|h| h.starts_with("PUT /v1/txn"))
+            .then_some(())
+    });
+    kv.put(&format!("{p}/be/s100"), "maint");
+    proxy.set_mode(Mode::Pass);
+    let (code, out, err) = triple(child.wait_with_output().unwrap());
+    assert_eq!(code, 1, "{out}{err}");
+    let written: Vec<String> = (0..64).map(|i| format!("be/s{i}")).collect();
+    let not: Vec<String> = (64..130).map(|i| format!("be/s{i}")).collect();
+    assert!(
+        err.contains(&format!("written before it: {}\n", written.join(" "))),
+        "{err}"
+    );
+    assert!(
+        err.contains(&format!("not written: {}\n", not.join(" "))),
+        "{err}"
+    );
+    assert!(err.contains("be/s100 was changed by someone else"), "{err}");
+    assert_eq!(
+        value(kv.addr, &format!("{p}/be/s63")).as_deref(),
+        Some("drain")
+    );
+    assert_eq!(value(kv.addr, &format!("{p}/be/s64")), None);
+    assert_eq!(value(kv.addr, &format!("{p}/be/s129")), None);
+    // The undo line covers what was written, and only that.
+    let undo = out
+        .lines()
+        .find_map(|l| l.strip_prefix("undo: "))
+        .expect("undo");
+    assert!(
+        undo.ends_with(" be/s63") && !undo.contains("be/s64 "),
+        "{undo}"
+    );
+}
+
+/// `-then drain` after a drain-down, and `set -f -` from standard input.
+#[test]
+fn a_drain_down_then_drain_and_a_file_on_stdin() {
+    let kv = Kv::dev();
+    let p = unique_prefix("then");
+    let mut cmd = writer(kv.addr, &p, &["set", "-f", "-"]);
+    let mut child = cmd
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let input = b"# the canary\nbe/s0 50%\nbe/s1=50%\n\n";
+    child.stdin.take().unwrap().write_all(input).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    assert_eq!(one_step(kv.addr, &p, 2).as_deref(), Some("50%"));
+    let schedule = ["-to", "0%", "-over", "2s", "-steps", "2", "-then", "drain"];
+    let (code, out, err) = triple(ramp(kv.addr, &p, 2, &schedule).output().unwrap());
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(
+        out.contains("step 1 of 2: ready 25%") && out.contains("then: drain 100%"),
+        "{out}"
+    );
+    assert_eq!(one_step(kv.addr, &p, 2).as_deref(), Some("drain"));
+}
