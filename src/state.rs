@@ -7,7 +7,7 @@
 //! invalid key or value never reaches the map; an identity that is not in the
 //! map answers [`Desired::READY`].
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 
 use crate::consul::kv::KvPair;
@@ -301,7 +301,8 @@ impl Snapshot {
     pub fn changes_from<'a>(&'a self, old: &'a Snapshot) -> Vec<Change<'a>> {
         let mut changes = Vec::new();
         let mut scan = ChangeScan::default();
-        while !scan.step(self, old, &mut Slice::unlimited(), &mut changes, None) {}
+        let mut emit = |c| changes.push(c);
+        while !scan.step(self, old, &mut Slice::unlimited(), &mut emit, None) {}
         changes.sort_unstable_by(|a, b| a.identity.cmp(b.identity));
         changes
     }
@@ -310,16 +311,6 @@ impl Snapshot {
     /// 100,000 entries at once is several milliseconds of one loop turn).
     pub fn into_graveyard(self) -> Graveyard {
         Graveyard(self.entries.into_iter())
-    }
-
-    /// The invalid keys of `self` that are new or differ (value, reason or
-    /// modify index) from `old`'s: logged once per change, not per request.
-    pub fn new_invalid_since<'a>(&'a self, old: &Snapshot) -> Vec<&'a InvalidKey> {
-        let seen: HashSet<_> = old.invalid.iter().map(InvalidKey::fingerprint).collect();
-        self.invalid
-            .iter()
-            .filter(|k| !seen.contains(&k.fingerprint()))
-            .collect()
     }
 }
 
@@ -350,7 +341,7 @@ impl ChangeScan {
         new: &'a Snapshot,
         old: &'a Snapshot,
         slice: &mut Slice,
-        out: &mut Vec<Change<'a>>,
+        emit: &mut dyn FnMut(Change<'a>),
         mut carry: Option<&mut Strangers>,
     ) -> bool {
         if !self.in_old {
@@ -369,7 +360,7 @@ impl ChangeScan {
                 }
                 let changed = before != Some(slot.entry);
                 if changed {
-                    out.push(Change {
+                    emit(Change {
                         identity: identity_str(k),
                         old: before,
                         new: Some(slot.entry),
@@ -395,7 +386,7 @@ impl ChangeScan {
                 if let Some(strangers) = carry.as_deref_mut() {
                     strangers.carry(k, slot.asks.last());
                 }
-                out.push(Change {
+                emit(Change {
                     identity: identity_str(k),
                     old: Some(slot.entry),
                     new: None,
@@ -410,7 +401,7 @@ impl ChangeScan {
 }
 
 /// The rough cost of scanning one entry, for the [`Slice`]: a change is
-/// also a log line.
+/// also a log line, written by `emit` inside the slice.
 fn scan_cost(identity: &[u8], changed: bool) -> usize {
     identity.len() + if changed { 512 } else { 0 }
 }
@@ -617,7 +608,13 @@ mod tests {
         let mut sliced = Vec::new();
         let mut scan = ChangeScan::default();
         let mut steps = 0;
-        while !scan.step(&new, &old, &mut Slice::items(7), &mut sliced, None) {
+        while !scan.step(
+            &new,
+            &old,
+            &mut Slice::items(7),
+            &mut |c| sliced.push(c),
+            None,
+        ) {
             steps += 1;
         }
         assert_eq!(steps, 100 / 7, "50 + 50 entries, 7 a step");
@@ -938,46 +935,6 @@ mod tests {
     }
 
     #[test]
-    fn new_invalid_since() {
-        let old = snapshot(vec![
-            at("same", b"up", 1),
-            at("new_value", b"up", 2),
-            at("new_index", b"up", 3),
-            at("new_reason", b"down", 4),
-            at("fixed", b"up", 5),
-        ]);
-        let new = snapshot(vec![
-            at("same", b"up", 1),
-            at("new_value", b"down", 2),
-            at("new_index", b"up", 13),
-            at("new_reason", b"999%", 4),
-            at("fixed", b"drain", 15),
-            at("added", b"fail", 16),
-            kv("outside/x", b"drain", 17),
-        ]);
-        let got: Vec<&str> = new
-            .new_invalid_since(&old)
-            .iter()
-            .map(|k| k.key.as_str())
-            .collect();
-        assert_eq!(
-            got,
-            [
-                "gitlab-haproxy-agent/state/new_value",
-                "gitlab-haproxy-agent/state/new_index",
-                "gitlab-haproxy-agent/state/new_reason",
-                "gitlab-haproxy-agent/state/added",
-                "outside/x",
-            ]
-        );
-        assert!(new.new_invalid_since(&new).is_empty());
-        assert_eq!(
-            new.new_invalid_since(&Snapshot::default()).len(),
-            new.invalid().len()
-        );
-    }
-
-    #[test]
     fn reason_labels_and_indexes() {
         let labels: Vec<&str> = InvalidReason::ALL.iter().map(|r| r.label()).collect();
         assert_eq!(labels, ["syntax", "health_word", "out_of_range", "bad_key"]);
@@ -995,7 +952,7 @@ mod tests {
         use std::hash::{BuildHasher, BuildHasherDefault};
         let build = BuildHasherDefault::<IdentityHasher>::default();
         // The table indexes with the low bits: they must differ too.
-        let low: HashSet<u64> = (0..1000)
+        let low: std::collections::HashSet<u64> = (0..1000)
             .map(|i| build.hash_one(format!("be_web/srv{i:04}").as_bytes()) & 0xffff)
             .collect();
         assert!(low.len() > 950, "{} distinct of 1000", low.len());

@@ -90,6 +90,30 @@ impl Hints {
         }
     }
 
+    /// When the hints held back by the rate limit are due to be reported
+    /// (a flood that stopped is still reported, a second after its line).
+    pub fn due(&self) -> Option<Instant> {
+        let last = self.last_line?;
+        (self.held_back > 0).then_some(last + ANY_EVERY)
+    }
+
+    /// Reports the hints held back, once due: one line with their count.
+    pub fn on_time(&mut self, now: Instant) {
+        if let Some(n) = self.take_held_back(now) {
+            warn!(held_back = n; "more agent connections sent bytes without a newline (at most one hint line a second; requests_total{{outcome=\"no_newline\"}} counts them all)");
+        }
+    }
+
+    /// The count held back, if due at `now` (then the next line is a
+    /// second away).
+    fn take_held_back(&mut self, now: Instant) -> Option<u64> {
+        if self.due().is_none_or(|t| now < t) {
+            return None;
+        }
+        self.last_line = Some(now);
+        Some(std::mem::take(&mut self.held_back))
+    }
+
     /// A connection ended having sent `received` and no newline.
     pub fn note(&mut self, received: &[u8], now: Instant) -> Option<Hint> {
         let line_allowed = self.last_line.is_none_or(|t| now >= t + ANY_EVERY);
@@ -169,6 +193,20 @@ mod tests {
         let next = h.note(b"be/late", t0 + ANY_EVERY).expect("a second later");
         assert_eq!(next.held_back, 2999);
         assert!(h.last.len() <= TRACKED);
+        assert_eq!(h.due(), None, "reported with that line");
+    }
+
+    #[test]
+    fn a_flood_that_stops_is_still_reported_a_second_after_its_line() {
+        let t0 = Instant::now();
+        let mut h = Hints::default();
+        for i in 0..500u32 {
+            h.note(format!("be/s{i}").as_bytes(), t0);
+        }
+        assert_eq!(h.due(), Some(t0 + ANY_EVERY));
+        assert_eq!(h.take_held_back(t0 + ANY_EVERY / 2), None, "not yet");
+        assert_eq!(h.take_held_back(t0 + ANY_EVERY), Some(499));
+        assert_eq!(h.due(), None, "once");
     }
 
     #[test]

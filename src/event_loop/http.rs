@@ -214,7 +214,7 @@ impl EventLoop {
                 let Some(gen) = self.https.gen(key) else {
                     return HttpProgress::Close;
                 };
-                let changes = self.metrics.changes();
+                let changes = self.changes(kind);
                 match self.renders.ask(kind, (key, gen, head_only), now, changes) {
                     Some(body) => self.respond_shared(key, kind, body, head_only, now),
                     // Answered when the render is done (render_slice).
@@ -231,7 +231,7 @@ impl EventLoop {
         renders.forget(|&(key, gen, _)| self.https.gen(key) != Some(gen));
         let shared = self.state.shared();
         let st = self.status(now);
-        let metrics_started = renders.start(&st, shared.as_ref(), self.metrics.changes());
+        let metrics_started = renders.start(&st, shared.as_ref(), &|k| self.changes(k));
         let mut done = Vec::new();
         renders.step(st.asking, &mut Slice::of_turn(now), now, &mut done);
         self.renders = renders;
@@ -244,6 +244,14 @@ impl EventLoop {
                 let progress = self.respond_shared(key, kind, body, head_only, now);
                 self.http_progress(key, progress, now);
             }
+        }
+    }
+
+    /// What makes a heavy render of `kind` out of date.
+    fn changes(&self, kind: Heavy) -> u64 {
+        match kind {
+            Heavy::Metrics => self.metrics.changes(),
+            Heavy::DebugState { .. } => self.metrics.state_changes(),
         }
     }
 

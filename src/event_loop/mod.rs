@@ -365,6 +365,7 @@ impl EventLoop {
             self.https.next_deadline(),
             self.parking.next_deadline(),
             Some(self.unasked.due()),
+            self.hints.due(),
             self.held_file.deadline(),
             self.agent_gate.deadline(now),
             self.http_gate.deadline(now),
@@ -380,7 +381,11 @@ impl EventLoop {
     /// being retired, connection timers, parked queries, the unasked-key
     /// sweep, consul, accepts.
     fn on_time(&mut self, now: Instant) {
-        if self.state.step(&mut Slice::of_turn(now)) > 0 {
+        let retired = self.state.step(&mut Slice::of_turn(now));
+        for reason in &retired.invalid {
+            self.metrics.invalid_values[reason.index()] += 1;
+        }
+        if retired.changed() {
             self.metrics.last_change = Some(SystemTime::now());
         }
         while let Some(key) = self.agents.expired(now) {
@@ -404,6 +409,7 @@ impl EventLoop {
         if self.renders.busy() {
             self.render_slice(now);
         }
+        self.hints.on_time(now);
         self.forget_rendered();
         if self.client.poll_at(now) <= now {
             self.client.on_timer(now, &mut self.updates);
@@ -504,10 +510,7 @@ impl EventLoop {
         if let (Some(f), Some(s)) = (&mut self.state_file, self.state.shared()) {
             f.save(s);
         }
-        for reason in &swapped.invalid {
-            self.metrics.invalid_values[reason.index()] += 1;
-        }
-        if swapped.changed() {
+        if swapped.first {
             self.metrics.last_change = Some(SystemTime::now());
         }
     }

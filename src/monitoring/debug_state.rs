@@ -270,9 +270,14 @@ impl DebugStateRender {
                 if pos < a.strangers.len() {
                     return Part::CollectUnknown { pos, recent };
                 }
+                // The strangers may grow between slices, which reorders
+                // them: an identity seen twice is shown once (at most
+                // 1,000 rows, a bounded sort).
+                let mut rows = recent.into_vec();
+                rows.sort_by(|a, b| (&a.identity, a.ago).cmp(&(&b.identity, b.ago)));
+                rows.dedup_by(|a, b| a.identity == b.identity);
                 // Most recent first; written from the back.
-                let mut rows = recent.into_sorted_vec();
-                rows.reverse();
+                rows.sort_unstable_by(|a, b| b.cmp(a));
                 Part::Unknown { rows, first: true }
             }
             Part::Unknown {

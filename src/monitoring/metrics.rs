@@ -98,13 +98,23 @@ impl Metrics {
         }
     }
 
-    /// A count that moves whenever something a render shows may have
-    /// changed in substance: a check answered, a consul answer, a swap.
-    /// (Gauges of time, like ages, move without it.)
+    /// A count that moves when the state changes (a swap, an index reset)
+    /// or consul fails: `/debug/state` is reused for at most a second,
+    /// and never across such a change. Answered checks do not count: they
+    /// never stop, and a 100,000-key render per request would let one
+    /// client keep a core busy (last asks are then at most a second old).
+    pub fn state_changes(&self) -> u64 {
+        let errors: u64 = self.consul_errors.iter().sum();
+        errors + self.swaps + self.consul_index_resets
+    }
+
+    /// [`Metrics::state_changes`] and every answered check and consul
+    /// answer: `/-/metrics` (a fraction of a millisecond) is reused only
+    /// while no counter moved, so a scrape never reads counters older than
+    /// what it caused.
     pub fn changes(&self) -> u64 {
         let requests: u64 = self.requests.iter().sum();
-        let errors: u64 = self.consul_errors.iter().sum();
-        requests + errors + self.swaps + self.consul_unchanged + self.consul_index_resets
+        self.state_changes() + requests + self.consul_unchanged
     }
 
     /// One loop turn's work took `d`.

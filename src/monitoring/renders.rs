@@ -5,10 +5,10 @@
 //! a connection key), the loop's status when a render starts, and a
 //! [`Slice`] per turn. Out: each waiter with the shared body it asked
 //! for. Always holds: a kind is rendered at most once per [`FRESH_FOR`]
-//! while nothing changed (a request within that of the last render, with
-//! the loop's change count the same, gets the same bytes: a pipelining
-//! flood costs nothing; after a state swap or an answered check it gets a
-//! new render, so what it reads is never older than what it did); one
+//! while its change count is the same (a request within that of the last
+//! render gets the same bytes: a pipelining flood costs nothing; for
+//! `/debug/state` the count moves with the state, so checks flowing do not
+//! defeat it, for the cheap `/-/metrics` also with every counter); one
 //! render per kind at a time, shared
 //! by every request that came while it was built; the body is one
 //! reference-counted buffer, so a connection that never reads holds a
@@ -140,10 +140,15 @@ impl<W> Renders<W> {
     }
 
     /// Starts a render for every kind with waiters and none in progress,
-    /// from `st` (its state shared as `state`) at change count `changes`.
+    /// from `st` (its state shared as `state`) at each kind's change count.
     /// `true` if a metrics render started (the loop then resets what
     /// "since the last scrape" counts).
-    pub fn start(&mut self, st: &Status<'_>, state: Option<&Arc<Snapshot>>, changes: u64) -> bool {
+    pub fn start(
+        &mut self,
+        st: &Status<'_>,
+        state: Option<&Arc<Snapshot>>,
+        changes: &dyn Fn(Heavy) -> u64,
+    ) -> bool {
         let mut metrics = false;
         for (i, slot) in self.slots.iter_mut().enumerate() {
             if slot.waiting.is_empty() || slot.job.is_some() {
@@ -159,7 +164,7 @@ impl<W> Renders<W> {
                     Job::DebugState(Box::new(DebugStateRender::new(st, state, diverted)))
                 }
             };
-            slot.job = Some((job, changes));
+            slot.job = Some((job, changes(Heavy::of(i))));
         }
         metrics
     }
@@ -271,7 +276,7 @@ mod tests {
         done: &mut Vec<(u32, Heavy, Body)>,
     ) -> usize {
         let shared = state.shared();
-        r.start(st, shared.as_ref(), 0);
+        r.start(st, shared.as_ref(), &|_| 0);
         let mut slices = 0;
         while r.busy() {
             r.step(st.asking, &mut Slice::items(items), st.now, done);
@@ -359,7 +364,7 @@ mod tests {
         let st = status(&m, &state, &unasked, t0);
         let mut r = Renders::default();
         r.ask(Heavy::Metrics, 7, t0, 0);
-        r.start(&st, state.shared().as_ref(), 0);
+        r.start(&st, state.shared().as_ref(), &|_| 0);
         r.forget(|w| *w == 7);
         assert!(!r.busy());
         assert!(r.slots[0].job.is_none());

@@ -234,17 +234,19 @@ impl<S: Read + Write> HttpConn<S> {
 
     /// While a request is parked, a readable socket means the client went
     /// away (or pipelined more): EOF closes, bytes wait in the buffer (at
-    /// most a head's worth).
+    /// most a head's worth; past it reading stops, and the socket's own
+    /// buffer holds the rest until the response is written: a pipelining
+    /// client waiting for a heavy render is not closed).
     fn peek_closed(&mut self, scratch: &mut [u8]) -> HttpProgress {
         loop {
-            match self.stream.read(scratch) {
+            let room = self.limits.max_head.saturating_sub(self.inbuf.len());
+            if room == 0 {
+                return HttpProgress::NeedRead;
+            }
+            let room = room.min(scratch.len());
+            match self.stream.read(&mut scratch[..room]) {
                 Ok(0) => return HttpProgress::Close,
-                Ok(n) => {
-                    if self.inbuf.len() + n > self.limits.max_head {
-                        return HttpProgress::Close;
-                    }
-                    self.inbuf.extend_from_slice(&scratch[..n]);
-                }
+                Ok(n) => self.inbuf.extend_from_slice(&scratch[..n]),
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return HttpProgress::NeedRead,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(_) => return HttpProgress::Close,

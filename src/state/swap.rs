@@ -17,13 +17,16 @@
 //! set of identities without a key), and the retirement carries those asks
 //! over to the new state, so they survive every swap.
 
-use std::collections::VecDeque;
+use std::collections::{HashSet, VecDeque};
+use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 use std::time::{Instant, SystemTime};
 
 use log::{debug, info, warn};
 
-use super::{ChangeScan, Clock, Entry, Graveyard, InvalidReason, Snapshot, Strangers};
+use super::{
+    Change, ChangeScan, Clock, Entry, Graveyard, InvalidKey, InvalidReason, Snapshot, Strangers,
+};
 use crate::contract::{Admin, Desired};
 use crate::logging::escape;
 use crate::slice::Slice;
@@ -56,6 +59,8 @@ pub struct Swapper {
     retiring: VecDeque<Retiring>,
     /// States compared, being freed, oldest first.
     graveyard: VecDeque<Graveyard>,
+    /// New states whose invalid keys are being compared, oldest first.
+    invalid: VecDeque<InvalidScan>,
 }
 
 /// A replaced state whose changes are being logged and whose asks are
@@ -67,22 +72,41 @@ struct Retiring {
     scan: ChangeScan,
 }
 
+/// The invalid keys of a new state compared with those of the state
+/// before it, a slice at a time: each new (or rewritten) one is warned
+/// about once and its reason counted. The old keys' fingerprints are
+/// hashed first, then the new keys looked up.
+#[derive(Debug)]
+struct InvalidScan {
+    new: Arc<Snapshot>,
+    old: Option<Arc<Snapshot>>,
+    seen: HashSet<u64>,
+    /// Past the old keys, now in the new ones.
+    in_new: bool,
+    pos: usize,
+}
+
 /// What a swap found, for the metrics.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Swapped {
     /// The first state from consul: answering starts now, or goes on
     /// from consul instead of the state file.
     pub first: bool,
-    /// Why each newly invalid key was dropped (one per key).
+}
+
+/// What a slice of [`Swapper::step`] found, for the metrics.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Retired {
+    /// Entries that changed (each logged).
+    pub changes: usize,
+    /// Why each newly invalid key was dropped (one per key, each logged).
     pub invalid: Vec<InvalidReason>,
 }
 
-impl Swapped {
-    /// Whether the state visibly changed (the `last_change` metric): a
-    /// first state, or a new invalid key. Changed entries are reported by
-    /// [`Swapper::step`].
+impl Retired {
+    /// Whether the state visibly changed (the `last_change` metric).
     pub fn changed(&self) -> bool {
-        self.first || !self.invalid.is_empty()
+        self.changes > 0 || !self.invalid.is_empty()
     }
 }
 
@@ -97,6 +121,7 @@ impl Swapper {
             source: None,
             retiring: VecDeque::new(),
             graveyard: VecDeque::new(),
+            invalid: VecDeque::new(),
         }
     }
 
@@ -165,32 +190,26 @@ impl Swapper {
     /// Whether an old state is still being compared or freed: the loop
     /// calls [`Swapper::step`] every turn until it is not.
     pub fn busy(&self) -> bool {
-        !self.retiring.is_empty() || !self.graveyard.is_empty()
+        !self.retiring.is_empty() || !self.graveyard.is_empty() || !self.invalid.is_empty()
     }
 
     /// Answers from `new` at once (from `now`), logs the keys it newly
     /// drops, and queues the state it replaces for retirement (behind any
     /// still being retired: never finished here, in one turn).
     pub fn swap(&mut self, mut new: Snapshot, now: Instant) -> Swapped {
-        let empty = Snapshot::default();
-        let invalid = new.new_invalid_since(self.current.as_deref().unwrap_or(&empty));
-        for k in &invalid {
-            // The identity, as the change lines name it; the full key too.
-            let identity = k
-                .key
-                .strip_prefix(self.prefix.as_str())
-                .and_then(|r| r.strip_prefix('/'))
-                .unwrap_or(&k.key);
-            warn!(identity = escape(identity.as_bytes(), 256), key = escape(k.key.as_bytes(), 256), value = escape(k.value.as_bytes(), 128), reason = k.reason.label(), index = k.modify_index;
-                "invalid KV entry dropped: answered as if absent (ready 100%)");
-        }
-        let invalid = invalid.iter().map(|k| k.reason).collect();
         debug!(index = new.index(), keys = new.len(); "state swapped");
         let (keys, invalid_keys, index) = (new.len(), new.invalid().len(), new.index());
         let from_file = matches!(self.source, Some(Source::File { .. }));
         self.source = Some(Source::Consul);
         new.set_born(self.clock.tick(now));
         let new = Arc::new(new);
+        self.invalid.push_back(InvalidScan {
+            new: Arc::clone(&new),
+            old: self.current.clone(),
+            seen: HashSet::new(),
+            in_new: false,
+            pos: 0,
+        });
         let first = match self.current.replace(Arc::clone(&new)) {
             None => {
                 info!(keys = keys, invalid = invalid_keys, index = index; "first consul read complete: answering");
@@ -208,41 +227,48 @@ impl Swapper {
                 from_file
             }
         };
-        Swapped { first, invalid }
+        Swapped { first }
     }
 
-    /// One slice of retiring the replaced states, oldest first: log their
-    /// changes (carrying their asks over), then free them, until the
-    /// slice is spent. Returns how many changes it logged.
-    pub fn step(&mut self, slice: &mut Slice) -> usize {
-        let mut logged = 0;
+    /// One slice of retiring the replaced states, oldest first: warn about
+    /// new invalid keys, log the changes (carrying the asks over), then
+    /// free the old states, until the slice is spent.
+    pub fn step(&mut self, slice: &mut Slice) -> Retired {
+        let mut retired = Retired::default();
+        while let Some(scan) = self.invalid.front_mut() {
+            if !scan.step(&self.prefix, slice, &mut retired.invalid) {
+                return retired;
+            }
+            self.invalid.pop_front();
+            if slice.is_over() {
+                return retired;
+            }
+        }
+        let logged = &mut retired.changes;
         while let Some(r) = self.retiring.front_mut() {
-            let mut changes = Vec::new();
-            let done = r.scan.step(
-                &r.new,
-                &r.old,
-                slice,
-                &mut changes,
-                Some(&mut self.strangers),
-            );
-            for c in &changes {
+            let index = r.new.index();
+            // Each change is logged as found, inside the slice's time.
+            let mut emit = |c: Change<'_>| {
                 let show = |e: Option<Entry>| {
                     e.map_or_else(|| "absent".to_owned(), |e| e.desired.to_string())
                 };
                 // A delete has no ModifyIndex of its own: the state's.
-                let index = c.new.map_or(r.new.index(), |e| e.modify_index);
+                let index = c.new.map_or(index, |e| e.modify_index);
                 info!(identity = escape(c.identity.as_bytes(), 256), old = show(c.old), new = show(c.new), index = index; "state change");
-            }
-            logged += changes.len();
+                *logged += 1;
+            };
+            let done = r
+                .scan
+                .step(&r.new, &r.old, slice, &mut emit, Some(&mut self.strangers));
             if !done {
-                return logged;
+                return retired;
             }
             // Shared with the state file's writer: then it frees it.
             if let Some(Ok(old)) = self.retiring.pop_front().map(|r| Arc::try_unwrap(r.old)) {
                 self.graveyard.push_back(old.into_graveyard());
             }
             if slice.is_over() {
-                return logged;
+                return retired;
             }
         }
         while let Some(g) = self.graveyard.front_mut() {
@@ -251,7 +277,50 @@ impl Swapper {
             }
             self.graveyard.pop_front();
         }
-        logged
+        retired
+    }
+}
+
+impl InvalidScan {
+    /// Until the slice is spent: `true` once every new invalid key is
+    /// looked at (the new ones warned about, their reasons in `found`).
+    fn step(&mut self, prefix: &str, slice: &mut Slice, found: &mut Vec<InvalidReason>) -> bool {
+        let hash = |k: &InvalidKey| {
+            let mut h = std::hash::DefaultHasher::new();
+            k.fingerprint().hash(&mut h);
+            h.finish()
+        };
+        if !self.in_new {
+            let old = self.old.as_deref().map_or(&[][..], |o| o.invalid());
+            while let Some(k) = old.get(self.pos) {
+                self.pos += 1;
+                self.seen.insert(hash(k));
+                if slice.spent(k.key.len() + k.value.len()) {
+                    return false;
+                }
+            }
+            (self.in_new, self.pos) = (true, 0);
+        }
+        while let Some(k) = self.new.invalid().get(self.pos) {
+            self.pos += 1;
+            let mut cost = k.key.len();
+            if !self.seen.contains(&hash(k)) {
+                // The identity, as the change lines name it; the full key too.
+                let identity = k
+                    .key
+                    .strip_prefix(prefix)
+                    .and_then(|r| r.strip_prefix('/'))
+                    .unwrap_or(&k.key);
+                warn!(identity = escape(identity.as_bytes(), 256), key = escape(k.key.as_bytes(), 256), value = escape(k.value.as_bytes(), 128), reason = k.reason.label(), index = k.modify_index;
+                    "invalid KV entry dropped: answered as if absent (ready 100%)");
+                found.push(k.reason);
+                cost += 512;
+            }
+            if slice.spent(cost) {
+                return false;
+            }
+        }
+        true
     }
 }
 
@@ -288,17 +357,12 @@ mod tests {
         let mut s = swapper();
         assert!(s.current().is_none());
         assert!(!s.busy());
-        assert_eq!(s.step(&mut Slice::items(10)), 0);
+        assert_eq!(s.step(&mut Slice::items(10)), Retired::default());
         let swapped = s.swap(snapshot(1, &[("b/a", "drain")]), Instant::now());
-        assert_eq!(
-            swapped,
-            Swapped {
-                first: true,
-                invalid: vec![]
-            }
-        );
-        assert!(swapped.changed());
+        assert_eq!(swapped, Swapped { first: true });
         assert_eq!(reply(&s, "b/a"), Some(Desired::DRAIN.reply()));
+        // Its invalid keys (none) are looked at; nothing to retire.
+        assert_eq!(s.step(&mut Slice::unlimited()), Retired::default());
         assert!(!s.busy(), "a first state retires nothing");
     }
 
@@ -311,7 +375,7 @@ mod tests {
         let drained = reply(&s, "b/s0").unwrap();
         // Everything becomes ready: ten changes (removals).
         let swapped = s.swap(snapshot(2, &[]), Instant::now());
-        assert!(!swapped.first && !swapped.changed());
+        assert!(!swapped.first);
         assert_ne!(
             reply(&s, "b/s0").unwrap(),
             drained,
@@ -321,7 +385,7 @@ mod tests {
         let mut logged = 0;
         let mut steps = 0;
         while s.busy() {
-            logged += s.step(&mut Slice::items(3));
+            logged += s.step(&mut Slice::items(3)).changes;
             steps += 1;
             assert!(steps < 20, "retiring must end");
         }
@@ -329,31 +393,48 @@ mod tests {
         assert!(steps >= 7, "3 entries a slice: 10 compared, then 10 freed");
     }
 
+    /// Every step until idle, a few items a slice: the invalid reasons
+    /// found, and the slices taken.
+    fn retire(s: &mut Swapper, items: u64) -> (Vec<&'static str>, usize) {
+        let (mut found, mut slices) = (Vec::new(), 0);
+        while s.busy() {
+            found.extend(s.step(&mut Slice::items(items)).invalid);
+            slices += 1;
+        }
+        found.sort_by_key(|r| r.index());
+        (found.iter().map(|r| r.label()).collect(), slices)
+    }
+
     #[test]
-    fn invalid_keys_are_reported_once() {
+    fn invalid_keys_are_reported_once_a_slice_at_a_time() {
         let mut s = swapper();
-        let swapped = s.swap(
+        s.swap(
             snapshot(1, &[("b/a", "up"), ("b/b", "999%")]),
             Instant::now(),
         );
-        let mut reasons = swapped.invalid.clone();
-        reasons.sort_by_key(|r| r.index());
-        assert_eq!(
-            reasons.iter().map(|r| r.label()).collect::<Vec<_>>(),
-            ["health_word", "out_of_range"]
-        );
+        // Not at the swap (no unbounded work in its turn): in the slices.
+        let (found, slices) = retire(&mut s, 1);
+        assert_eq!(found, ["health_word", "out_of_range"]);
+        assert!(slices >= 2, "{slices}");
         // The same invalid keys again: nothing new.
-        let again = s.swap(
+        s.swap(
             snapshot(1, &[("b/a", "up"), ("b/b", "999%")]),
             Instant::now(),
         );
-        assert!(again.invalid.is_empty() && !again.changed());
+        assert!(retire(&mut s, 1).0.is_empty());
         // One of them rewritten: reported again.
-        let rewritten = s.swap(
+        s.swap(
             snapshot(1, &[("b/a", "down"), ("b/b", "999%")]),
             Instant::now(),
         );
-        assert_eq!(rewritten.invalid.len(), 1);
+        assert_eq!(retire(&mut s, 1).0, ["health_word"]);
+        // 20,000 keys made invalid: found over many slices.
+        let bad: Vec<(String, &str)> = (0..20_000).map(|i| (format!("b/k{i}"), "up")).collect();
+        let bad: Vec<(&str, &str)> = bad.iter().map(|(k, v)| (k.as_str(), *v)).collect();
+        s.swap(snapshot(2, &bad), Instant::now());
+        let (found, slices) = retire(&mut s, 1000);
+        assert_eq!(found.len(), 20_000);
+        assert!(slices > 20, "{slices}");
     }
 
     #[test]
@@ -368,11 +449,11 @@ mod tests {
         assert_eq!(s.source(), Some(Source::File { written }));
         assert_eq!(reply(&s, "b/a"), Some(Desired::DRAIN.reply()));
         let swapped = s.swap(snapshot(6, &[("b/a", "drain")]), Instant::now());
-        assert!(swapped.first && swapped.changed(), "consul takes over");
+        assert!(swapped.first, "consul takes over");
         assert_eq!(s.source(), Some(Source::Consul));
         // b/b: maint -> absent; b/a: a new ModifyIndex.
         assert_eq!(
-            s.step(&mut Slice::unlimited()),
+            s.step(&mut Slice::unlimited()).changes,
             2,
             "the difference is logged"
         );
@@ -394,7 +475,7 @@ mod tests {
         let mut steps = 0;
         while s.busy() {
             assert_eq!(
-                s.step(&mut Slice::items(3)),
+                s.step(&mut Slice::items(3)).changes,
                 0,
                 "no change logged: never answered"
             );
@@ -430,8 +511,8 @@ mod tests {
         assert_eq!(s.retiring.len(), 2);
         // Oldest first: drain -> maint against state 1, then maint ->
         // ready against state 2, each logged once.
-        assert_eq!(s.step(&mut Slice::items(1)), 1, "drain -> maint");
-        assert_eq!(s.step(&mut Slice::unlimited()), 1, "maint -> ready");
+        assert_eq!(s.step(&mut Slice::items(1)).changes, 1, "drain -> maint");
+        assert_eq!(s.step(&mut Slice::unlimited()).changes, 1, "maint -> ready");
         assert!(!s.busy());
     }
 }
