@@ -514,22 +514,42 @@ fn changes_are_logged_per_key_and_invalid_values_once_per_change() {
 #[test]
 fn the_newline_hint_names_each_distinct_string_and_spots_single_quotes() {
     let (agent, _kv) = dev_agent(&[]);
-    for bytes in [&b"be_a/s1"[..], b"be_b/s2", b"be_a/s1", b"be_bad/sq\\n"] {
+    let send = |bytes: &[u8]| {
         let (out, _) = session(&agent, |s| {
             s.write_all(bytes).unwrap();
             s.shutdown(Shutdown::Write).unwrap();
         });
         assert!(out.is_empty());
+    };
+    // At most one hint line a second across all peers: a second apart,
+    // each distinct string is named.
+    for bytes in [&b"be_a/s1"[..], b"be_b/s2", b"be_a/s1", b"be_bad/sq\\n"] {
+        send(bytes);
+        std::thread::sleep(Duration::from_millis(1100));
     }
     let plain = "\"msg\":\"agent connection sent bytes but no newline: does the haproxy agent-send end in \\\\n? (e.g. agent-send \\\"be_web/srv1\\\\n\\\")\"";
     for name in ["be_a/s1", "be_b/s2"] {
-        let want = format!("{plain},\"received\":\"{name}\",\"similar_suppressed\":0}}");
+        let want = format!(
+            "{plain},\"received\":\"{name}\",\"similar_suppressed\":0,\"others_suppressed\":0}}"
+        );
         agent.proc.wait_log(&want, Duration::from_secs(2));
     }
     let quoted = "\"msg\":\"agent connection sent a literal backslash-n but no newline: the haproxy agent-send is in single quotes, which haproxy does not unescape; use double quotes (agent-send \\\"be_web/srv1\\\\n\\\")\"";
     let line = agent.proc.wait_log(quoted, Duration::from_secs(2));
     // What haproxy sent, a backslash and an n: one JSON escape, no more.
     assert!(line.contains(r#""received":"be_bad/sq\\n""#), "{line}");
+    // A burst of distinct strings: one line, then one saying how many
+    // were held back.
+    for i in 0..20 {
+        send(format!("be_burst/s{i}").as_bytes());
+    }
+    let held = agent
+        .proc
+        .wait_log("\"held_back\":19", Duration::from_secs(3));
+    assert!(
+        held.contains("more agent connections sent bytes without a newline"),
+        "{held}"
+    );
     let named_a = agent
         .proc
         .log()
