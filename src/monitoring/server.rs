@@ -42,6 +42,10 @@ pub const BODY_TIMEOUT: Duration = Duration::from_secs(30);
 pub const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Bytes read per call, at most: one peer cannot hold the loop.
 pub const READ_BUDGET: usize = 64 * 1024;
+/// Bytes written per call, at most: 32 connections handed a 3 MB render at
+/// once copy 64 KiB each into the kernel per turn, not their whole socket
+/// buffers (about 20 ms in one turn).
+pub const WRITE_BUDGET: usize = 64 * 1024;
 
 label_enum! {
     /// The HTTP listeners (metric label `listener`); each has its own pool
@@ -104,7 +108,7 @@ pub enum HttpProgress {
     /// A response went out whole and the connection is kept: call
     /// [`HttpConn::on_readable`] for the next request (now or next turn).
     Written,
-    /// The read budget is spent with bytes possibly left in the socket:
+    /// The read (or write) budget is spent with bytes possibly left:
     /// call [`HttpConn::on_readable`] again next turn (no event will come).
     Yield,
     /// Done (peer closed, error, or `Connection: close` answered).
@@ -381,14 +385,21 @@ impl<S: Read + Write> HttpConn<S> {
             return HttpProgress::NeedRead;
         };
         let total = self.out.len() + self.shared.as_ref().map_or(0, |b| b.len());
+        let mut budget = WRITE_BUDGET;
         while *written < total {
+            if budget == 0 {
+                return HttpProgress::Yield;
+            }
             let rest = match written.checked_sub(self.out.len()) {
                 None => &self.out[*written..],
                 Some(at) => &self.shared.as_deref().map_or(&[][..], |b| &b[..])[at..],
             };
-            match self.stream.write(rest) {
+            match self.stream.write(&rest[..rest.len().min(budget)]) {
                 Ok(0) => return HttpProgress::Close,
-                Ok(n) => *written += n,
+                Ok(n) => {
+                    *written += n;
+                    budget -= n;
+                }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return HttpProgress::NeedWrite,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(_) => return HttpProgress::Close,
@@ -481,6 +492,24 @@ mod tests {
         assert_eq!(written(&peer).matches("HTTP/1.1 200").count(), 1000);
         // Nothing large stays allocated on the idle connection.
         assert!(c.inbuf.capacity() <= 4096, "{}", c.inbuf.capacity());
+    }
+
+    #[test]
+    fn a_shared_body_is_written_a_budget_per_call() {
+        let t0 = Instant::now();
+        let (mut c, peer) = conn(vec![data(b"GET /big HTTP/1.1\r\nHost: x\r\n\r\n")], t0);
+        let mut scratch = [0u8; 4096];
+        assert!(matches!(c.on_readable(t0, &mut scratch), HttpProgress::Request(..)));
+        let body: Body = std::sync::Arc::new(vec![b'x'; 3 * WRITE_BUDGET]);
+        let mut p = c.respond_shared(&ok(), body, false, t0);
+        let mut calls = 1;
+        while matches!(p, HttpProgress::Yield) {
+            assert!(written(&peer).len() <= calls * WRITE_BUDGET + 1024);
+            p = c.on_readable(t0, &mut scratch);
+            calls += 1;
+        }
+        assert!(calls >= 4, "{calls} calls");
+        assert!(written(&peer).ends_with(&"x".repeat(100)));
     }
 
     #[test]
