@@ -499,7 +499,10 @@ mod tests {
         let t0 = Instant::now();
         let (mut c, peer) = conn(vec![data(b"GET /big HTTP/1.1\r\nHost: x\r\n\r\n")], t0);
         let mut scratch = [0u8; 4096];
-        assert!(matches!(c.on_readable(t0, &mut scratch), HttpProgress::Request(..)));
+        assert!(matches!(
+            c.on_readable(t0, &mut scratch),
+            HttpProgress::Request(..)
+        ));
         let body: Body = std::sync::Arc::new(vec![b'x'; 3 * WRITE_BUDGET]);
         let mut p = c.respond_shared(&ok(), body, false, t0);
         let mut calls = 1;
