@@ -206,17 +206,10 @@ impl Snapshot {
         self.born = now;
     }
 
-    /// Every entry whose reply is not `ready 100%`, with its asks, in no
-    /// particular order.
-    pub fn diverted(&self) -> impl Iterator<Item = Diverted<'_>> {
-        self.entries
-            .iter()
-            .filter_map(|(k, slot)| self.if_diverted(k, slot))
-    }
-
-    /// [`Snapshot::diverted`] resumable: from the `pos`-th entry on (in
-    /// the map's order, which holds while the snapshot is not changed),
-    /// counting every entry passed in `pos`.
+    /// Every entry whose reply is not `ready 100%`, with its asks, from
+    /// the `pos`-th entry on (in the map's order, which holds while the
+    /// snapshot is not changed), counting every entry passed in `pos`: a
+    /// scan resumable slice by slice.
     pub fn diverted_from<'a>(&'a self, pos: &'a mut usize) -> impl Iterator<Item = Diverted<'a>> {
         let start = *pos;
         self.entries
@@ -700,7 +693,8 @@ mod tests {
             snap.answer(b"be_web/srv2", now),
             Some((&b"maint 100%\n"[..], Admin::Maint))
         );
-        let diverted: Vec<_> = snap.diverted().map(|d| d.identity).collect();
+        let mut pos = 0;
+        let diverted: Vec<_> = snap.diverted_from(&mut pos).map(|d| d.identity).collect();
         assert_eq!(diverted.len(), 3, "drain, maint and 50% are diverted");
     }
 
