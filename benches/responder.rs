@@ -29,6 +29,12 @@ fn main() {
     if std::env::args().any(|a| a == "--list") {
         return; // `cargo test --benches` / `cargo bench -- --list`
     }
+    // `cargo bench --bench responder -- allocations`: that table alone
+    // (in-process, no load generator, a few seconds).
+    if std::env::args().any(|a| a == "allocations") {
+        allocations_per_check();
+        return;
+    }
     raise_nofile();
     let dur = env_secs("BENCH_DURATION", 4.0);
     let idle_n: usize = std::env::var("BENCH_IDLE")
