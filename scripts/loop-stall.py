@@ -71,7 +71,10 @@ The evidence column shows that the scenario did what it says, from one
 scrape of the agent's /-/metrics after the load (names without the
 gitlab_haproxy_agent_ prefix; a metric the binary lacks is left out), the
 agent's log lines the script read during the load, and the load's own
-counts. `loop_turn_max_ms` is the longest loop turn since the previous
+counts. `loop_preempted` is how many times the scheduler took the CPU
+from the agent's loop thread during the load (its nonvoluntary context
+switches): a loop turn or a check slower than the agent's work shows up
+there. `loop_turn_max_ms` is the longest loop turn since the previous
 scrape (in metrics-pipelining, since the load's last request); a binary
 that renders /-/metrics at most once a second may show a render up to a
 second old. Loop turns are wall-clock time: a busy machine that
@@ -539,9 +542,23 @@ def settle(agent, want_keys):
     raise SystemExit(f"agent never took in the {want_keys} seeded keys (last seen {last})")
 
 
-def evidence(sc, metrics, agent, t0, load):
+def preemptions(pid):
+    """Times the scheduler took the CPU from the agent's loop thread (its main thread) so far, or None."""
+    try:
+        with open(f"/proc/{pid}/task/{pid}/status") as f:
+            for line in f:
+                if line.startswith("nonvoluntary_ctxt_switches:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return None
+
+
+def evidence(sc, metrics, agent, t0, load, preempted):
     """What shows the scenario did what it says: {label: value}."""
     ev = {}
+    if preempted is not None:
+        ev["loop_preempted"] = preempted
     if isinstance(metrics, str):
         ev["metrics"] = metrics
     else:
@@ -595,6 +612,7 @@ def run_scenario(sc, binary, seconds, sampler, nice):
         idle = sampler.last_before(time.monotonic())
         spec = dict(sc.attack, addrs=agent.addrs, seconds=sc.warmup + seconds)
         t0 = time.monotonic()
+        pre0 = preemptions(agent.proc.pid)
         child = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--_load", json.dumps(spec)],
                                  stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                  preexec_fn=niced(nice))
@@ -606,6 +624,8 @@ def run_scenario(sc, binary, seconds, sampler, nice):
         stop.set()
         load = hh.collect_attack(child, ATTACK_GRACE)
         t_end = time.monotonic()
+        pre1 = preemptions(agent.proc.pid)
+        preempted = pre1 - pre0 if pre0 is not None and pre1 is not None else None
         checker.join(hh.CHECK_TIMEOUT * 2 + 2)
         during = sampler.between(t0, t_end)
         alive = agent.proc.poll() is None
@@ -626,7 +646,7 @@ def run_scenario(sc, binary, seconds, sampler, nice):
             "rss_idle_mib": rss_idle, "rss_peak_mib": rss_peak,
             "rss_growth_mib": (rss_peak - rss_idle) if (rss_idle is not None and rss_peak is not None) else None,
             "seed_s": round(seed_s, 2),
-            "evidence": evidence(sc, metrics, agent, t0, load),
+            "evidence": evidence(sc, metrics, agent, t0, load, preempted),
             "agent_alive": alive,
             "agent_warnings": dict(agent.warnings_since(t0).most_common(5)),
         }
