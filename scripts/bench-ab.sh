@@ -10,7 +10,8 @@
 # A B A B ... so slow drift of the machine hits both alike. For a refactor
 # that must not touch the answer path: build the old commit's binary in a
 # worktree, then compare. Knobs: REPS [5], DUR [3] seconds, MODE [c16|open],
-# PEERS (a writable copy of the kit, as scripts/bench-compare.sh uses).
+# PEERS (a writable copy of the kit, as scripts/bench-compare.sh uses), EXTRA
+# (more agent flags for both, e.g. EXTRA="-state-file /tmp/ab.json").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -26,7 +27,7 @@ args="--concurrency 16"; [[ $MODE == open ]] && args="--rate 10000"
 
 run_one() { # BIN LABEL
 	GITLAB_LOG_LEVEL=warn taskset -c 0 "$1" -dev -listen-addr "127.0.0.1:$PORT" -dev-kv-addr "127.0.0.1:$KV_PORT" \
-		-monitoring-addr "" -pprof-addr "" -read-timeout 60s 2>/dev/null &
+		-monitoring-addr "" -pprof-addr "" -read-timeout 60s ${EXTRA:-} 2>/dev/null &
 	local pid=$!
 	for _ in $(seq 50); do curl -sf -o /dev/null "http://127.0.0.1:$KV_PORT/v1/status/leader" && break; sleep 0.1; done
 	curl -sf -X PUT --data drain "http://127.0.0.1:$KV_PORT/v1/kv/gitlab-haproxy-agent/state/be_1/srv_1" >/dev/null

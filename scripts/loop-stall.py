@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Measure how the agent's own work stalls its answers (loopback only, stdlib only).
 
-usage: scripts/loop-stall.py [--seconds N] [--only NAME,...] [--json] BIN
+usage: scripts/loop-stall.py [--seconds N] [--only NAME,...] [--json] [--load-nice N] BIN
 
 BIN is a release build of the agent. Each scenario starts two of them,
 every listener on an ephemeral loopback port: a KV holder (`-dev`, watching
@@ -19,7 +19,12 @@ scenario's load for N seconds (default 8; at most 60) while:
     failure);
   - a sampler thread reads the measured agent's VmRSS every 50 ms.
 The load runs in a child process (this script re-invoked with a private
-option) so its CPU does not hold the measuring threads' GIL; it stops at
+option) so its CPU does not hold the measuring threads' GIL; it and the KV
+holder run at nice 10 (--load-nice): on a 2-core machine a load that
+saturates a core otherwise preempts the agent mid-turn, and a turn of
+1 ms of the agent's CPU shows as 4-7 ms of wall clock (measured with the
+thread's CPU clock), which is the machine's scheduler, not the agent's
+work; production load arrives from other hosts. It stops at
 its own deadline, closes what it opened and prints its stats as one JSON
 line; the parent kills it by PID if it overruns. Both agents are stopped
 (SIGTERM, then SIGKILL after 7 s) after each scenario. Nothing else is
@@ -66,7 +71,10 @@ The evidence column shows that the scenario did what it says, from one
 scrape of the agent's /-/metrics after the load (names without the
 gitlab_haproxy_agent_ prefix; a metric the binary lacks is left out), the
 agent's log lines the script read during the load, and the load's own
-counts. `loop_turn_max_ms` is the longest loop turn since the previous
+counts. `loop_preempted` is how many times the scheduler took the CPU
+from the agent's loop thread during the load (its nonvoluntary context
+switches): a loop turn or a check slower than the agent's work shows up
+there. `loop_turn_max_ms` is the longest loop turn since the previous
 scrape (in metrics-pipelining, since the load's last request); a binary
 that renders /-/metrics at most once a second may show a render up to a
 second old. Loop turns are wall-clock time: a busy machine that
@@ -384,7 +392,7 @@ def attack_main(spec):
 class Agent:
     """One agent process, its stderr read (at 100 KB/s if slow) and its log lines kept."""
 
-    def __init__(self, binary, flags, slow_stderr, addr_keys):
+    def __init__(self, binary, flags, slow_stderr, addr_keys, nice=0):
         self.addrs = {}
         self.addr_keys = addr_keys
         self.lines = []  # (monotonic, level, msg)
@@ -394,7 +402,7 @@ class Agent:
                 "-pprof-addr", "127.0.0.1:0"] + flags
         env = dict(os.environ, GITLAB_LOG_FORMAT="json", GITLAB_LOG_LEVEL="info")
         self.proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.PIPE, env=env)
+                                     stderr=subprocess.PIPE, env=env, preexec_fn=niced(nice))
         self.listening = threading.Event()
         chunk, pause = SLOW_STDERR if slow_stderr else (65536, 0.0)
         threading.Thread(target=self.read_stderr, args=(chunk, pause), daemon=True).start()
@@ -534,9 +542,23 @@ def settle(agent, want_keys):
     raise SystemExit(f"agent never took in the {want_keys} seeded keys (last seen {last})")
 
 
-def evidence(sc, metrics, agent, t0, load):
+def preemptions(pid):
+    """Times the scheduler took the CPU from the agent's loop thread (its main thread) so far, or None."""
+    try:
+        with open(f"/proc/{pid}/task/{pid}/status") as f:
+            for line in f:
+                if line.startswith("nonvoluntary_ctxt_switches:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return None
+
+
+def evidence(sc, metrics, agent, t0, load, preempted):
     """What shows the scenario did what it says: {label: value}."""
     ev = {}
+    if preempted is not None:
+        ev["loop_preempted"] = preempted
     if isinstance(metrics, str):
         ev["metrics"] = metrics
     else:
@@ -557,10 +579,15 @@ def evidence(sc, metrics, agent, t0, load):
     return ev
 
 
-def start_pair(binary, sc):
-    """The KV holder (-dev, watching a prefix of its own) and the measured agent reading its KV."""
+def niced(n):
+    """A preexec_fn lowering a child's priority by n (None for n = 0)."""
+    return (lambda: os.nice(n)) if n else None
+
+
+def start_pair(binary, sc, nice):
+    """The KV holder (-dev, watching a prefix of its own; at `nice`) and the measured agent reading its KV."""
     kv = Agent(binary, ["-dev", "-dev-kv-addr", "127.0.0.1:0", "-kv-prefix", KV_HOLDER_PREFIX], False,
-               ("dev_kv_addr",))
+               ("dev_kv_addr",), nice)
     try:
         kv_addr = "%s:%d" % kv.addrs["dev_kv_addr"]
         agent = Agent(binary, ["-consul-addr", kv_addr] + sc.flags, sc.slow_stderr,
@@ -572,8 +599,8 @@ def start_pair(binary, sc):
     return kv, agent
 
 
-def run_scenario(sc, binary, seconds, sampler):
-    kv, agent = start_pair(binary, sc)
+def run_scenario(sc, binary, seconds, sampler, nice):
+    kv, agent = start_pair(binary, sc, nice)
     try:
         items = BASE_KEYS + sc.keys()
         t_seed = time.monotonic()
@@ -585,8 +612,10 @@ def run_scenario(sc, binary, seconds, sampler):
         idle = sampler.last_before(time.monotonic())
         spec = dict(sc.attack, addrs=agent.addrs, seconds=sc.warmup + seconds)
         t0 = time.monotonic()
+        pre0 = preemptions(agent.proc.pid)
         child = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--_load", json.dumps(spec)],
-                                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                 preexec_fn=niced(nice))
         time.sleep(sc.warmup)
         stop, chk = threading.Event(), {}
         checker = threading.Thread(target=hh.checker, args=(agent.addrs["listen_addr"], stop, chk), daemon=True)
@@ -595,6 +624,8 @@ def run_scenario(sc, binary, seconds, sampler):
         stop.set()
         load = hh.collect_attack(child, ATTACK_GRACE)
         t_end = time.monotonic()
+        pre1 = preemptions(agent.proc.pid)
+        preempted = pre1 - pre0 if pre0 is not None and pre1 is not None else None
         checker.join(hh.CHECK_TIMEOUT * 2 + 2)
         during = sampler.between(t0, t_end)
         alive = agent.proc.poll() is None
@@ -615,7 +646,7 @@ def run_scenario(sc, binary, seconds, sampler):
             "rss_idle_mib": rss_idle, "rss_peak_mib": rss_peak,
             "rss_growth_mib": (rss_peak - rss_idle) if (rss_idle is not None and rss_peak is not None) else None,
             "seed_s": round(seed_s, 2),
-            "evidence": evidence(sc, metrics, agent, t0, load),
+            "evidence": evidence(sc, metrics, agent, t0, load, preempted),
             "agent_alive": alive,
             "agent_warnings": dict(agent.warnings_since(t0).most_common(5)),
         }
@@ -665,10 +696,14 @@ def main():
     ap.add_argument("--seconds", type=float, default=8.0, help="measured time per scenario (default 8, at most 60)")
     ap.add_argument("--only", default=None, help="comma-separated scenarios: " + ",".join(names))
     ap.add_argument("--json", action="store_true", help="print one JSON document instead of the table")
+    ap.add_argument("--load-nice", type=int, default=10, metavar="N",
+                    help="run the load and the KV holder at nice N (default 10; 0 for none)")
     ap.add_argument("bin", metavar="BIN", help="the agent binary (a release build)")
     a = ap.parse_args()
     if not (0 < a.seconds <= 60):
         ap.error("--seconds must be in (0, 60]")
+    if not (0 <= a.load_nice <= 19):
+        ap.error("--load-nice must be in [0, 19]")
     only = names if a.only is None else [n.strip() for n in a.only.split(",") if n.strip()]
     unknown = [n for n in only if n not in names]
     if unknown or not only:
@@ -676,7 +711,7 @@ def main():
     if not (os.path.isfile(a.bin) and os.access(a.bin, os.X_OK)):
         ap.error(f"BIN {a.bin!r} is not an executable file")
     nofile = hh.raise_nofile()
-    print(f"# RLIMIT_NOFILE {nofile[0]}/{nofile[1]}; {a.seconds:g} s per scenario; {a.bin}",
+    print(f"# RLIMIT_NOFILE {nofile[0]}/{nofile[1]}; {a.seconds:g} s per scenario; load at nice {a.load_nice}; {a.bin}",
           file=sys.stderr, flush=True)
     sampler = hh.Sampler()
     rows = []
@@ -685,11 +720,12 @@ def main():
             if sc.name not in only:
                 continue
             print(f"# {sc.name} ...", file=sys.stderr, flush=True)
-            rows.append(run_scenario(sc, a.bin, a.seconds, sampler))
+            rows.append(run_scenario(sc, a.bin, a.seconds, sampler, a.load_nice))
     finally:
         sampler.stop.set()
     if a.json:
-        print(json.dumps({"binary": a.bin, "seconds": a.seconds, "scenarios": rows}, indent=1))
+        print(json.dumps({"binary": a.bin, "seconds": a.seconds, "load_nice": a.load_nice, "scenarios": rows},
+                         indent=1))
     else:
         print_table(rows)
     return 0

@@ -46,6 +46,7 @@ fn main() -> ExitCode {
         }
         Command::Run(c) => *c,
     };
+    gitlab_haproxy_agent::slice::keep_big_buffers_mapped();
     logging::init(config.log_format, config.log_level);
     let code = match run(config) {
         Ok(()) => ExitCode::SUCCESS,

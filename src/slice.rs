@@ -9,6 +9,10 @@
 //! read every [`CHECK_EVERY`] items or [`CHECK_BYTES`] bytes, so a check
 //! costs a few nanoseconds an item. Tests use [`Slice::items`], a virtual
 //! clock that ends after a number of items.
+//!
+//! A free is loop work too: [`keep_big_buffers_mapped`] keeps every big
+//! buffer in a mapping of its own, so freeing one is an unmap, never a
+//! consolidation of the whole heap.
 
 use std::time::{Duration, Instant};
 
@@ -96,6 +100,22 @@ impl Slice {
             End::Items(n) => n == 0,
             End::At(end) => Instant::now() >= end,
         }
+    }
+}
+
+/// Buffers of 128 KiB and more (a listing being read, a `/debug/state`
+/// render, a state's table) get a mapping of their own, returned whole
+/// when freed. By default glibc raises that threshold to the largest
+/// buffer freed so far (up to 32 MiB); multi-megabyte buffers then live in
+/// the heap, and freeing one consolidates and trims the heap in that one
+/// call: loop turns of 5-18 ms, measured with `scripts/loop-stall.py`
+/// (issue 26). A fixed threshold also turns that adjustment off. Before
+/// any other thread exists.
+pub fn keep_big_buffers_mapped() {
+    #[cfg(target_env = "gnu")]
+    // SAFETY: mallopt only sets a parameter of the allocator.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 128 * 1024);
     }
 }
 

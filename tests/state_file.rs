@@ -412,6 +412,53 @@ fn a_symlinked_state_file_is_written_through_the_link() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// Kernel names of what a thread's descriptor table holds (`socket:[…]`,
+/// a path), the thread found by its name.
+fn descriptors_of_thread(pid: u32, name: &str) -> Vec<String> {
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).unwrap();
+    let tid = tasks
+        .filter_map(|t| t.ok())
+        .find(|t| {
+            std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.trim_end() == name)
+        })
+        .unwrap_or_else(|| panic!("no thread named {name} in {pid}"))
+        .file_name();
+    let fds = std::fs::read_dir(format!("/proc/{pid}/task/{}/fd", tid.to_string_lossy())).unwrap();
+    fds.filter_map(|f| std::fs::read_link(f.ok()?.path()).ok())
+        .map(|l| l.to_string_lossy().into_owned())
+        .collect()
+}
+
+/// The writer threads keep their own descriptor tables (the loop's socket
+/// calls keep the kernel's single-thread fast path), and those tables
+/// hold none of the loop's sockets (a listener the loop closes closes).
+#[test]
+fn the_writer_threads_hold_none_of_the_loops_sockets() {
+    // SAFETY: closes nothing (no descriptor has that number).
+    if unsafe { libc::syscall(libc::SYS_close_range, u32::MAX, u32::MAX, 0) } != 0 {
+        eprintln!("skipped: no close_range(2) here (Linux < 5.9, or a seccomp filter)");
+        return;
+    }
+    let dir = temp_dir("own-table");
+    let path = dir.join("state.json");
+    let kv = Kv::dev();
+    let prefix = unique_prefix("own-table");
+    kv.put(&format!("{prefix}/be/s1"), "drain");
+    let a = agent(kv.addr, &prefix, &path, &[]);
+    a.wait_reply("be/s1", "drain 100%", SYNC);
+    wait_for(SYNC, "the state file written", || {
+        (a.metric("gitlab_haproxy_agent_state_file_writes_total") >= 1.0).then_some(())
+    });
+    let pid = a.proc.pid();
+    let sockets = |fds: &[String]| fds.iter().filter(|f| f.starts_with("socket:")).count();
+    let main = descriptors_of_thread(pid, "gitlab-haproxy-");
+    assert!(sockets(&main) >= 3, "the loop's table: {main:?}");
+    for writer in ["state-file", "log-writer"] {
+        let fds = descriptors_of_thread(pid, writer);
+        assert_eq!(sockets(&fds), 0, "{writer} holds sockets: {fds:?}");
+    }
+}
+
 fn kv_down() -> std::net::SocketAddr {
     format!("127.0.0.1:{}", support::free_port())
         .parse()
