@@ -41,6 +41,10 @@ fn main() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(10_000);
+    let kv_writes: usize = std::env::var("BENCH_KV_WRITES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(8);
     let src_ips: u8 = std::env::var("BENCH_SRC_IPS")
         .ok()
         .and_then(|v| v.parse().ok())
@@ -183,7 +187,7 @@ fn main() {
     if let Some(a) = agent.as_ref() {
         let mut kv = Kv::connect(a.kv);
         let mut took = Vec::new();
-        for i in 0..8 {
+        for i in 0..kv_writes {
             let (v, want): (&[u8], &[u8]) = if i % 2 == 0 {
                 (b"maint", b"maint 100%\n")
             } else {
