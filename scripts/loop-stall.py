@@ -21,10 +21,10 @@ scenario's load for N seconds (default 8; at most 60) while:
 The load runs in a child process (this script re-invoked with a private
 option) so its CPU does not hold the measuring threads' GIL; it and the KV
 holder run at nice 10 (--load-nice): on a 2-core machine a load that
-saturates a core otherwise preempts the agent mid-turn, and a turn of
-1 ms of the agent's CPU shows as 4-7 ms of wall clock (measured with the
-thread's CPU clock), which is the machine's scheduler, not the agent's
-work; production load arrives from other hosts. It stops at
+saturates a core otherwise preempts the agent mid-turn, and the wait
+shows in the turn's wall clock and the checks: the machine's scheduler,
+not the agent's work (production load arrives from other hosts;
+loop_preempted below counts the preemptions). It stops at
 its own deadline, closes what it opened and prints its stats as one JSON
 line; the parent kills it by PID if it overruns. Both agents are stopped
 (SIGTERM, then SIGKILL after 7 s) after each scenario. Nothing else is

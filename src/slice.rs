@@ -108,8 +108,8 @@ impl Slice {
 /// when freed. By default glibc raises that threshold to the largest
 /// buffer freed so far (up to 32 MiB); multi-megabyte buffers then live in
 /// the heap, and freeing one consolidates and trims the heap in that one
-/// call: loop turns of 5-18 ms, measured with `scripts/loop-stall.py`
-/// (issue 26). A fixed threshold also turns that adjustment off. Before
+/// call: the longest loop turns of `scripts/loop-stall.py` (issue 26),
+/// 10-17 ms before this and 3-7 ms after. A fixed threshold also turns that adjustment off. Before
 /// any other thread exists.
 pub fn keep_big_buffers_mapped() {
     #[cfg(target_env = "gnu")]

@@ -1,8 +1,8 @@
 //! The allocator's part of the loop budget: a big buffer freed on the loop
 //! (a listing, a `/debug/state` render) is unmapped whole, and never makes
 //! glibc move the next big buffer into the heap, where freeing it would
-//! consolidate and trim the whole heap in one call (5-18 ms loop turns in
-//! `scripts/loop-stall.py`, issue 26). One test in its own process: the
+//! consolidate and trim the whole heap in one call (the longest loop
+//! turns of `scripts/loop-stall.py`, issue 26). One test in its own process: the
 //! allocator's counters are process-wide.
 
 #[cfg(target_env = "gnu")]
