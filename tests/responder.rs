@@ -545,7 +545,7 @@ fn the_newline_hint_names_each_distinct_string_and_spots_single_quotes() {
     }
     let held = agent
         .proc
-        .wait_log("\"held_back\":19", Duration::from_secs(3));
+        .wait_log("\"others_suppressed\":19", Duration::from_secs(3));
     assert!(
         held.contains("more agent connections sent bytes without a newline"),
         "{held}"

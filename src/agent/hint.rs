@@ -100,7 +100,7 @@ impl Hints {
     /// Reports the hints held back, once due: one line with their count.
     pub fn on_time(&mut self, now: Instant) {
         if let Some(n) = self.take_held_back(now) {
-            warn!(held_back = n; "more agent connections sent bytes without a newline (at most one hint line a second; requests_total{{outcome=\"no_newline\"}} counts them all)");
+            warn!(others_suppressed = n; "more agent connections sent bytes without a newline (at most one hint line a second; requests_total{{outcome=\"no_newline\"}} counts them all)");
         }
     }
 
