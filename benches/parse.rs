@@ -129,7 +129,7 @@ fn answer_rows(t: &mut Table, n: usize, snap: Snapshot, ids: &[Vec<u8>]) {
         k = (k + 7919) % ids.len();
         state
             .answer(black_box(&ids[k]), start)
-            .map_or(0, |(r, _)| r.len())
+            .map_or(0, |d| d.reply().len())
     });
     t.row(vec![
         format!("Swapper::answer ({n} keys)"),
@@ -143,7 +143,7 @@ fn answer_rows(t: &mut Table, n: usize, snap: Snapshot, ids: &[Vec<u8>]) {
         k = (k + 7919) % unkeyed.len();
         state
             .answer(black_box(&unkeyed[k]), start)
-            .map_or(0, |(r, _)| r.len())
+            .map_or(0, |d| d.reply().len())
     });
     t.row(vec![
         format!(

@@ -8,7 +8,8 @@
 # TARBALL defaults to ../shared/haproxy/haproxy-3.0.11.tar.gz (relative to the
 # repository root). The build goes to target/haproxy-<version>/haproxy and is
 # reused while that binary runs; `make TARGET=linux-glibc` needs no library
-# beyond libc (no OpenSSL, Lua, PCRE). The build is quiet (its log is
+# beyond libc (no OpenSSL, Lua, PCRE); USE_PROMEX=1 adds haproxy's own Prometheus
+# exporter (`http-request use-service prometheus-exporter`). The build is quiet (its log is
 # target/haproxy-<version>.log, whose tail is printed on failure) and bounded
 # by HAPROXY_BUILD_TIMEOUT seconds (default 900). Exit codes: 0 built or
 # reused, 1 build failed, 3 tarball missing.
@@ -61,10 +62,10 @@ fi
 
 jobs=$(nproc 2>/dev/null || echo 2)
 start=$(date +%s)
-echo "haproxy-lts: building haproxy $version (make -j$jobs TARGET=linux-glibc; log: target/$name.log)" >&2
+echo "haproxy-lts: building haproxy $version (make -j$jobs TARGET=linux-glibc USE_PROMEX=1; log: target/$name.log)" >&2
 limit=${HAPROXY_BUILD_TIMEOUT:-900}
 rc=0
-timeout "$limit" nice make -C "$dir" -j"$jobs" TARGET=linux-glibc >"$log" 2>&1 || rc=$?
+timeout "$limit" nice make -C "$dir" -j"$jobs" TARGET=linux-glibc USE_PROMEX=1 >"$log" 2>&1 || rc=$?
 if [ "$rc" -ne 0 ] || ! is_built; then
   why="failed (make exit $rc)"
   [ "$rc" -eq 124 ] && why="timed out after $limit s (HAPROXY_BUILD_TIMEOUT)"

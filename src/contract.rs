@@ -80,6 +80,19 @@ impl Desired {
     /// The canonical reply line, `\n` included: `ready N%\n`, `drain 100%\n`,
     /// `maint 100%\n`. A `'static` slice from a table built once.
     pub fn reply(self) -> &'static [u8] {
+        self.line(&REPLIES)
+    }
+
+    /// The reply, with the agent's own health vote when `up` (`-reply-up`):
+    /// `ready N% up\n`, `drain 100% up\n`, `maint 100% up\n`. haproxy 3.3
+    /// and 3.4 (before upstream 7aec1e6d9) start a server without a
+    /// `default-server` line with agent health 0, and only ` up` brings it
+    /// back; a failing health check still takes the server DOWN.
+    pub fn reply_voting(self, up: bool) -> &'static [u8] {
+        self.line(if up { &REPLIES_UP } else { &REPLIES })
+    }
+
+    fn line(self, table: &'static ReplyTable) -> &'static [u8] {
         let row = match self.admin {
             // Constructors keep `weight_pct <= 256`; `min` keeps the index in
             // bounds even so.
@@ -87,8 +100,8 @@ impl Desired {
             Admin::Drain => DRAIN_ROW,
             Admin::Maint => MAINT_ROW,
         };
-        let len = usize::from(REPLIES.lens[row]);
-        &REPLIES.lines[row][..len]
+        let len = usize::from(table.lens[row]);
+        &table.lines[row][..len]
     }
 }
 
@@ -96,8 +109,8 @@ impl Desired {
 const DRAIN_ROW: usize = Desired::MAX_WEIGHT_PCT as usize + 1;
 const MAINT_ROW: usize = DRAIN_ROW + 1;
 const ROWS: usize = MAINT_ROW + 1;
-/// The longest reply, `ready 256%\n`.
-const LINE_MAX: usize = 11;
+/// The longest reply, `ready 256% up\n`.
+const LINE_MAX: usize = 14;
 
 /// Every reply line the agent can write, built at compile time so that
 /// [`Desired::reply`] is an index, never a format or an allocation.
@@ -106,10 +119,12 @@ struct ReplyTable {
     lens: [u8; ROWS],
 }
 
-static REPLIES: ReplyTable = ReplyTable::build();
+static REPLIES: ReplyTable = ReplyTable::build(b"\n");
+static REPLIES_UP: ReplyTable = ReplyTable::build(b" up\n");
 
 impl ReplyTable {
-    const fn build() -> ReplyTable {
+    /// Every line, each ending in `end`.
+    const fn build(end: &[u8]) -> ReplyTable {
         let mut table = ReplyTable {
             lines: [[0; LINE_MAX]; ROWS],
             lens: [0; ROWS],
@@ -129,12 +144,17 @@ impl ReplyTable {
             }
             line[len] = b'0' + (weight % 10) as u8;
             len += 1;
-            len = put(line, len, b"%\n");
+            len = put(line, len, b"%");
+            len = put(line, len, end);
             table.lens[weight] = len as u8;
             weight += 1;
         }
-        table.lens[DRAIN_ROW] = put(&mut table.lines[DRAIN_ROW], 0, b"drain 100%\n") as u8;
-        table.lens[MAINT_ROW] = put(&mut table.lines[MAINT_ROW], 0, b"maint 100%\n") as u8;
+        let drain = &mut table.lines[DRAIN_ROW];
+        let len = put(drain, 0, b"drain 100%");
+        table.lens[DRAIN_ROW] = put(drain, len, end) as u8;
+        let maint = &mut table.lines[MAINT_ROW];
+        let len = put(maint, 0, b"maint 100%");
+        table.lens[MAINT_ROW] = put(maint, len, end) as u8;
         table
     }
 }
@@ -383,6 +403,18 @@ mod tests {
         for pct in 0..=256 {
             assert_eq!(ready(pct).reply(), format!("ready {pct}%\n").as_bytes());
         }
+    }
+
+    #[test]
+    fn reply_up_appends_the_vote_to_every_line() {
+        for desired in (0..=256).map(ready).chain([Desired::DRAIN, Desired::MAINT]) {
+            let plain = desired.reply();
+            assert_eq!(desired.reply_voting(false), plain);
+            let up = [&plain[..plain.len() - 1], b" up\n"].concat();
+            assert_eq!(desired.reply_voting(true), &up[..]);
+        }
+        assert_eq!(Desired::DRAIN.reply_voting(true), b"drain 100% up\n");
+        assert_eq!(ready(256).reply_voting(true), b"ready 256% up\n");
     }
 
     #[test]

@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 
 use crate::consul::kv::KvPair;
-use crate::contract::{parse_identity, parse_value, Admin, Desired, InvalidValue};
+use crate::contract::{parse_identity, parse_value, Desired, InvalidValue};
 use crate::slice::Slice;
 
 mod asked;
@@ -175,13 +175,13 @@ impl Snapshot {
         }
     }
 
-    /// The hot path: the reply and the admin state for an identity with a
-    /// key, recording the ask at `now`, in one probe; `None` without a key
-    /// (the caller answers `ready 100%` and records the ask itself).
-    pub fn answer(&self, identity: &[u8], now: Tick) -> Option<(&'static [u8], Admin)> {
+    /// The hot path: the desired state for an identity with a key,
+    /// recording the ask at `now`, in one probe; `None` without a key (the
+    /// caller answers `ready 100%` and records the ask itself).
+    pub fn answer(&self, identity: &[u8], now: Tick) -> Option<Desired> {
         let slot = self.entries.get(identity)?;
         slot.asks.record(now);
-        Some((slot.reply, slot.entry.desired.admin()))
+        Some(slot.entry.desired)
     }
 
     /// An identity's last ask and since when its entry is as it is (its
@@ -676,23 +676,16 @@ mod tests {
             .tick(std::time::Instant::now());
         for id in ["be_web/srv1", "be_web/srv2", "be_web/srv3"] {
             let id = id.as_bytes();
-            let admin = snap.get(id).unwrap().desired.admin();
+            let desired = snap.get(id).unwrap().desired;
             assert_eq!(snap.asks(id, None).map(|a| a.0), Some(Tick::NEVER));
-            assert_eq!(
-                snap.answer(id, now),
-                Some((snap.reply(id), admin)),
-                "{id:?}"
-            );
+            assert_eq!(snap.answer(id, now), Some(desired), "{id:?}");
             assert_eq!(snap.asks(id, None).map(|a| a.0), Some(now));
         }
         for id in ["be_web/srv4", "absent"] {
             assert_eq!(snap.answer(id.as_bytes(), now), None, "no key: {id}");
             assert_eq!(snap.asks(id.as_bytes(), None), None);
         }
-        assert_eq!(
-            snap.answer(b"be_web/srv2", now),
-            Some((&b"maint 100%\n"[..], Admin::Maint))
-        );
+        assert_eq!(snap.answer(b"be_web/srv2", now), Some(Desired::MAINT));
         let mut pos = 0;
         let diverted: Vec<_> = snap.diverted_from(&mut pos).map(|d| d.identity).collect();
         assert_eq!(diverted.len(), 3, "drain, maint and 50% are diverted");

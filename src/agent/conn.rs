@@ -223,7 +223,7 @@ mod tests {
         let mut asked = Vec::new();
         let answer = |id: &[u8]| {
             asked.push(id.to_vec());
-            snap.answer(id, Tick::NEVER)
+            snap.answer(id, Tick::NEVER).map(|d| (d.reply(), d.admin()))
         };
         assert_eq!(
             conn.on_readable(answer, 256, &mut scratch),

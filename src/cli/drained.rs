@@ -19,8 +19,9 @@ use super::fetch::{connect, exchange, http_get, Timed};
 use super::lint::{config_env, read_config};
 use super::{begin, usage_error, Io, FINDING, OK};
 use crate::config::{parse_http_url, parse_stats_socket, StatsSocket};
-use crate::drain::stat::{ServerKey, StatReader};
-use crate::drain::{judge, prom, show, Poll, Reading, Rules, Target};
+use crate::drain::process::{InfoReader, ProcReader, StateReader};
+use crate::drain::stat::{ServerKey, ServerStat, StatReader};
+use crate::drain::{judge, prom, show, Poll, Reading, Rules, Seen, Target};
 use crate::gocompat::parse_go_duration;
 
 const HELP: &str = "\
@@ -53,6 +54,19 @@ document. Exit 0: all drained; 1: the timeout, naming each server still
 holding sessions, where and how many; 2: usage.
 ";
 
+/// How far back Prometheus is asked which instances reported a server.
+const DEFAULT_LOOKBACK: Duration = Duration::from_secs(600);
+/// A stats socket's process younger than this gets a warning (unless the
+/// configuration's `hard-stop-after` says how long old processes live).
+const YOUNG: Duration = Duration::from_secs(3600);
+
+/// The Unix time now, in seconds.
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
 /// The largest Prometheus answer read: the query names only the servers
 /// asked about (7 series per server per haproxy instance).
 const MAX_PROMETHEUS_BODY: usize = 8 << 20;
@@ -60,34 +74,51 @@ const MIN_INTERVAL: Duration = Duration::from_millis(100);
 
 /// Where one poll asks.
 enum Source {
-    Socket {
-        label: String,
-        at: StatsSocket,
-    },
+    /// A worker's stats socket.
+    Socket { label: String, at: StatsSocket },
+    /// A master CLI socket: every worker it lists.
+    Master { label: String, at: StatsSocket },
     Prometheus {
         label: String,
         addr: SocketAddr,
         host: String,
         prefix: String,
+        lookback: Duration,
     },
 }
 
 impl Source {
     fn label(&self) -> &str {
         match self {
-            Source::Socket { label, .. } | Source::Prometheus { label, .. } => label,
+            Source::Socket { label, .. }
+            | Source::Master { label, .. }
+            | Source::Prometheus { label, .. } => label,
         }
     }
 
     /// Asks, by `deadline`.
     fn read(&self, servers: &[ServerKey], deadline: Instant) -> Reading {
         let got = match self {
-            Source::Socket { at, .. } => show_stat(at, servers, deadline).map(Reading::Socket),
+            Source::Socket { at, .. } => stats_socket(at, servers, deadline),
+            Source::Master { at, .. } => master(at, servers, deadline),
             Source::Prometheus {
-                addr, host, prefix, ..
+                addr,
+                host,
+                prefix,
+                lookback,
+                ..
             } => {
-                let target = prom::query_target(prefix, servers);
-                prometheus(*addr, host, &target, deadline).map(Reading::Prometheus)
+                let ask = |target: String| http_json(*addr, host, &target, deadline);
+                let reading = || -> Result<Reading, String> {
+                    Ok(Reading::Prometheus(prom::Reading {
+                        servers: prom::read_answer(&ask(prom::query_target(prefix, servers))?)?,
+                        seen: prom::read_seen(&ask(prom::lookback_target(
+                            prefix, servers, *lookback,
+                        ))?)?,
+                        starts: prom::read_starts(&ask(prom::start_times_target(prefix))?)?,
+                    }))
+                };
+                reading()
             }
         };
         got.unwrap_or_else(Reading::Failed)
@@ -110,7 +141,9 @@ pub(super) fn run(args: &[OsString], io: &mut Io<'_>) -> u8 {
             "timeout",
             "interval",
             "haproxy-socket",
+            "haproxy-master-socket",
             "prometheus",
+            "prometheus-lookback",
             "expect-instances",
             "haproxy-config",
         ][..],
@@ -150,28 +183,38 @@ fn plan(a: &super::Args, io: &Io<'_>) -> Result<Plan, String> {
         ));
     }
     let mut sources = Vec::new();
-    for v in a.values("haproxy-socket") {
-        let at = parse_stats_socket(v)
-            .map_err(|e| format!("invalid value {v:?} for flag -haproxy-socket: {e}"))?;
-        sources.push(Source::Socket {
-            label: v.to_owned(),
-            at,
-        });
+    for (flag, master) in [("haproxy-socket", false), ("haproxy-master-socket", true)] {
+        for v in a.values(flag) {
+            let at = parse_stats_socket(v)
+                .map_err(|e| format!("invalid value {v:?} for flag -{flag}: {e}"))?;
+            let label = v.to_owned();
+            sources.push(match master {
+                false => Source::Socket { label, at },
+                true => Source::Master { label, at },
+            });
+        }
     }
     let urls = a.values("prometheus");
+    let lookback = duration("prometheus-lookback", Some(DEFAULT_LOOKBACK))?;
+    if a.value("prometheus-lookback").is_some() && urls.is_empty() {
+        return Err("-prometheus-lookback needs -prometheus".into());
+    }
     for v in &urls {
         let (addr, host, prefix) = parse_http_url(v)
             .map_err(|e| format!("invalid value {v:?} for flag -prometheus: {e}"))?;
-        let label = v.to_string();
         sources.push(Source::Prometheus {
-            label,
+            label: v.to_string(),
             addr,
             host,
             prefix,
+            lookback,
         });
     }
     if sources.is_empty() {
-        return Err("no source: give -haproxy-socket ADDR or -prometheus URL".into());
+        return Err(
+            "no source: give -haproxy-master-socket ADDR, -haproxy-socket ADDR or -prometheus URL"
+                .into(),
+        );
     }
     let expect_instances = match a.value("expect-instances") {
         None => 0,
@@ -180,13 +223,14 @@ fn plan(a: &super::Args, io: &Io<'_>) -> Result<Plan, String> {
             .parse::<usize>()
             .map_err(|_| format!("invalid value {v:?} for flag -expect-instances: a count"))?,
     };
-    let targets = targets(&a.positional, &a.values("haproxy-config"), io)?;
+    let (targets, hard_stop_after) = targets(&a.positional, &a.values("haproxy-config"), io)?;
     Ok(Plan {
         targets,
         sources,
         rules: Rules {
             require_drain: a.flag("require-drain"),
             expect_instances,
+            young_secs: hard_stop_after.unwrap_or(YOUNG).as_secs(),
         },
         timeout,
         interval,
@@ -195,10 +239,15 @@ fn plan(a: &super::Args, io: &Io<'_>) -> Result<Plan, String> {
 }
 
 /// Each identity's servers: by the convention, or through the agent-send
-/// of the configuration's server lines.
-fn targets(identities: &[String], configs: &[&str], io: &Io<'_>) -> Result<Vec<Target>, String> {
+/// of the configuration's server lines; and the configuration's
+/// `hard-stop-after`, if it gives one.
+fn targets(
+    identities: &[String],
+    configs: &[&str],
+    io: &Io<'_>,
+) -> Result<(Vec<Target>, Option<Duration>), String> {
     if configs.is_empty() {
-        return identities
+        let targets = identities
             .iter()
             .map(|id| match id.split_once('/') {
                 Some((b, s)) if !b.is_empty() && !s.is_empty() => Ok(Target {
@@ -207,13 +256,15 @@ fn targets(identities: &[String], configs: &[&str], io: &Io<'_>) -> Result<Vec<T
                 }),
                 _ => Err(format!("identity {id:?} is not backend/server (give -haproxy-config to map it through agent-send)")),
             })
-            .collect();
+            .collect::<Result<_, _>>()?;
+        return Ok((targets, None));
     }
     let mut files = Vec::new();
     for name in configs {
         read_config(name, &mut files)?;
     }
-    let sent = crate::lint::identities(&files, &config_env(io.env));
+    let env = config_env(io.env);
+    let sent = crate::lint::identities(&files, &env);
     let mut unknown = Vec::new();
     let mut targets = Vec::new();
     for id in identities {
@@ -237,7 +288,7 @@ fn targets(identities: &[String], configs: &[&str], io: &Io<'_>) -> Result<Vec<T
             unknown.join(", ")
         ));
     }
-    Ok(targets)
+    Ok((targets, crate::lint::hard_stop_after(&files, &env)))
 }
 
 /// How the polls are shown.
@@ -265,13 +316,18 @@ fn wait(plan: &Plan, io: &mut Io<'_>) -> u8 {
         (false, true) => View::Table(0),
         (false, false) => View::Lines(HashMap::new()),
     };
+    let mut seen = Seen::default();
+    let mut first = true;
     loop {
         let polled = Instant::now();
         let readings = poll(&plan.sources, &servers, polled + plan.interval);
-        let poll = judge(&plan.targets, &readings, &plan.rules);
+        let poll = judge(&plan.targets, &readings, &plan.rules, &mut seen, unix_now());
         let elapsed = start.elapsed();
         let drained = poll.drained(&plan.rules);
-        let over = Instant::now() >= deadline;
+        // A server no source lists will not appear by waiting: said at once.
+        let unlisted = first && !poll.unlisted().is_empty();
+        first = false;
+        let over = unlisted || Instant::now() >= deadline;
         show_poll(&mut view, &poll, plan, elapsed, io);
         if drained || over {
             let text = match view {
@@ -366,23 +422,84 @@ fn poll(sources: &[Source], servers: &[ServerKey], deadline: Instant) -> Vec<(St
     })
 }
 
-/// `show stat` of servers only, read as it arrives.
-fn show_stat(
+/// One haproxy CLI command on `at`, its answer handed to `feed` as it
+/// arrives. The command is followed by a half-close: haproxy 2.6's master
+/// CLI answers only then, and a stats socket ends the exchange after one
+/// command anyway.
+fn cli(
     at: &StatsSocket,
-    servers: &[ServerKey],
+    command: &str,
     deadline: Instant,
-) -> Result<HashMap<ServerKey, crate::drain::stat::ServerStat>, String> {
+    feed: impl FnMut(&[u8]) -> Result<bool, String>,
+) -> Result<(), String> {
     let mut stream: Box<dyn Timed> = match at {
         StatsSocket::Tcp(addr) => Box::new(connect(*addr, deadline)?),
         StatsSocket::Unix(path) => Box::new(connect_unix(path, deadline)?),
     };
+    let line = format!("{command}\n");
+    exchange(stream.as_mut(), (line.as_bytes(), true), deadline, feed)
+}
+
+/// A worker's stats socket (or a master's route to one: `route` is `@!PID `):
+/// `show info` (when `info`), `show stat` and `show servers state` for
+/// `servers`, one connection each.
+fn worker(
+    at: &StatsSocket,
+    route: &str,
+    servers: &[ServerKey],
+    deadline: Instant,
+) -> Result<HashMap<ServerKey, ServerStat>, String> {
     let wanted: HashSet<ServerKey> = servers.iter().cloned().collect();
-    let mut reader = StatReader::new(wanted);
+    let mut stat = StatReader::new(wanted.clone());
     // -1 4 -1: every proxy's servers (type 4), no frontend or backend row.
-    exchange(stream.as_mut(), b"show stat -1 4 -1\n", deadline, |data| {
-        reader.feed(data)
+    cli(at, &format!("{route}show stat -1 4 -1"), deadline, |d| {
+        stat.feed(d)
     })?;
-    reader.finish()
+    let mut stats = stat.finish()?;
+    let mut state = StateReader::new(wanted);
+    cli(at, &format!("{route}show servers state"), deadline, |d| {
+        state.feed(d)
+    })?;
+    for (key, admin) in state.finish()? {
+        if let Some(s) = stats.get_mut(&key) {
+            s.admin = Some(admin);
+        }
+    }
+    Ok(stats)
+}
+
+/// A stats socket: the process answering it, and its servers.
+fn stats_socket(
+    at: &StatsSocket,
+    servers: &[ServerKey],
+    deadline: Instant,
+) -> Result<Reading, String> {
+    let mut info = InfoReader::default();
+    cli(at, "show info", deadline, |d| info.feed(d))?;
+    let process = info.finish()?;
+    let servers = worker(at, "", servers, deadline)?;
+    Ok(Reading::Socket { process, servers })
+}
+
+/// A master socket: `show proc`, then every worker's servers, old ones
+/// included (each worker asked at once).
+fn master(at: &StatsSocket, servers: &[ServerKey], deadline: Instant) -> Result<Reading, String> {
+    let mut proc = ProcReader::default();
+    cli(at, "show proc", deadline, |d| proc.feed(d))?;
+    let workers = proc.finish()?;
+    let answers = std::thread::scope(|scope| {
+        let asks: Vec<_> = workers
+            .iter()
+            .map(|w| scope.spawn(move || worker(at, &format!("@!{} ", w.pid), servers, deadline)))
+            .collect();
+        asks.into_iter()
+            .map(|ask| {
+                ask.join()
+                    .unwrap_or_else(|_| Err("the reader panicked".into()))
+            })
+            .collect::<Vec<_>>()
+    });
+    Ok(Reading::Master(workers.into_iter().zip(answers).collect()))
 }
 
 /// A unix stream connection made by `deadline` (a listener whose backlog
@@ -401,17 +518,20 @@ fn connect_unix(path: &std::path::Path, deadline: Instant) -> Result<UnixStream,
     Ok(socket.into())
 }
 
-fn prometheus(
+/// A Prometheus API answer's body (status 200), or why not.
+fn http_json(
     addr: SocketAddr,
     host: &str,
     target: &str,
     deadline: Instant,
-) -> Result<HashMap<ServerKey, Vec<prom::Instance>>, String> {
+) -> Result<Vec<u8>, String> {
     let (status, body) = http_get(addr, host, target, deadline, MAX_PROMETHEUS_BODY)?;
-    match (status, prom::read_answer(&body)) {
-        (200, answer) => answer,
-        // Prometheus explains a refusal in the usual JSON.
-        (_, Err(why)) if why.starts_with("Prometheus answered") => {
+    if status == 200 {
+        return Ok(body);
+    }
+    // Prometheus explains a refusal in the usual JSON.
+    match prom::read_answer(&body) {
+        Err(why) if why.starts_with("Prometheus answered") => {
             Err(format!("HTTP status {status}: {why}"))
         }
         _ => Err(format!("HTTP status {status}")),
@@ -454,40 +574,127 @@ mod tests {
         let _ = s.read(&mut buf);
     }
 
-    const ANSWER: &[u8] = b"# pxname,svname,qcur,qmax,scur,status\napp,s1,0,0,2,DRAIN\n\n";
+    /// Reads the command, up to its newline.
+    fn read_command<S: Read>(s: &mut S) -> String {
+        let mut line = Vec::new();
+        let mut byte = [0u8; 1];
+        while !line.ends_with(b"\n") && matches!(s.read(&mut byte), Ok(1)) {
+            line.push(byte[0]);
+        }
+        String::from_utf8_lossy(&line).trim_end().to_owned()
+    }
+
+    const STAT: &[u8] = b"# pxname,svname,qcur,qmax,scur,status\napp,s1,0,0,2,DRAIN\n\n";
+    const INFO: &[u8] = b"Name: HAProxy\nPid: 42\nStart_time_sec: 1000\n\n";
+    const STATE: &[u8] = b"1\n# be_id be_name srv_id srv_name srv_addr srv_op_state srv_admin_state\n2 app 1 s1 127.0.0.1 2 8\n\n";
+    const STATE_READY: &[u8] = b"1\n# be_id be_name srv_id srv_name srv_addr srv_op_state srv_admin_state\n2 app 1 s1 127.0.0.1 2 0\n\n";
+
+    /// A stats socket's answer to `command`.
+    fn answer(command: &str) -> &'static [u8] {
+        match command {
+            "show info" => INFO,
+            "show stat -1 4 -1" => STAT,
+            "show servers state" => STATE,
+            _ => b"Unknown command.\n\n",
+        }
+    }
+
+    /// A loopback stats socket answering [`answer`].
+    fn stats_server() -> SocketAddr {
+        server(30, |mut s| {
+            let command = read_command(&mut s);
+            let _ = s.write_all(answer(&command));
+        })
+    }
 
     #[test]
     fn a_stats_socket_answer_is_read_over_tcp_and_unix() {
-        let addr = server(1, |mut s| {
-            read_request(&mut s);
-            s.write_all(ANSWER).unwrap();
-        });
+        let addr = stats_server();
         let deadline = Instant::now() + Duration::from_secs(5);
-        let Reading::Socket(got) = socket_source(addr).read(&servers(), deadline) else {
+        let Reading::Socket {
+            process,
+            servers: got,
+        } = socket_source(addr).read(&servers(), deadline)
+        else {
             panic!("not read");
         };
         assert_eq!(got[&servers()[0]].sessions, 2);
+        assert_eq!(got[&servers()[0]].admin, Some(8));
+        assert_eq!((process.pid, process.start), (42, Some(1000)));
 
         let path = std::env::temp_dir().join(format!("gha-wd-{}.sock", std::process::id()));
         let _ = std::fs::remove_file(&path);
         let l = std::os::unix::net::UnixListener::bind(&path).unwrap();
         let t = std::thread::spawn(move || {
-            let (mut s, _) = l.accept().unwrap();
-            let mut line = [0u8; 64];
-            let n = s.read(&mut line).unwrap();
-            s.write_all(ANSWER).unwrap();
-            String::from_utf8_lossy(&line[..n]).into_owned()
+            let mut commands = Vec::new();
+            for _ in 0..3 {
+                let (mut s, _) = l.accept().unwrap();
+                let command = read_command(&mut s);
+                // The command is followed by the client's half-close.
+                assert_eq!(s.read(&mut [0u8; 8]).unwrap(), 0, "{command}");
+                s.write_all(answer(&command)).unwrap();
+                commands.push(command);
+            }
+            commands
         });
         let unix = Source::Socket {
             label: "x".into(),
             at: StatsSocket::Unix(path.clone()),
         };
-        let Reading::Socket(got) = unix.read(&servers(), deadline) else {
+        let Reading::Socket { servers: got, .. } = unix.read(&servers(), deadline) else {
             panic!("not read");
         };
         assert_eq!(got[&servers()[0]].status, "DRAIN");
-        assert_eq!(t.join().unwrap(), "show stat -1 4 -1\n");
+        assert_eq!(
+            t.join().unwrap(),
+            ["show info", "show stat -1 4 -1", "show servers state"]
+        );
         let _ = std::fs::remove_file(&path);
+    }
+
+    #[test]
+    fn a_master_socket_is_asked_for_every_worker_old_ones_too() {
+        let addr = server(30, |mut s| {
+            let command = read_command(&mut s);
+            let reply: Vec<u8> = match command.split_once(' ') {
+                _ if command == "show proc" => b"#<PID> <type> <reloads> <uptime> <version>\n1 master 1 0d 3.4.0\n# workers\n20 worker 0 0d 3.4.0\n# old workers\n10 worker 1 0d 3.4.0\n".to_vec(),
+                Some(("@!20", rest)) => answer(rest).to_vec(),
+                // The old worker holds 5 sessions and knows the server as ready.
+                Some(("@!10", "show stat -1 4 -1")) => b"# pxname,svname,qcur,scur,status\napp,s1,0,5,UP\n\n".to_vec(),
+                Some(("@!10", "show servers state")) => STATE_READY.to_vec(),
+                _ => b"Unknown command.\n\n".to_vec(),
+            };
+            let _ = s.write_all(&reply);
+        });
+        let master = Source::Master {
+            label: "master".into(),
+            at: StatsSocket::Tcp(addr),
+        };
+        let reading = master.read(&servers(), Instant::now() + Duration::from_secs(5));
+        let poll = judge(
+            &[Target {
+                identity: "app/s1".into(),
+                servers: servers(),
+            }],
+            &[("master".into(), reading)],
+            &Rules::default(),
+            &mut Seen::default(),
+            0,
+        );
+        let row = &poll.rows[0];
+        assert_eq!(
+            (row.sessions, row.status.as_str(), row.admin),
+            (Some(7), "DRAIN", Some(8)),
+            "{row:?}"
+        );
+        assert_eq!(
+            row.holders,
+            [
+                "worker 20: 2 sessions, 0 queued",
+                "worker 10 (old): 5 sessions, 0 queued"
+            ]
+        );
+        assert_eq!(show::line(row, &Rules::default()), "app/s1 at master [20, 10 old]: 7 sessions, 0 queued, DRAIN: holding: worker 20: 2 sessions, 0 queued; worker 10 (old): 5 sessions, 0 queued");
     }
 
     /// Fails within `limit` of asking, with `want`.
@@ -526,8 +733,11 @@ mod tests {
     fn a_socket_that_answers_without_end_costs_the_interval() {
         // Valid rows for ever: read as they come, none kept, until the
         // interval is over (the reader's memory is one record).
-        let addr = server(1, |mut s| {
-            read_request(&mut s);
+        let addr = server(2, |mut s| {
+            if read_command(&mut s) == "show info" {
+                let _ = s.write_all(INFO);
+                return;
+            }
             let _ = s.write_all(b"# pxname,svname,qcur,scur,status\n");
             let rows = b"app,other,0,0,UP\n".repeat(1000);
             let end = Instant::now() + Duration::from_secs(5);
@@ -539,8 +749,11 @@ mod tests {
             "no complete answer in time",
         );
         // One line without end stops at the record limit.
-        let addr = server(1, |mut s| {
-            read_request(&mut s);
+        let addr = server(2, |mut s| {
+            if read_command(&mut s) == "show info" {
+                let _ = s.write_all(INFO);
+                return;
+            }
             let _ = s.write_all(b"# pxname,svname,qcur,scur,status\n");
             let end = Instant::now() + Duration::from_secs(5);
             while Instant::now() < end && s.write_all(&[b'x'; 4096]).is_ok() {}
@@ -570,7 +783,7 @@ mod tests {
         });
         let reading = socket_source(addr).read(&servers(), Instant::now() + Duration::from_secs(2));
         assert!(
-            matches!(&reading, Reading::Failed(why) if why == "not a show stat answer: \"Unknown command\""),
+            matches!(&reading, Reading::Failed(why) if why == "not a show info answer: \"Unknown command\""),
             "{reading:?}"
         );
     }
@@ -581,22 +794,33 @@ mod tests {
             addr,
             host: addr.to_string(),
             prefix: String::new(),
+            lookback: DEFAULT_LOOKBACK,
         }
     }
 
     #[test]
     fn prometheus_is_asked_for_the_servers_and_its_answers_read() {
-        let addr = server(3, |mut s| {
+        let addr = server(10, |mut s| {
             let mut req = [0u8; 4096];
             let n = s.read(&mut req).unwrap();
             let req = String::from_utf8_lossy(&req[..n]).into_owned();
-            let (status, body) = if !req.contains("proxy%3D~%22app%22") {
+            let (status, body) = if req.contains("haproxy_process_start_time_seconds") {
+                (
+                    "200 OK",
+                    r#"{"status":"success","data":{"resultType":"vector","result":[{"metric":{"__name__":"haproxy_process_start_time_seconds","instance":"lb1"},"value":[1,"1000"]}]}}"#,
+                )
+            } else if !req.contains("proxy%3D~%22app%22") {
                 (
                     "400 Bad Request",
                     r#"{"status":"error","errorType":"bad_data","error":"wrong query"}"#,
                 )
             } else if req.contains("GET /bad/") {
                 ("503 Service Unavailable", "<html>down</html>")
+            } else if req.contains("last_over_time") {
+                (
+                    "200 OK",
+                    r#"{"status":"success","data":{"resultType":"vector","result":[{"metric":{"instance":"lb2","proxy":"app","server":"s1"},"value":[1,"0"]}]}}"#,
+                )
             } else {
                 (
                     "200 OK",
@@ -613,7 +837,9 @@ mod tests {
         let Reading::Prometheus(got) = prometheus_source(addr).read(&servers(), deadline) else {
             panic!("not read");
         };
-        assert_eq!(got[&servers()[0]][0].sessions, Some(3.0));
+        assert_eq!(got.servers[&servers()[0]][0].sessions, Some(3.0));
+        assert_eq!(got.seen[&servers()[0]], ["lb2".to_owned()].into());
+        assert_eq!(got.starts, [("lb1".to_owned(), 1000.0)].into());
         let mut bad = prometheus_source(addr);
         if let Source::Prometheus { prefix, .. } = &mut bad {
             *prefix = "/bad".into();
@@ -637,10 +863,16 @@ mod tests {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = l.local_addr().unwrap();
         std::thread::spawn(move || {
-            for (n, conn) in l.incoming().take(100).enumerate() {
+            let mut stats = 0;
+            for conn in l.incoming().take(300) {
                 let Ok(mut s) = conn else { continue };
-                read_request(&mut s);
-                let scur = if n < 2 { 1 } else { 0 };
+                let command = read_command(&mut s);
+                if command != "show stat -1 4 -1" {
+                    let _ = s.write_all(answer(&command));
+                    continue;
+                }
+                let scur = if stats < 2 { 1 } else { 0 };
+                stats += 1;
                 let _ = write!(
                     s,
                     "# pxname,svname,qcur,scur,status\napp,s1,0,{scur},DRAIN\n\n"

@@ -19,6 +19,8 @@ use crate::http::{parse_response_head, BodyDecoder, BodyError, Parse};
 /// A stream whose reads can be given a timeout.
 pub(super) trait Timed: Read + Write {
     fn set_timeout(&self, d: Duration) -> std::io::Result<()>;
+    /// Says the request is complete (a half-close).
+    fn shutdown_write(&self) -> std::io::Result<()>;
 }
 
 impl Timed for TcpStream {
@@ -26,12 +28,20 @@ impl Timed for TcpStream {
         self.set_read_timeout(Some(d))?;
         self.set_write_timeout(Some(d))
     }
+
+    fn shutdown_write(&self) -> std::io::Result<()> {
+        self.shutdown(std::net::Shutdown::Write)
+    }
 }
 
 impl Timed for UnixStream {
     fn set_timeout(&self, d: Duration) -> std::io::Result<()> {
         self.set_read_timeout(Some(d))?;
         self.set_write_timeout(Some(d))
+    }
+
+    fn shutdown_write(&self) -> std::io::Result<()> {
+        self.shutdown(std::net::Shutdown::Write)
     }
 }
 
@@ -44,12 +54,12 @@ pub(super) fn connect(addr: SocketAddr, deadline: Instant) -> Result<TcpStream, 
     TcpStream::connect_timeout(&addr, left).map_err(|e| format!("cannot connect: {e}"))
 }
 
-/// Writes `request`, then hands every chunk read to `feed` until it says
-/// done (`Ok(true)`), the peer closes (`feed` gets an empty slice), or the
-/// deadline passes.
+/// Writes `request` (then half-closes, with `half_close`), then hands
+/// every chunk read to `feed` until it says done (`Ok(true)`), the peer
+/// closes (`feed` gets an empty slice), or the deadline passes.
 pub(super) fn exchange(
     s: &mut dyn Timed,
-    request: &[u8],
+    (request, half_close): (&[u8], bool),
     deadline: Instant,
     mut feed: impl FnMut(&[u8]) -> Result<bool, String>,
 ) -> Result<(), String> {
@@ -63,6 +73,10 @@ pub(super) fn exchange(
         ErrorKind::WouldBlock | ErrorKind::TimedOut => timed_out(),
         _ => format!("cannot send: {e}"),
     })?;
+    if half_close {
+        s.shutdown_write()
+            .map_err(|e| format!("cannot send: {e}"))?;
+    }
     let mut chunk = vec![0; 16 * 1024];
     loop {
         let left = left();
@@ -98,7 +112,7 @@ pub(super) fn http_get(
     let mut buf = Vec::new();
     let mut body = Vec::new();
     let mut head: Option<(u16, BodyDecoder)> = None;
-    exchange(&mut s, req.as_bytes(), deadline, |data| {
+    exchange(&mut s, (req.as_bytes(), false), deadline, |data| {
         buf.extend_from_slice(data);
         if head.is_none() {
             match parse_response_head(&buf, 64 * 1024) {

@@ -8,6 +8,7 @@ use super::{begin, listen_setting, setting, usage_error, Io, FINDING, OK};
 
 const HELP: &str = "\
 usage: gitlab-haproxy-agent lint-haproxy FILE... [-listen-addr ADDR] [-max-line-bytes N]
+           [-haproxy-version V | -haproxy-bin PATH] [-reply-up]
 
 Reads haproxy configuration files as haproxy does (sections, defaults and
 default-server inheritance, server-template, quoting, .if blocks; a
@@ -17,7 +18,14 @@ agent's replies from working: errors (no explicit weight; agent-send
 missing, without a real newline, or a first line the agent does not answer;
 agent-port or agent-addr not reaching ADDR) and warnings (no slowstart, no
 agent-inter, an identity that is not <backend>/<server>, two servers
-sending the same identity). ADDR is the agent's -listen-addr: default
+sending the same identity, a static algorithm (static-rr, or map-based
+hashing) that ignores N% weights and slowstart). On haproxy 3.3 and 3.4, a
+server with no default-server line before it is an error (it stays DOWN
+after maint: add a default-server line, or run the agent with -reply-up);
+V is the haproxy line linted for (e.g. 3.4), PATH a haproxy binary whose
+-v tells it (default: the haproxy on PATH, else /usr/sbin/haproxy; when
+none runs, the line is unknown and the finding a warning). -reply-up: the agent runs
+with it (default GITLAB_HAPROXY_AGENT_REPLY_UP). ADDR is the agent's -listen-addr: default
 GITLAB_HAPROXY_AGENT_LISTEN_ADDR, else :9777. With a wildcard ADDR (:P,
 0.0.0.0:P, [::]:P) the agent-check target must be an address of this host:
 run the lint on the haproxy host, or give the agent's IP as -listen-addr.
@@ -27,7 +35,15 @@ Exit 0: no error (warnings allowed); 1: at least one error; 2: usage.
 ";
 
 pub(super) fn run(args: &[std::ffi::OsString], io: &mut Io<'_>) -> u8 {
-    let flags = (&["listen-addr", "max-line-bytes"][..], &[][..]);
+    let flags = (
+        &[
+            "listen-addr",
+            "max-line-bytes",
+            "haproxy-version",
+            "haproxy-bin",
+        ][..],
+        &["reply-up"][..],
+    );
     let a = match begin(io, "lint-haproxy", HELP, args, flags) {
         Ok(a) => a,
         Err(code) => return code,
@@ -47,6 +63,19 @@ pub(super) fn run(args: &[std::ffi::OsString], io: &mut Io<'_>) -> u8 {
             return usage_error(io, "lint-haproxy", &e);
         }
     };
+    let haproxy = match haproxy_line(&a) {
+        Ok(line) => line,
+        Err(e) => return usage_error(io, "lint-haproxy", &e),
+    };
+    let (up, from) = setting(&a, io, "reply-up", "false");
+    let reply_up = a.flag("reply-up")
+        || match crate::gocompat::parse_go_bool(&up) {
+            Some(b) => b,
+            None => {
+                let e = format!("invalid value {up:?} for {from}: not a boolean");
+                return usage_error(io, "lint-haproxy", &e);
+            }
+        };
     let mut files = Vec::new();
     for name in &a.positional {
         if let Err(e) = read_config(name, &mut files) {
@@ -57,11 +86,56 @@ pub(super) fn run(args: &[std::ffi::OsString], io: &mut Io<'_>) -> u8 {
     let target = crate::lint::Agent {
         listen: &listen,
         max_line,
+        reply_up,
+        haproxy,
     };
     let report = crate::lint::lint(&files, &target, &local_addresses(), &env);
     let code = if report.errors > 0 { FINDING } else { OK };
     let _ = io.out.write_all(report.render().as_bytes());
     code
+}
+
+/// The haproxy line linted for: `-haproxy-version 3.4[.0]`, or what
+/// `-haproxy-bin PATH -v` says; `None` when neither is given.
+fn haproxy_line(a: &super::Args) -> Result<Option<(u32, u32)>, String> {
+    match (a.value("haproxy-version"), a.value("haproxy-bin")) {
+        (Some(_), Some(_)) => Err("give -haproxy-version or -haproxy-bin, not both".into()),
+        (Some(v), None) => version_line(v)
+            .map(Some)
+            .ok_or_else(|| format!("invalid value {v:?} for flag -haproxy-version: a haproxy version such as 3.4 or 2.6.12")),
+        (None, Some(path)) => binary_line(path).map(Some),
+        // The haproxy of this host, if one runs.
+        (None, None) => Ok(["haproxy", "/usr/sbin/haproxy"]
+            .into_iter()
+            .find_map(|path| binary_line(path).ok())),
+    }
+}
+
+/// What `path -v` says its line is.
+fn binary_line(path: &str) -> Result<(u32, u32), String> {
+    let out = std::process::Command::new(path)
+        .arg("-v")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .map_err(|e| format!("cannot run {path} -v: {e}"))?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    // "HAProxy version 3.4.0-64a3353 2026/…".
+    text.split_whitespace()
+        .skip_while(|w| *w != "version")
+        .nth(1)
+        .and_then(version_line)
+        .ok_or_else(|| {
+            let first = text.lines().next().unwrap_or("");
+            format!("{path} -v does not name a haproxy version: {first:?}")
+        })
+}
+
+/// `3.4`, `3.4.0`, `2.6.12-1+deb12u4` -> (major, minor).
+fn version_line(v: &str) -> Option<(u32, u32)> {
+    let mut parts = v.split(['.', '-']);
+    let major = parts.next()?.parse().ok()?;
+    let minor = parts.next()?.parse().ok()?;
+    Some((major, minor))
 }
 
 /// The environment haproxy reads its configuration with.
@@ -213,6 +287,21 @@ mod tests {
             .collect();
         let want = ["B.cfg", "a.cfg", "b.cfg"].map(|e| (format!("{name}/{e}"), e.to_owned()));
         assert_eq!(got, want);
+    }
+
+    #[test]
+    fn a_version_names_its_line() {
+        for (v, want) in [
+            ("3.4", Some((3, 4))),
+            ("3.4.0", Some((3, 4))),
+            ("2.6.12-1+deb12u4", Some((2, 6))),
+            ("3.0.11-9e587df", Some((3, 0))),
+            ("3", None),
+            ("x.y", None),
+            ("", None),
+        ] {
+            assert_eq!(version_line(v), want, "{v}");
+        }
     }
 
     #[test]

@@ -196,6 +196,7 @@ settings! {
         kv_prefix: "kv-prefix", Text, "gitlab-haproxy-agent/state", "KV prefix to watch; the key below it is the server identity";
         read_timeout: "read-timeout", Duration, "5s", "time a connection has to send its request line (Go duration)";
         max_line_bytes: "max-line-bytes", Int, "256", "longest request line accepted, 1..65536";
+        reply_up: "reply-up", Bool, "false", "append \" up\" to every reply (the agent's health vote): needed on haproxy 3.3/3.4 for a server without a default-server line before it";
         max_connections: "max-connections", Int, "20000", "open agent connections before accepting pauses";
         consul_wait: "consul-wait", Duration, "5m", "consul blocking-query wait, 1s..10m";
         consul_max_body_bytes: "consul-max-body-bytes", Int, "67108864", "largest consul response body accepted (inflated, for a gzip body), at least 1024";

@@ -108,6 +108,8 @@ pub struct Config {
     pub kv_prefix: String,
     pub read_timeout: Duration,
     pub max_line_bytes: usize,
+    /// `-reply-up`: every reply ends in ` up` (`ready 100% up`).
+    pub reply_up: bool,
     pub max_connections: usize,
     /// `-state-file`: `None` when empty.
     pub state_file: Option<std::path::PathBuf>,

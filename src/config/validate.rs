@@ -38,6 +38,7 @@ pub(super) fn config(low: &LowArgs) -> Result<Config, UsageError> {
     let read_timeout = read_timeout(&low.read_timeout.value())?;
     let raw = low.max_line_bytes.value();
     let max_line_bytes = max_line_bytes(&raw.value).map_err(|e| raw.invalid(e))?;
+    let reply_up = boolean(&low.reply_up.value())?;
     let max_connections = number(&low.max_connections.value(), 1, 10_000_000)?;
     let wait = consul_wait(&low.consul_wait.value())?;
     let max_body_bytes = number(&low.consul_max_body_bytes.value(), 1024, usize::MAX)?;
@@ -64,6 +65,7 @@ pub(super) fn config(low: &LowArgs) -> Result<Config, UsageError> {
         kv_prefix,
         read_timeout,
         max_line_bytes,
+        reply_up,
         max_connections,
         state_file,
         state_max_age,

@@ -16,24 +16,40 @@
 //! renders a poll (table, lines, JSON). The command around them (flags,
 //! sockets, the polling) is `crate::cli`'s.
 
+pub mod process;
 pub mod prom;
+pub mod seen;
 pub mod show;
 pub mod stat;
 
 use std::collections::HashMap;
 
+use process::{Process, Worker};
 use prom::Instance;
+pub use seen::Seen;
 use stat::{ServerKey, ServerStat};
+
+/// What one worker behind a master socket answered, or why not.
+pub type WorkerAnswer = Result<HashMap<ServerKey, ServerStat>, String>;
 
 /// What one source answered in one poll.
 #[derive(Debug, Clone)]
 pub enum Reading {
     /// It could not be asked, or answered garbage: the reason.
     Failed(String),
-    /// A stats socket's `show stat`, for the servers asked about.
-    Socket(HashMap<ServerKey, ServerStat>),
-    /// Prometheus: each server's haproxy instances.
-    Prometheus(HashMap<ServerKey, Vec<Instance>>),
+    /// A stats socket: the process answering it (`show info`) and its
+    /// `show stat` (with `show servers state`'s admin bits) for the
+    /// servers asked about.
+    Socket {
+        process: Process,
+        servers: HashMap<ServerKey, ServerStat>,
+    },
+    /// A master socket: every worker it lists (old ones too) and what each
+    /// answered.
+    Master(Vec<(Worker, WorkerAnswer)>),
+    /// Prometheus: each server's haproxy instances now and within the
+    /// lookback, and each instance's process start time.
+    Prometheus(prom::Reading),
 }
 
 /// One identity and the servers that send it.
@@ -45,10 +61,23 @@ pub struct Target {
 
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Rules {
-    /// A status other than DRAIN or MAINT is not drained.
+    /// Only a server held in drain or maint (its admin state) is drained.
     pub require_drain: bool,
     /// Prometheus must have at least this many instances reporting a server.
     pub expect_instances: usize,
+    /// A stats socket's process younger than this (seconds) gets a warning:
+    /// an older process, left by a reload, may still serve sessions that
+    /// its socket does not see (an hour, or the config's `hard-stop-after`).
+    pub young_secs: u64,
+}
+
+/// One worker of a master socket, as it counts in a row.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkerCount {
+    pub pid: u64,
+    pub old: bool,
+    pub sessions: u64,
+    pub queued: u64,
 }
 
 /// One server as one source sees it.
@@ -63,21 +92,53 @@ pub struct Row {
     /// haproxy's status (`DRAIN`, `UP 1/3`, `MAINT (via b/s)`, …); for
     /// Prometheus each instance's, distinct ones joined by `,`; `?` unknown.
     pub status: String,
+    /// `show servers state`'s `srv_admin_state` (a stats or master
+    /// socket): non-zero is held in drain or maint, whatever `status`.
+    pub admin: Option<u64>,
     /// Prometheus: the instances reporting the server's sessions.
     pub instances: Option<usize>,
-    /// Prometheus: the instances holding sessions or a queue, as
+    /// A master socket: every worker listing the server.
+    pub workers: Vec<WorkerCount>,
+    /// The instances or workers holding sessions or a queue, as
     /// `name: N sessions, M queued`.
     pub holders: Vec<String>,
     /// Why the counts cannot be trusted (not reported, no answer, …).
     pub problem: Option<String>,
+    /// The source answered and does not list the server.
+    pub unlisted: bool,
+    /// Warnings about what this source cannot see.
+    pub notes: Vec<String>,
 }
 
 impl Row {
-    /// Every status it has is DRAIN or MAINT (any variant).
+    pub(crate) fn new(identity: &str, key: &ServerKey, source: &str) -> Row {
+        Row {
+            identity: identity.to_owned(),
+            server: format!("{}/{}", key.0, key.1),
+            source: source.to_owned(),
+            sessions: None,
+            queued: None,
+            status: "?".into(),
+            admin: None,
+            instances: None,
+            workers: Vec::new(),
+            holders: Vec::new(),
+            problem: None,
+            unlisted: false,
+            notes: Vec::new(),
+        }
+    }
+
+    /// Held out of balancing: its admin state where the source tells it,
+    /// else every status it has is DRAIN or MAINT (any variant).
     pub fn admin_down(&self) -> bool {
-        self.status
-            .split(',')
-            .all(|s| s.starts_with("DRAIN") || s.starts_with("MAINT"))
+        match self.admin {
+            Some(admin) => admin != 0,
+            None => self
+                .status
+                .split(',')
+                .all(|s| s.starts_with("DRAIN") || s.starts_with("MAINT")),
+        }
     }
 
     pub fn drained(&self, rules: &Rules) -> bool {
@@ -87,14 +148,17 @@ impl Row {
             && (self.admin_down() || !rules.require_drain)
     }
 
-    /// Reported, and taking new sessions as far as haproxy's status goes.
+    /// Reported, and taking new sessions as far as haproxy's state goes;
+    /// and what the source cannot see.
     pub fn warning(&self) -> Option<String> {
-        (self.problem.is_none() && !self.admin_down()).then(|| {
+        let status = (self.problem.is_none() && !self.admin_down()).then(|| {
             format!(
                 "status {} is not DRAIN or MAINT: it may reach 0 sessions by chance while still taking new ones",
                 self.status
             )
-        })
+        });
+        let all: Vec<String> = status.into_iter().chain(self.notes.clone()).collect();
+        (!all.is_empty()).then(|| all.join("; "))
     }
 }
 
@@ -108,41 +172,55 @@ impl Poll {
     pub fn drained(&self, rules: &Rules) -> bool {
         !self.rows.is_empty() && self.rows.iter().all(|r| r.drained(rules))
     }
+
+    /// The servers that every source answered without listing (a typo,
+    /// or a server no haproxy has): no wait will change that.
+    pub fn unlisted(&self) -> Vec<&str> {
+        let mut servers: Vec<&str> = self.rows.iter().map(|r| r.server.as_str()).collect();
+        servers.dedup();
+        servers.retain(|s| {
+            self.rows
+                .iter()
+                .filter(|r| r.server == *s)
+                .all(|r| r.unlisted)
+        });
+        servers
+    }
 }
 
 /// The poll's rows: every server of every target at every source, in that
-/// order.
-pub fn judge(targets: &[Target], sources: &[(String, Reading)], rules: &Rules) -> Poll {
+/// order. `seen` is what earlier polls saw (updated with this one's
+/// readings first), `now` the Unix time.
+pub fn judge(
+    targets: &[Target],
+    sources: &[(String, Reading)],
+    rules: &Rules,
+    seen: &mut Seen,
+    now: u64,
+) -> Poll {
+    for (source, reading) in sources {
+        seen.observe(source, reading);
+    }
     let mut rows = Vec::new();
     for target in targets {
         for key in &target.servers {
             for (source, reading) in sources {
-                let mut row = Row {
-                    identity: target.identity.clone(),
-                    server: format!("{}/{}", key.0, key.1),
-                    source: source.clone(),
-                    sessions: None,
-                    queued: None,
-                    status: "?".into(),
-                    instances: None,
-                    holders: Vec::new(),
-                    problem: None,
-                };
+                let mut row = Row::new(&target.identity, key, source);
                 match reading {
                     Reading::Failed(why) => row.problem = Some(why.clone()),
-                    Reading::Socket(servers) => match servers.get(key) {
-                        Some(s) => {
-                            row.sessions = Some(s.sessions);
-                            row.queued = Some(s.queued);
-                            row.status = s.status.clone();
+                    Reading::Socket { process, servers } => {
+                        socket_row(&mut row, servers.get(key));
+                        if let Some(why) = seen.reloaded(source) {
+                            row.problem = Some(why);
+                        } else if let Some(note) = young(process, rules, now) {
+                            row.notes.push(note);
                         }
-                        None => {
-                            row.problem =
-                                Some("not reported: this haproxy lists no such server".into())
-                        }
-                    },
-                    Reading::Prometheus(servers) => {
-                        prometheus_row(&mut row, servers.get(key).map_or(&[], Vec::as_slice), rules)
+                    }
+                    Reading::Master(workers) => master_row(&mut row, key, workers),
+                    Reading::Prometheus(reading) => {
+                        let now = reading.servers.get(key).map_or(&[][..], Vec::as_slice);
+                        prometheus_row(&mut row, now, rules);
+                        seen.prometheus_problems(&mut row, source, key, now);
                     }
                 }
                 rows.push(row);
@@ -150,6 +228,89 @@ pub fn judge(targets: &[Target], sources: &[(String, Reading)], rules: &Rules) -
         }
     }
     Poll { rows }
+}
+
+/// Fills `row` from a stats socket's line for it.
+fn socket_row(row: &mut Row, stat: Option<&ServerStat>) {
+    match stat {
+        Some(s) => {
+            row.sessions = Some(s.sessions);
+            row.queued = Some(s.queued);
+            row.status = s.status.clone();
+            row.admin = s.admin;
+        }
+        None => {
+            row.problem = Some("not reported: this haproxy lists no such server".into());
+            row.unlisted = true;
+        }
+    }
+}
+
+/// The warning for a stats socket whose process started recently.
+fn young(process: &Process, rules: &Rules, now: u64) -> Option<String> {
+    let age = now.saturating_sub(process.start?);
+    (age < rules.young_secs).then(|| {
+        format!(
+            "haproxy process {} started {} ago: an older process left by a reload may still hold sessions this socket cannot see (give -haproxy-master-socket)",
+            process.pid,
+            show::duration(std::time::Duration::from_secs(age))
+        )
+    })
+}
+
+/// Fills `row` from every worker of a master socket: the counts summed
+/// over them all (old ones included), the status and admin state of the
+/// current ones.
+fn master_row(row: &mut Row, key: &ServerKey, workers: &[(Worker, WorkerAnswer)]) {
+    let mut listing: Vec<(&Worker, &ServerStat)> = Vec::new();
+    for (worker, answer) in workers {
+        match answer {
+            Err(why) => {
+                let old = if worker.old { " (old)" } else { "" };
+                row.problem
+                    .get_or_insert_with(|| format!("worker {}{old}: {why}", worker.pid));
+            }
+            Ok(servers) => listing.extend(servers.get(key).map(|s| (worker, s))),
+        }
+    }
+    if listing.is_empty() {
+        if row.problem.is_none() {
+            row.problem =
+                Some("not reported: no worker of this haproxy lists such a server".into());
+            row.unlisted = true;
+        }
+        return;
+    }
+    row.sessions = Some(
+        listing
+            .iter()
+            .fold(0u64, |n, (_, s)| n.saturating_add(s.sessions)),
+    );
+    row.queued = Some(
+        listing
+            .iter()
+            .fold(0u64, |n, (_, s)| n.saturating_add(s.queued)),
+    );
+    // The current workers say how the server is held; an old worker's
+    // state is the configuration it was started with.
+    let current = listing.iter().find(|(w, _)| !w.old).unwrap_or(&listing[0]);
+    row.status = current.1.status.clone();
+    row.admin = current.1.admin;
+    for (worker, stat) in &listing {
+        row.workers.push(WorkerCount {
+            pid: worker.pid,
+            old: worker.old,
+            sessions: stat.sessions,
+            queued: stat.queued,
+        });
+        if stat.sessions.max(stat.queued) > 0 {
+            let old = if worker.old { " (old)" } else { "" };
+            row.holders.push(format!(
+                "worker {}{old}: {} sessions, {} queued",
+                worker.pid, stat.sessions, stat.queued
+            ));
+        }
+    }
 }
 
 /// Fills `row` from the instances Prometheus has for it.
@@ -191,6 +352,7 @@ fn prometheus_row(row: &mut Row, instances: &[Instance], rules: &Rules) {
             )
         })
         .collect();
+    let down = row.status.split(',').any(|s| s.starts_with("DOWN"));
     if let Some(i) = reporting.iter().find(|i| i.queued.is_none()) {
         row.problem = Some(format!("instance {} reports no {}", i.name, prom::QUEUE));
     } else if reporting.len() < rules.expect_instances {
@@ -199,6 +361,10 @@ fn prometheus_row(row: &mut Row, instances: &[Instance], rules: &Rules) {
             reporting.len(),
             rules.expect_instances
         ));
+    } else if down && rules.require_drain {
+        row.problem = Some(
+            "DOWN, and Prometheus exports no admin state for a DOWN server: -require-drain cannot tell whether it is held in drain or maint (ask its -haproxy-socket)".into(),
+        );
     }
 }
 
@@ -218,20 +384,41 @@ mod tests {
         }
     }
 
+    fn stats(rows: &[(&str, u64, u64, &str)]) -> HashMap<ServerKey, ServerStat> {
+        rows.iter()
+            .map(|(id, s, q, st)| {
+                let (b, srv) = id.split_once('/').unwrap();
+                let stat = ServerStat {
+                    sessions: *s,
+                    queued: *q,
+                    status: st.to_string(),
+                    admin: None,
+                };
+                (key(b, srv), stat)
+            })
+            .collect()
+    }
+
     fn socket(rows: &[(&str, u64, u64, &str)]) -> Reading {
-        Reading::Socket(
-            rows.iter()
-                .map(|(id, s, q, st)| {
-                    let (b, srv) = id.split_once('/').unwrap();
-                    let stat = ServerStat {
-                        sessions: *s,
-                        queued: *q,
-                        status: st.to_string(),
-                    };
-                    (key(b, srv), stat)
-                })
-                .collect(),
-        )
+        Reading::Socket {
+            process: Process {
+                pid: 1,
+                start: None,
+            },
+            servers: stats(rows),
+        }
+    }
+
+    fn prometheus(servers: HashMap<ServerKey, Vec<Instance>>) -> Reading {
+        Reading::Prometheus(prom::Reading {
+            servers,
+            ..prom::Reading::default()
+        })
+    }
+
+    /// One poll with nothing seen before.
+    fn judge(targets: &[Target], sources: &[(String, Reading)], rules: &Rules) -> Poll {
+        super::judge(targets, sources, rules, &mut Seen::default(), 1_000_000_000)
     }
 
     fn instance(name: &str, sessions: Option<f64>, queued: Option<f64>, status: &str) -> Instance {
@@ -246,6 +433,7 @@ mod tests {
     const RULES: Rules = Rules {
         require_drain: false,
         expect_instances: 0,
+        young_secs: 3600,
     };
 
     #[test]
@@ -310,7 +498,7 @@ mod tests {
         let prom = |instances: Vec<Instance>| {
             vec![(
                 "p".to_owned(),
-                Reading::Prometheus([(key("app", "s1"), instances)].into()),
+                prometheus([(key("app", "s1"), instances)].into()),
             )]
         };
         let two = vec![
@@ -358,7 +546,7 @@ mod tests {
         // Another server's series say nothing of this one.
         let other = vec![(
             "p".to_owned(),
-            Reading::Prometheus(
+            prometheus(
                 [(
                     key("app", "s2"),
                     vec![instance("lb1", Some(0.0), Some(0.0), "DRAIN")],
@@ -377,7 +565,7 @@ mod tests {
         ];
         let sources = [(
             "p".to_owned(),
-            Reading::Prometheus([(key("app", "s1"), huge)].into()),
+            prometheus([(key("app", "s1"), huge)].into()),
         )];
         let poll = judge(&[target("app/s1")], &sources, &RULES);
         assert_eq!(poll.rows[0].sessions, Some(u64::MAX));
@@ -416,5 +604,171 @@ mod tests {
             ]
         );
         assert!(poll.rows.iter().all(|r| r.identity == "web-1"));
+    }
+
+    fn socket_of(pid: u64, start: u64, rows: &[(&str, u64, u64, &str)], admin: u64) -> Reading {
+        let mut servers = stats(rows);
+        servers.values_mut().for_each(|s| s.admin = Some(admin));
+        Reading::Socket {
+            process: Process {
+                pid,
+                start: Some(start),
+            },
+            servers,
+        }
+    }
+
+    #[test]
+    fn a_down_server_held_in_drain_is_drained_by_its_admin_state() {
+        let targets = [target("app/s1")];
+        let strict = Rules {
+            require_drain: true,
+            ..RULES
+        };
+        // `show stat` says DOWN; `show servers state` says forced drain (8).
+        let drained = [(
+            "a".to_owned(),
+            socket_of(1, 0, &[("app/s1", 0, 0, "DOWN")], 8),
+        )];
+        let poll = judge(&targets, &drained, &strict);
+        assert!(poll.drained(&strict), "{poll:?}");
+        assert_eq!(poll.rows[0].warning(), None);
+        // DOWN and not held: taking none now, but it would when it is up.
+        let ready = [(
+            "a".to_owned(),
+            socket_of(1, 0, &[("app/s1", 0, 0, "DOWN")], 0),
+        )];
+        assert!(!judge(&targets, &ready, &strict).drained(&strict));
+        assert!(judge(&targets, &ready, &RULES).rows[0].warning().is_some());
+        // Prometheus exports no admin state for a DOWN server.
+        let down = vec![instance("lb1", Some(0.0), Some(0.0), "DOWN")];
+        let prom = [(
+            "p".to_owned(),
+            prometheus([(key("app", "s1"), down)].into()),
+        )];
+        let poll = judge(&targets, &prom, &strict);
+        assert!(!poll.drained(&strict));
+        assert!(
+            poll.rows[0]
+                .problem
+                .as_deref()
+                .unwrap()
+                .contains("-require-drain cannot tell"),
+            "{poll:?}"
+        );
+        assert!(judge(&targets, &prom, &RULES).drained(&RULES));
+    }
+
+    #[test]
+    fn a_reload_behind_a_stats_socket_is_not_drained_for_the_rest_of_the_run() {
+        let targets = [target("app/s1")];
+        let mut seen = Seen::default();
+        let now = 100_000;
+        let at = |pid, start| {
+            [(
+                "a".to_owned(),
+                socket_of(pid, start, &[("app/s1", 0, 0, "DRAIN")], 8),
+            )]
+        };
+        let poll = super::judge(&targets, &at(10, 1_000), &RULES, &mut seen, now);
+        assert!(poll.drained(&RULES));
+        assert_eq!(poll.rows[0].warning(), None, "started long ago");
+        let poll = super::judge(&targets, &at(20, 99_000), &RULES, &mut seen, now);
+        assert!(!poll.drained(&RULES));
+        assert!(poll.rows[0]
+            .problem
+            .as_deref()
+            .unwrap()
+            .starts_with("haproxy reloaded during the wait (process 10 is now 20)"));
+        let poll = super::judge(&targets, &at(20, 99_000), &RULES, &mut seen, now);
+        assert!(!poll.drained(&RULES), "a reload stays a reload");
+        // A young process: drained, with a warning naming the blind spot.
+        let poll = super::judge(
+            &targets,
+            &at(30, now - 60),
+            &RULES,
+            &mut Seen::default(),
+            now,
+        );
+        assert!(poll.drained(&RULES));
+        let warning = poll.rows[0].warning().unwrap();
+        assert!(
+            warning.contains("started 1m0s ago") && warning.contains("-haproxy-master-socket"),
+            "{warning}"
+        );
+    }
+
+    #[test]
+    fn a_prometheus_instance_that_stopped_reporting_or_restarted_is_not_drained() {
+        let targets = [target("app/s1")];
+        let reading = |now: Vec<Instance>, seen: &[&str], starts: &[(&str, f64)]| {
+            vec![(
+                "p".to_owned(),
+                Reading::Prometheus(prom::Reading {
+                    servers: [(key("app", "s1"), now)].into(),
+                    seen: [(
+                        key("app", "s1"),
+                        seen.iter().map(|s| s.to_string()).collect(),
+                    )]
+                    .into(),
+                    starts: starts.iter().map(|(n, t)| (n.to_string(), *t)).collect(),
+                }),
+            )]
+        };
+        let lb1 = || instance("lb1", Some(0.0), Some(0.0), "DRAIN");
+        let lb2 = || instance("lb2", Some(0.0), Some(0.0), "DRAIN");
+        // lb2 reported within the lookback, not now: its scrape failed.
+        let poll = judge(
+            &targets,
+            &reading(vec![lb1()], &["lb1", "lb2"], &[]),
+            &RULES,
+        );
+        assert!(!poll.drained(&RULES));
+        assert!(
+            poll.rows[0]
+                .problem
+                .as_deref()
+                .unwrap()
+                .starts_with("lb2 reported it during the wait"),
+            "{poll:?}"
+        );
+        // Seen during the run, gone from the lookback too: still expected.
+        let mut seen = Seen::default();
+        let both = reading(vec![lb1(), lb2()], &["lb1", "lb2"], &[("lb1", 5.0)]);
+        assert!(super::judge(&targets, &both, &RULES, &mut seen, 0).drained(&RULES));
+        let one = reading(vec![lb1()], &["lb1"], &[("lb1", 5.0)]);
+        assert!(!super::judge(&targets, &one, &RULES, &mut seen, 0).drained(&RULES));
+        // lb1's process restarted (a reload): its old process is not exported.
+        let restarted = reading(vec![lb1(), lb2()], &["lb1", "lb2"], &[("lb1", 9.0)]);
+        let poll = super::judge(&targets, &restarted, &RULES, &mut seen, 0);
+        assert!(
+            poll.rows[0]
+                .problem
+                .as_deref()
+                .unwrap()
+                .starts_with("haproxy restarted or reloaded during the wait at lb1"),
+            "{poll:?}"
+        );
+        // No instance now or within the lookback: unlisted.
+        let none = reading(Vec::new(), &[], &[]);
+        let poll = judge(&targets, &none, &RULES);
+        assert_eq!(poll.unlisted(), ["app/s1"]);
+    }
+
+    #[test]
+    fn a_server_is_unlisted_only_when_every_source_answers_without_it() {
+        let targets = [target("app/typo")];
+        let answered = ("a".to_owned(), socket(&[("app/s1", 0, 0, "DRAIN")]));
+        let failed = ("b".to_owned(), Reading::Failed("cannot connect".into()));
+        assert_eq!(
+            judge(&targets, std::slice::from_ref(&answered), &RULES).unlisted(),
+            ["app/typo"]
+        );
+        assert!(
+            judge(&targets, &[answered, failed], &RULES)
+                .unlisted()
+                .is_empty(),
+            "b may list it"
+        );
     }
 }

@@ -8,7 +8,8 @@
 //! numeric values is an error naming what is wrong, never an empty result
 //! (the command never reads "no answer" as "no sessions").
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::time::Duration;
 
 use serde::Deserialize;
 
@@ -35,9 +36,23 @@ pub struct Instance {
     pub status: Option<String>,
 }
 
-/// `/api/v1/query?query=…` (below the URL's path prefix) asking for the
-/// three metrics of `servers`, every instance's series apart.
-pub fn query_target(prefix: &str, servers: &[ServerKey]) -> String {
+/// Every instance's process start time (Unix seconds, as haproxy
+/// exports it): a change is a restart or a reload, whose old process the
+/// exporter no longer shows.
+pub const START_TIME: &str = "haproxy_process_start_time_seconds";
+
+/// What one poll of Prometheus says: the servers' series now, the
+/// instances that reported each within the lookback, and each instance's
+/// process start time.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Reading {
+    pub servers: HashMap<ServerKey, Vec<Instance>>,
+    pub seen: HashMap<ServerKey, BTreeSet<String>>,
+    pub starts: HashMap<String, f64>,
+}
+
+/// The selector of `metrics` for `servers`, every instance's series apart.
+fn selector(metrics: &str, servers: &[ServerKey]) -> String {
     let alternatives = |names: Vec<&str>| {
         let mut names: Vec<String> = names.into_iter().map(regex_literal).collect();
         names.sort();
@@ -46,15 +61,43 @@ pub fn query_target(prefix: &str, servers: &[ServerKey]) -> String {
     };
     let proxies = alternatives(servers.iter().map(|(b, _)| b.as_str()).collect());
     let names = alternatives(servers.iter().map(|(_, s)| s.as_str()).collect());
-    let selector = format!(
-        "{{__name__=~\"{SESSIONS}|{QUEUE}|{STATUS}\",proxy=~\"{}\",server=~\"{}\"}}",
+    format!(
+        "{{__name__=~\"{metrics}\",proxy=~\"{}\",server=~\"{}\"}}",
         promql_string(&proxies),
         promql_string(&names),
-    );
+    )
+}
+
+/// `/api/v1/query?query=…` (below the URL's path prefix).
+fn query(prefix: &str, promql: &str) -> String {
     format!(
         "{prefix}/api/v1/query?query={}",
-        percent_encode(&selector, EncodeSet::GO_QUERY)
+        percent_encode(promql, EncodeSet::GO_QUERY)
     )
+}
+
+/// The query of the three metrics of `servers` now.
+pub fn query_target(prefix: &str, servers: &[ServerKey]) -> String {
+    query(
+        prefix,
+        &selector(&format!("{SESSIONS}|{QUEUE}|{STATUS}"), servers),
+    )
+}
+
+/// The query of the instances that reported `servers`' sessions within
+/// `lookback` (`last_over_time`: a series that vanished since is still
+/// there, so a scrape gap or a stopped haproxy cannot pass for drained).
+pub fn lookback_target(prefix: &str, servers: &[ServerKey], lookback: Duration) -> String {
+    let range = format!("{}s", lookback.as_secs().max(1));
+    query(
+        prefix,
+        &format!("last_over_time({}[{range}])", selector(SESSIONS, servers)),
+    )
+}
+
+/// The query of every instance's process start time.
+pub fn start_times_target(prefix: &str) -> String {
+    query(prefix, START_TIME)
 }
 
 /// `name` as an RE2 regular expression matching exactly it.
@@ -98,9 +141,8 @@ struct Series {
     value: (serde_json::Number, String),
 }
 
-/// The answer body -> each server's instances (a server no instance
-/// reports is absent).
-pub fn read_answer(body: &[u8]) -> Result<HashMap<ServerKey, Vec<Instance>>, String> {
+/// A success vector's series, or what the answer is instead.
+fn vector(body: &[u8]) -> Result<Vec<Series>, String> {
     let answer: Answer =
         serde_json::from_slice(body).map_err(|e| format!("not a Prometheus query answer: {e}"))?;
     if answer.status != "success" {
@@ -117,44 +159,51 @@ pub fn read_answer(body: &[u8]) -> Result<HashMap<ServerKey, Vec<Instance>>, Str
     if data.result_type != "vector" {
         return Err(format!("a {} result, not a vector", data.result_type));
     }
-    let series: Vec<Series> = serde_json::from_value(data.result)
-        .map_err(|e| format!("a vector result that is not a list of series: {e}"))?;
+    serde_json::from_value(data.result)
+        .map_err(|e| format!("a vector result that is not a list of series: {e}"))
+}
+
+/// A series' value as a count or a time: finite, not negative.
+fn value(s: &Series, what: impl Fn() -> String) -> Result<f64, String> {
+    s.value
+        .1
+        .parse()
+        .ok()
+        .filter(|v: &f64| v.is_finite() && *v >= 0.0)
+        .ok_or_else(|| format!("{} is {:?}, not a count", what(), s.value.1))
+}
+
+/// A server series' `proxy` and `server`.
+fn server_of(s: &Series) -> Result<ServerKey, String> {
+    match (s.metric.get("proxy"), s.metric.get("server")) {
+        (Some(p), Some(v)) => Ok((p.clone(), v.clone())),
+        _ => Err(format!("a series without proxy or server: {:?}", s.metric)),
+    }
+}
+
+/// The answer body -> each server's instances (a server no instance
+/// reports is absent).
+pub fn read_answer(body: &[u8]) -> Result<HashMap<ServerKey, Vec<Instance>>, String> {
     let mut servers: HashMap<ServerKey, BTreeMap<String, Instance>> = HashMap::new();
-    for s in series {
-        let label = |name: &str| s.metric.get(name).map(String::as_str);
-        let (Some(metric), Some(proxy), Some(server)) =
-            (label("__name__"), label("proxy"), label("server"))
-        else {
-            return Err(format!(
-                "a series without __name__, proxy or server: {:?}",
-                s.metric
-            ));
+    for s in vector(body)? {
+        let Some(metric) = s.metric.get("__name__") else {
+            return Err(format!("a series without __name__: {:?}", s.metric));
         };
-        let value: f64 = s
-            .value
-            .1
-            .parse()
-            .ok()
-            .filter(|v: &f64| v.is_finite() && *v >= 0.0)
-            .ok_or_else(|| {
-                format!(
-                    "{metric} of {proxy}/{server} is {:?}, not a count",
-                    s.value.1
-                )
-            })?;
+        let (proxy, server) = server_of(&s)?;
+        let value = value(&s, || format!("{metric} of {proxy}/{server}"))?;
         let key = instance_key(&s.metric);
         let instance = servers
-            .entry((proxy.to_owned(), server.to_owned()))
+            .entry((proxy, server))
             .or_default()
-            .entry(key.clone())
+            .entry(key)
             .or_insert_with(|| Instance {
-                name: label("instance").map_or(key, str::to_owned),
+                name: instance_name(&s.metric),
                 ..Instance::default()
             });
-        match metric {
+        match metric.as_str() {
             SESSIONS => instance.sessions = Some(value),
             QUEUE => instance.queued = Some(value),
-            STATUS if value == 1.0 => instance.status = label("state").map(str::to_owned),
+            STATUS if value == 1.0 => instance.status = s.metric.get("state").cloned(),
             STATUS => {}
             other => return Err(format!("a series of {other}, which was not asked for")),
         }
@@ -163,6 +212,37 @@ pub fn read_answer(body: &[u8]) -> Result<HashMap<ServerKey, Vec<Instance>>, Str
         .into_iter()
         .map(|(k, instances)| (k, instances.into_values().collect()))
         .collect())
+}
+
+/// The lookback answer -> the instances that reported each server.
+pub fn read_seen(body: &[u8]) -> Result<HashMap<ServerKey, BTreeSet<String>>, String> {
+    let mut seen: HashMap<ServerKey, BTreeSet<String>> = HashMap::new();
+    for s in vector(body)? {
+        seen.entry(server_of(&s)?)
+            .or_default()
+            .insert(instance_name(&s.metric));
+    }
+    Ok(seen)
+}
+
+/// The start-time answer -> each instance's process start time.
+pub fn read_starts(body: &[u8]) -> Result<HashMap<String, f64>, String> {
+    vector(body)?
+        .iter()
+        .map(|s| {
+            let name = instance_name(&s.metric);
+            let start = value(s, || format!("{START_TIME} of {name}"))?;
+            Ok((name, start))
+        })
+        .collect()
+}
+
+/// The `instance` label, else the labels that tell instances apart.
+fn instance_name(labels: &BTreeMap<String, String>) -> String {
+    labels
+        .get("instance")
+        .cloned()
+        .unwrap_or_else(|| instance_key(labels))
 }
 
 /// The labels that tell haproxy instances apart, as `k=v,…`.
@@ -279,6 +359,42 @@ mod tests {
         let no_labels = r#"{"status":"success","data":{"resultType":"vector","result":[{"metric":{"__name__":"haproxy_server_current_sessions"},"value":[1,"0"]}]}}"#;
         assert!(read_answer(no_labels.as_bytes())
             .unwrap_err()
-            .starts_with("a series without __name__, proxy or server"));
+            .starts_with("a series without proxy or server"));
+        let no_name = r#"{"status":"success","data":{"resultType":"vector","result":[{"metric":{"proxy":"a","server":"b"},"value":[1,"0"]}]}}"#;
+        assert!(read_answer(no_name.as_bytes())
+            .unwrap_err()
+            .starts_with("a series without __name__"));
+        assert!(read_seen(no_labels.as_bytes()).is_err());
+        let start = r#"{"status":"success","data":{"resultType":"vector","result":[{"metric":{"instance":"lb1"},"value":[1,"-5"]}]}}"#;
+        assert_eq!(
+            read_starts(start.as_bytes()),
+            Err("haproxy_process_start_time_seconds of lb1 is \"-5\", not a count".into())
+        );
+    }
+
+    #[test]
+    fn the_lookback_and_start_time_answers_name_each_instance() {
+        let seen = r#"{"status":"success","data":{"resultType":"vector","result":[
+            {"metric":{"instance":"lb1","job":"haproxy","proxy":"app","server":"s1"},"value":[1,"0"]},
+            {"metric":{"instance":"lb2","job":"haproxy","proxy":"app","server":"s1"},"value":[1,"3"]},
+            {"metric":{"job":"haproxy","proxy":"app","server":"s2"},"value":[1,"3"]}]}}"#;
+        let got = read_seen(seen.as_bytes()).unwrap();
+        assert_eq!(
+            got[&key("app", "s1")],
+            ["lb1".to_owned(), "lb2".to_owned()].into()
+        );
+        assert_eq!(got[&key("app", "s2")], ["job=haproxy".to_owned()].into());
+        let starts = r#"{"status":"success","data":{"resultType":"vector","result":[
+            {"metric":{"__name__":"haproxy_process_start_time_seconds","instance":"lb1","job":"haproxy"},"value":[1,"1700000000"]}]}}"#;
+        assert_eq!(
+            read_starts(starts.as_bytes()),
+            Ok([("lb1".to_owned(), 1_700_000_000.0)].into())
+        );
+        let lookback = lookback_target("/p", &[key("app", "s1")], Duration::from_secs(600));
+        assert!(
+            lookback.starts_with("/p/api/v1/query?query=last_over_time%28"),
+            "{lookback}"
+        );
+        assert!(lookback.ends_with("%5B600s%5D%29"), "{lookback}");
     }
 }

@@ -73,6 +73,19 @@ fn count(n: Option<u64>) -> String {
     n.map_or("-".into(), |n| n.to_string())
 }
 
+/// The source, with a master's workers (`master.sock [1235, 1233 old]`).
+fn source(row: &Row) -> String {
+    if row.workers.is_empty() {
+        return row.source.clone();
+    }
+    let workers: Vec<String> = row
+        .workers
+        .iter()
+        .map(|w| format!("{}{}", w.pid, if w.old { " old" } else { "" }))
+        .collect();
+    format!("{} [{}]", row.source, workers.join(", "))
+}
+
 /// `be/s1 at SOURCE: 3 sessions, 0 queued, DRAIN: holding`.
 pub fn line(row: &Row, rules: &Rules) -> String {
     let counts = match (row.sessions, row.queued) {
@@ -87,7 +100,7 @@ pub fn line(row: &Row, rules: &Rules) -> String {
     format!(
         "{} at {}: {counts}: {}",
         server(row),
-        row.source,
+        source(row),
         note(row, rules)
     )
 }
@@ -110,7 +123,7 @@ pub fn table(poll: &Poll, rules: &Rules) -> String {
     for r in &poll.rows {
         cells.push([
             server(r),
-            r.source.clone(),
+            source(r),
             count(r.sessions),
             count(r.queued),
             r.status.clone(),
@@ -134,12 +147,15 @@ pub fn summary(poll: &Poll, rules: &Rules, elapsed: Duration) -> String {
         );
         for r in &poll.rows {
             if let Some(w) = r.warning() {
-                text += &format!("warning: {} at {}: {w}\n", server(r), r.source);
+                text += &format!("warning: {} at {}: {w}\n", server(r), source(r));
             }
         }
         return text;
     }
     text += &format!("not drained after {}:\n", duration(elapsed));
+    for s in poll.unlisted() {
+        text += &format!("  no source lists {s}: is the backend/server name right? (waiting would not change it)\n");
+    }
     for r in poll.rows.iter().filter(|r| !r.drained(rules)) {
         text += &format!("  {}\n", line(r, rules));
     }
@@ -159,7 +175,14 @@ pub fn json(poll: &Poll, rules: &Rules, elapsed: Duration, timeout: Duration) ->
                 "sessions": r.sessions,
                 "queued": r.queued,
                 "status": r.status,
+                "admin_state": r.admin,
                 "instances": r.instances,
+                "workers": r.workers.iter().map(|w| json!({
+                    "pid": w.pid,
+                    "old": w.old,
+                    "sessions": w.sessions,
+                    "queued": w.queued,
+                })).collect::<Vec<Value>>(),
                 "holders": r.holders,
                 "drained": r.drained(rules),
                 "problem": r.problem,
@@ -181,22 +204,19 @@ mod tests {
     use super::*;
 
     fn row(server: &str, source: &str, sessions: u64, status: &str) -> Row {
+        let (b, s) = server.split_once('/').unwrap();
         Row {
-            identity: server.into(),
-            server: server.into(),
-            source: source.into(),
             sessions: Some(sessions),
             queued: Some(0),
             status: status.into(),
-            instances: None,
-            holders: Vec::new(),
-            problem: None,
+            ..Row::new(server, &(b.into(), s.into()), source)
         }
     }
 
     const RULES: Rules = Rules {
         require_drain: false,
         expect_instances: 0,
+        young_secs: 3600,
     };
 
     fn poll() -> Poll {

@@ -29,6 +29,9 @@ pub struct ServerStat {
     /// `status`: `UP`, `UP 1/3`, `DRAIN`, `DRAIN (agent)`, `MAINT`,
     /// `MAINT (via b/s)`, `DOWN`, `no check`, …
     pub status: String,
+    /// `show servers state`'s `srv_admin_state`, once asked (`show stat`
+    /// does not say that a DOWN server is held in drain).
+    pub admin: Option<u64>,
 }
 
 /// `(backend, server)`.
@@ -166,6 +169,7 @@ impl StatReader {
             sessions: number(columns.scur, "scur")?,
             queued: number(columns.qcur, "qcur")?,
             status: String::from_utf8_lossy(&fields[columns.status]).into_owned(),
+            admin: None,
         };
         self.servers.insert(key, stat);
         Ok(())
@@ -265,6 +269,7 @@ mod tests {
             sessions,
             queued,
             status: status.into(),
+            admin: None,
         }
     }
 

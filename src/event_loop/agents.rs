@@ -83,8 +83,11 @@ impl EventLoop {
     fn serve_new(&mut self, stream: TcpStream) {
         let accepted = Instant::now();
         let mut conn = AgentConn::new(stream);
-        let state = &mut self.state;
-        let answer = |id: &[u8]| state.answer(id, accepted);
+        let (state, up) = (&mut self.state, self.reply_up);
+        let answer = |id: &[u8]| {
+            let desired = state.answer(id, accepted)?;
+            Some((desired.reply_voting(up), desired.admin()))
+        };
         let progress = conn.on_readable(answer, self.max_line_bytes, &mut self.scratch);
         let want = match interest(progress) {
             Ok(want) => want,
@@ -107,8 +110,11 @@ impl EventLoop {
         let Some(slot) = self.agents.get_mut(key) else {
             return;
         };
-        let state = &mut self.state;
-        let answer = |id: &[u8]| state.answer(id, now);
+        let (state, up) = (&mut self.state, self.reply_up);
+        let answer = |id: &[u8]| {
+            let desired = state.answer(id, now)?;
+            Some((desired.reply_voting(up), desired.admin()))
+        };
         let progress = slot
             .conn
             .on_readable(answer, self.max_line_bytes, &mut self.scratch);

@@ -158,6 +158,8 @@ pub struct EventLoop {
     kv_prefix: String,
     read_timeout: Duration,
     max_line_bytes: usize,
+    /// `-reply-up`: ` up` on every reply.
+    reply_up: bool,
     max_connections: usize,
     /// An unchanged state is written again this often (a quarter of
     /// `-state-max-age`, at most an hour).
@@ -241,6 +243,7 @@ impl EventLoop {
             kv_prefix: config.kv_prefix.clone(),
             read_timeout: config.read_timeout,
             max_line_bytes: config.max_line_bytes,
+            reply_up: config.reply_up,
             max_connections: config.max_connections,
             state_refresh: (config.state_max_age / 4).min(Duration::from_secs(3600)),
             shutdown_deadline: None,

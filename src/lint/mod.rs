@@ -55,6 +55,10 @@ pub struct Agent<'a> {
     pub listen: &'a ListenAddr,
     /// Its `-max-line-bytes`: a longer first line gets no reply.
     pub max_line: usize,
+    /// Its `-reply-up`: haproxy 3.3/3.4's agent health trap is avoided.
+    pub reply_up: bool,
+    /// The haproxy line linted for (major, minor), if known.
+    pub haproxy: Option<(u32, u32)>,
 }
 
 /// One output line, before sorting.
@@ -137,6 +141,14 @@ fn build(files: &[(String, Vec<u8>)], env: &dyn Fn(&str) -> Option<String>) -> m
     model::build(files, &env)
 }
 
+/// `global`'s `hard-stop-after` of `files`, if they give one.
+pub fn hard_stop_after(
+    files: &[(String, Vec<u8>)],
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Option<std::time::Duration> {
+    build(files, env).hard_stop_after
+}
+
 /// Every agent-checked server of `files` whose `agent-send` the agent
 /// answers: (the identity it sends, backend, server), in file order.
 pub fn identities(
@@ -164,6 +176,8 @@ mod tests {
         let agent = Agent {
             listen: &ListenAddr::AnyDualStack(9777),
             max_line: 256,
+            reply_up: false,
+            haproxy: Some((2, 6)),
         };
         lint(&files, &agent, &[], &|_| None).render()
     }

@@ -60,6 +60,54 @@ pub struct Settings {
     /// The agent's address as written (`agent-addr`, else `addr`).
     pub agent_addr: Option<Vec<u8>>,
     agent_addr_explicit: bool,
+    /// A `default-server` line came before the server (in its proxy or
+    /// the defaults it inherits): haproxy 3.3 and 3.4 start a server
+    /// without one at agent health 0 (`srv_settings_init` sets no
+    /// `agent.health`; only `srv_settings_cpy` from a default-server does).
+    pub default_server: bool,
+}
+
+/// A proxy's load-balancing algorithm, as `balance` and `hash-type` set
+/// it (inherited from its defaults section).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Balance {
+    /// `balance`'s first word (`roundrobin`, `static-rr`, `source`,
+    /// `hdr(host)`, …); `None`: haproxy's default, roundrobin.
+    pub algorithm: Option<String>,
+    /// `hash-type consistent` (else map-based, the default).
+    pub consistent: bool,
+}
+
+impl Balance {
+    /// haproxy's algorithm lacks `BE_LB_PROP_DYN`: agent weights other
+    /// than 0% and 100% are refused ("Backend is using a static LB
+    /// algorithm", `server_parse_weight_change_request`) and slowstart does
+    /// not ramp. Static: `static-rr`, and the hashing algorithms with the
+    /// map-based hash (`lb_map.c`); dynamic: roundrobin, leastconn, first,
+    /// random and consistent hashing (`lb_fwrr.c`, `lb_fwlc.c`,
+    /// `lb_fas.c`, `lb_chash.c` set `BE_LB_PROP_DYN`).
+    pub fn is_static(&self) -> bool {
+        let Some(algorithm) = self.algorithm.as_deref() else {
+            return false;
+        };
+        let name = algorithm.split('(').next().unwrap_or_default();
+        match name {
+            "static-rr" => true,
+            "source" | "uri" | "url_param" | "hdr" | "rdp-cookie" | "hash" | "log-hash" => {
+                !self.consistent
+            }
+            _ => false,
+        }
+    }
+
+    /// `balance static-rr`, `balance source (hash-type map-based)`.
+    pub fn describe(&self) -> String {
+        let algorithm = self.algorithm.as_deref().unwrap_or("roundrobin");
+        if algorithm.starts_with("static-rr") {
+            return format!("balance {algorithm}");
+        }
+        format!("balance {algorithm} (hash-type map-based)")
+    }
 }
 
 /// One server as haproxy builds it.
@@ -73,6 +121,8 @@ pub struct Server {
     /// The address word (`127.0.0.1:80`, `ipv4@host:80`, …).
     pub address: Vec<u8>,
     pub settings: Settings,
+    /// Its proxy's algorithm (as the whole proxy section sets it).
+    pub balance: Balance,
 }
 
 /// A line haproxy refuses, or the one where the lint stopped making servers.
@@ -90,6 +140,9 @@ pub struct LineError {
 pub struct Model {
     pub servers: Vec<Server>,
     pub errors: Vec<LineError>,
+    /// `global`'s `hard-stop-after`: how long a reload's old process may
+    /// keep serving.
+    pub hard_stop_after: Option<std::time::Duration>,
 }
 
 /// Every section keyword haproxy 2.6 and 3.0 register.
@@ -235,6 +288,8 @@ enum Section {
     None,
     /// In a section the lint does not read.
     Other,
+    /// `global`.
+    Global,
     /// `defaults`: index into `Builder::defaults`.
     Defaults(usize),
     /// `backend` / `listen`: its name and its `default-server`.
@@ -246,8 +301,12 @@ enum Section {
 
 #[derive(Default)]
 struct Builder {
-    /// Every `defaults` section so far: its name and `default-server`.
-    defaults: Vec<(Vec<u8>, Settings)>,
+    /// Every `defaults` section so far: its name, `default-server` and
+    /// algorithm.
+    defaults: Vec<(Vec<u8>, Settings, Balance)>,
+    /// Each proxy's algorithm, set after the servers are made (a
+    /// `balance` line may follow them).
+    balances: std::collections::HashMap<String, Balance>,
     /// The last `defaults` section, which proxies use unless `from` says.
     last_defaults: Option<usize>,
     /// haproxy stops reading the configuration (an aborting `.if`).
@@ -265,6 +324,11 @@ pub fn build(files: &[(String, Vec<u8>)], env: &dyn Fn(&str) -> Option<String>) 
             break;
         }
         b.file(index, name, text, env);
+    }
+    for server in &mut b.model.servers {
+        if let Some(balance) = b.balances.get(&server.backend) {
+            server.balance = balance.clone();
+        }
     }
     b.model
 }
@@ -335,7 +399,7 @@ impl Builder {
                 let found = self
                     .defaults
                     .iter()
-                    .rposition(|(n, _)| n.as_slice() == from);
+                    .rposition(|(n, _, _)| n.as_slice() == from);
                 if found.is_none() {
                     let from = String::from_utf8_lossy(from);
                     self.error(file, line, format!("defaults section '{from}' not found"));
@@ -345,17 +409,24 @@ impl Builder {
             None if keyword == b"defaults" => None,
             None => self.last_defaults,
         };
-        let settings = base.map(|i| self.defaults[i].1.clone()).unwrap_or_default();
+        let (settings, balance) = base
+            .map(|i| (self.defaults[i].1.clone(), self.defaults[i].2.clone()))
+            .unwrap_or_default();
         match keyword {
             b"defaults" => {
-                self.defaults.push((name.to_vec(), settings));
+                self.defaults.push((name.to_vec(), settings, balance));
                 self.last_defaults = Some(self.defaults.len() - 1);
                 Section::Defaults(self.defaults.len() - 1)
             }
-            b"backend" | b"listen" => Section::Proxy {
-                name: String::from_utf8_lossy(name).into_owned(),
-                default_server: settings,
-            },
+            b"backend" | b"listen" => {
+                let name = String::from_utf8_lossy(name).into_owned();
+                self.balances.insert(name.clone(), balance);
+                Section::Proxy {
+                    name,
+                    default_server: settings,
+                }
+            }
+            b"global" => Section::Global,
             _ => Section::Other,
         }
     }
@@ -373,9 +444,26 @@ impl Builder {
                 );
                 None
             }
-            (Section::Defaults(i), b"default-server") => self.defaults[*i].1.apply(&words[1..]),
+            (Section::Defaults(i), b"default-server") => {
+                let settings = &mut self.defaults[*i].1;
+                settings.default_server = true;
+                settings.apply(&words[1..])
+            }
             (Section::Proxy { default_server, .. }, b"default-server") => {
+                default_server.default_server = true;
                 default_server.apply(&words[1..])
+            }
+            (Section::Defaults(i), b"balance" | b"hash-type") => {
+                self.defaults[*i].2.set(words);
+                None
+            }
+            (Section::Proxy { name, .. }, b"balance" | b"hash-type") => {
+                self.balances.entry(name.clone()).or_default().set(words);
+                None
+            }
+            (Section::Global, b"hard-stop-after") => {
+                self.model.hard_stop_after = words.get(1).and_then(|w| haproxy_time(&w.text));
+                None
             }
             (
                 Section::Proxy {
@@ -447,6 +535,7 @@ impl Builder {
             },
             address: address.to_vec(),
             settings: settings.clone(),
+            balance: Balance::default(),
         });
         self.model.servers.extend(servers);
         if wanted > room as u64 {
@@ -459,6 +548,38 @@ impl Builder {
             });
         }
     }
+}
+
+impl Balance {
+    /// A `balance` or `hash-type` line.
+    fn set(&mut self, words: &[Word]) {
+        let word = |i: usize| {
+            words
+                .get(i)
+                .map(|w| String::from_utf8_lossy(&w.text).into_owned())
+        };
+        match words[0].text.as_slice() {
+            b"balance" => self.algorithm = word(1),
+            _ => self.consistent = word(1).as_deref() == Some("consistent"),
+        }
+    }
+}
+
+/// A haproxy time (`parse_time_err`): digits, then a unit (`us`, `ms`,
+/// `s`, `m`, `h`, `d`; none is milliseconds).
+pub fn haproxy_time(text: &[u8]) -> Option<std::time::Duration> {
+    let digits = text.iter().take_while(|b| b.is_ascii_digit()).count();
+    let n: u64 = std::str::from_utf8(&text[..digits]).ok()?.parse().ok()?;
+    let ms = match &text[digits..] {
+        b"us" => return Some(std::time::Duration::from_micros(n)),
+        b"" | b"ms" => 1,
+        b"s" => 1_000,
+        b"m" => 60_000,
+        b"h" => 3_600_000,
+        b"d" => 86_400_000,
+        _ => return None,
+    };
+    Some(std::time::Duration::from_millis(n.saturating_mul(ms)))
 }
 
 /// C `atol`: optional blanks and sign, then digits; 0 when there are none.

@@ -88,6 +88,12 @@ pub fn check(
         if !s.agent_inter {
             add(Severity::Warning, NO_AGENT_INTER.to_owned());
         }
+        if let Some((severity, message)) = agent_health_trap(server, agent) {
+            add(severity, message);
+        }
+        if server.balance.is_static() {
+            add(Severity::Warning, static_algorithm(server));
+        }
         let Some(identity) = identity else { continue };
         let own = format!("{}/{}", server.backend, server.name);
         if identity != own.as_bytes() {
@@ -118,6 +124,35 @@ pub const NO_WEIGHT: &str = "no weight: haproxy's default weight is 1 and an age
 pub const NO_SLOWSTART: &str = "no slowstart: leaving maint will not ramp the weight up";
 pub const NO_AGENT_INTER: &str =
     "no agent-inter: agent checks run at the health-check inter (2s unless set)";
+
+/// haproxy 3.3 and 3.4 (upstream 49a619aca; fixed by 7aec1e6d9 in 3.5)
+/// start a server with no `default-server` line before it at agent health
+/// 0: leaving maint or a failed health check leaves it `DOWN (agent)`
+/// until an agent reply says `up`. An error on those lines, a warning when
+/// the line is not known, nothing with `-reply-up`.
+fn agent_health_trap(server: &Server, agent: &Agent<'_>) -> Option<(Severity, String)> {
+    if server.settings.default_server || agent.reply_up {
+        return None;
+    }
+    let (severity, on) = match agent.haproxy {
+        Some((3, minor @ (3 | 4))) => (Severity::Error, format!("haproxy 3.{minor}")),
+        Some(_) => return None,
+        None => (
+            Severity::Warning,
+            "haproxy 3.3 and 3.4 (give -haproxy-version to lint for one line)".to_owned(),
+        ),
+    };
+    Some((severity, format!("{on} starts a server with no default-server line before it at agent health 0: after maint or a failed health check it stays DOWN (agent) for good, as this agent never replies up (haproxy bug, fixed upstream by 7aec1e6d9); add a default-server line before it (in its backend or defaults), or run the agent with -reply-up")))
+}
+
+/// The finding for a server of a static-algorithm backend.
+fn static_algorithm(server: &Server) -> String {
+    format!(
+        "backend {} uses {}, a static algorithm: haproxy accepts agent weights of 0% and 100% only (ready N% and ramps are ignored: \"agent warns : Backend is using a static LB algorithm\") and slowstart does not ramp; use roundrobin, leastconn or hash-type consistent to ramp",
+        server.backend,
+        server.balance.describe()
+    )
+}
 
 /// The identity the server sends (its first line, trimmed as the agent
 /// trims it), or why an agent reading lines of at most `max_line` bytes
@@ -265,6 +300,8 @@ mod tests {
         let agent = Agent {
             listen: &listen,
             max_line,
+            reply_up: false,
+            haproxy: Some((2, 6)),
         };
         check(&m.servers, &names, &agent, &local)
             .into_iter()
@@ -599,5 +636,93 @@ mod tests {
             let want = want.map(|w| w.parse::<IpAddr>().unwrap());
             assert_eq!(host_ip(word.as_bytes(), port), want, "{word}");
         }
+    }
+
+    /// The findings of the two new rules for `config` on haproxy `line`
+    /// (with `-reply-up` when `up`).
+    fn line_findings(config: &str, line: Option<(u32, u32)>, up: bool) -> Vec<String> {
+        let files = [(
+            "h.cfg".to_owned(),
+            config.replace("$GOOD", GOOD).into_bytes(),
+        )];
+        let m = model::build(&files, &|_| None);
+        let listen = crate::config::parse_listen_addr(":9777").unwrap().unwrap();
+        let agent = Agent {
+            listen: &listen,
+            max_line: 256,
+            reply_up: up,
+            haproxy: line,
+        };
+        check(&m.servers, &["h.cfg".to_owned()], &agent, &[])
+            .into_iter()
+            .filter(|f| !f.message.starts_with("agent-send identity"))
+            .map(|f| {
+                let s = &m.servers[f.server];
+                let first = f.message.split(':').next().unwrap_or_default();
+                format!("{}/{}: {:?}: {first}", s.backend, s.name, f.severity)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_agent_health_trap_is_named_on_3_3_and_3_4_unless_avoided() {
+        let bare = "backend be\n server s1 127.0.0.1:80 $GOOD agent-send \"be/s1\\n\"\n";
+        let error = ["be/s1: Error: haproxy 3.4 starts a server with no default-server line before it at agent health 0"];
+        assert_eq!(line_findings(bare, Some((3, 4)), false), error);
+        assert_eq!(line_findings(bare, Some((3, 3)), false).len(), 1);
+        assert_eq!(line_findings(bare, None, false), ["be/s1: Warning: haproxy 3.3 and 3.4 (give -haproxy-version to lint for one line) starts a server with no default-server line before it at agent health 0"]);
+        for line in [(2, 6), (2, 8), (3, 0), (3, 2), (3, 5)] {
+            assert_eq!(
+                line_findings(bare, Some(line), false),
+                Vec::<String>::new(),
+                "{line:?}"
+            );
+        }
+        assert_eq!(
+            line_findings(bare, Some((3, 4)), true),
+            Vec::<String>::new(),
+            "-reply-up"
+        );
+        // Any default-server line before the server, in the backend or in
+        // the defaults it inherits, avoids it; one after it does not.
+        let shapes = [
+            ("backend be\n default-server check\n server s1 127.0.0.1:80 $GOOD agent-send \"be/s1\\n\"\n", true),
+            ("defaults\n default-server inter 2s\nbackend be\n server s1 127.0.0.1:80 $GOOD agent-send \"be/s1\\n\"\n", true),
+            ("defaults d\n default-server $GOOD\nbackend be from d\n server s1 127.0.0.1:80 agent-send \"be/s1\\n\"\n", true),
+            ("defaults d\n default-server $GOOD\ndefaults\n mode tcp\nbackend be\n server s1 127.0.0.1:80 $GOOD agent-send \"be/s1\\n\"\n", false),
+            ("backend be\n server s1 127.0.0.1:80 $GOOD agent-send \"be/s1\\n\"\n default-server check\n", false),
+        ];
+        for (config, avoided) in shapes {
+            assert_eq!(
+                line_findings(config, Some((3, 4)), false).is_empty(),
+                avoided,
+                "{config}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_static_algorithm_is_named_with_its_backend() {
+        let server = " server s1 127.0.0.1:80 $GOOD agent-send \"be/s1\\n\"\n";
+        let warning = "be/s1: Warning: backend be uses balance static-rr, a static algorithm";
+        for (head, found) in [
+            ("backend be\n balance static-rr\n", Some(warning)),
+            ("defaults\n balance static-rr\nbackend be\n", Some(warning)),
+            ("backend be\n balance source\n", Some("be/s1: Warning: backend be uses balance source (hash-type map-based), a static algorithm")),
+            ("backend be\n balance hdr(host)\n", Some("be/s1: Warning: backend be uses balance hdr(host) (hash-type map-based), a static algorithm")),
+            ("backend be\n balance uri\n hash-type consistent\n", None),
+            ("defaults\n hash-type consistent\nbackend be\n balance source\n", None),
+            ("backend be\n balance roundrobin\n", None),
+            ("backend be\n balance leastconn\n", None),
+            ("backend be\n balance first\n", None),
+            ("backend be\n balance random\n", None),
+            ("backend be\n", None),
+        ] {
+            let config = format!("{head}{server}");
+            assert_eq!(line_findings(&config, Some((3, 0)), false), found.map(str::to_owned).into_iter().collect::<Vec<_>>(), "{head}");
+        }
+        // A balance line after the servers sets the whole backend's.
+        let after = format!("backend be\n{server} balance static-rr\n");
+        assert_eq!(line_findings(&after, Some((3, 0)), false), [warning]);
     }
 }

@@ -27,7 +27,7 @@ use log::{debug, info, warn};
 use super::{
     Change, ChangeScan, Clock, Entry, Graveyard, InvalidKey, InvalidReason, Snapshot, Strangers,
 };
-use crate::contract::{Admin, Desired};
+use crate::contract::Desired;
 use crate::logging::escape;
 use crate::slice::Slice;
 
@@ -125,14 +125,14 @@ impl Swapper {
         }
     }
 
-    /// The hot path: the reply for a check of `identity` at `now`, and the
-    /// ask recorded; `None` before there is a state to answer from.
-    pub fn answer(&mut self, identity: &[u8], now: Instant) -> Option<(&'static [u8], Admin)> {
+    /// The hot path: the desired state for a check of `identity` at `now`,
+    /// and the ask recorded; `None` before there is a state to answer from.
+    pub fn answer(&mut self, identity: &[u8], now: Instant) -> Option<Desired> {
         let snapshot = self.current.as_deref()?;
         let now = self.clock.tick(now);
         Some(snapshot.answer(identity, now).unwrap_or_else(|| {
             self.strangers.record(identity, now);
-            (Desired::READY.reply(), Admin::Ready)
+            Desired::READY
         }))
     }
 
