@@ -251,9 +251,9 @@ fn young(process: &Process, rules: &Rules, now: u64) -> Option<String> {
     let age = now.saturating_sub(process.start?);
     (age < rules.young_secs).then(|| {
         format!(
-            "haproxy process {} started {} ago: an older process left by a reload may still hold sessions this socket cannot see (give -haproxy-master-socket)",
+            "haproxy process {} started less than {} ago: an older process left by a reload may still hold sessions this socket cannot see (give -haproxy-master-socket)",
             process.pid,
-            show::duration(std::time::Duration::from_secs(age))
+            show::duration(std::time::Duration::from_secs(rules.young_secs))
         )
     })
 }
@@ -693,7 +693,8 @@ mod tests {
         assert!(poll.drained(&RULES));
         let warning = poll.rows[0].warning().unwrap();
         assert!(
-            warning.contains("started 1m0s ago") && warning.contains("-haproxy-master-socket"),
+            warning.contains("started less than 1h0m0s ago")
+                && warning.contains("-haproxy-master-socket"),
             "{warning}"
         );
     }

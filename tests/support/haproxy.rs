@@ -180,7 +180,12 @@ impl Haproxy {
             }
             let mut cfg = String::new();
             for be in backends {
-                cfg.push_str(&format!("\nbackend {be}\n    balance roundrobin\n"));
+                // The README's shape: a default-server line before the
+                // servers (haproxy 3.3/3.4 start a server without one at
+                // agent health 0; tests/haproxy_lines.rs shows that shape).
+                cfg.push_str(&format!(
+                    "\nbackend {be}\n    balance roundrobin\n    default-server inter 1s\n"
+                ));
                 for s in servers.iter().filter(|s| s.backend == be) {
                     let line = Haproxy::server_line(s, real, agent_port);
                     cfg.push_str(&format!("    {line}\n"));
@@ -196,6 +201,26 @@ impl Haproxy {
     pub fn start_with(
         test: &str,
         want: usize,
+        proxies: impl FnOnce(SocketAddr) -> String,
+    ) -> Haproxy {
+        Haproxy::start_mode(test, want, false, proxies)
+    }
+
+    /// [`Haproxy::start_with`] in master-worker mode (`-W -S
+    /// <dir>/master.sock`, as Debian's unit runs it): the master CLI is
+    /// [`Haproxy::master_socket`], a reload is [`Haproxy::reload`].
+    pub fn start_master_worker(
+        test: &str,
+        want: usize,
+        proxies: impl FnOnce(SocketAddr) -> String,
+    ) -> Haproxy {
+        Haproxy::start_mode(test, want, true, proxies)
+    }
+
+    fn start_mode(
+        test: &str,
+        want: usize,
+        master_worker: bool,
         proxies: impl FnOnce(SocketAddr) -> String,
     ) -> Haproxy {
         let bin = haproxy_bin();
@@ -220,6 +245,9 @@ impl Haproxy {
         std::fs::write(&path, &cfg).expect("write haproxy.cfg");
 
         let mut cmd = Command::new(&bin);
+        if master_worker {
+            cmd.arg("-W").arg("-S").arg(dir.join("master.sock"));
+        }
         cmd.arg("-db").arg("-f").arg(&path);
         let proc = Proc::spawn(cmd);
         let mut hap = Haproxy {
@@ -245,6 +273,73 @@ impl Haproxy {
             },
         );
         hap
+    }
+
+    /// The master CLI socket of [`Haproxy::start_master_worker`].
+    pub fn master_socket(&self) -> PathBuf {
+        self.dir.join("master.sock")
+    }
+
+    /// One master CLI command (followed by a half-close: 2.6's master
+    /// answers only then); `None` if the socket is not there.
+    pub fn master_command(&self, cmd: &str) -> Option<String> {
+        let mut s = UnixStream::connect(self.master_socket()).ok()?;
+        s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+        s.write_all(format!("{cmd}\n").as_bytes()).ok()?;
+        s.shutdown(std::net::Shutdown::Write).ok()?;
+        let mut out = String::new();
+        s.read_to_string(&mut out).ok()?;
+        Some(out)
+    }
+
+    /// The workers `show proc` lists: (pid, old).
+    pub fn workers(&self) -> Vec<(u32, bool)> {
+        let text = self.master_command("show proc").unwrap_or_default();
+        let mut old = None;
+        let mut workers = Vec::new();
+        for line in text.lines() {
+            match line.trim() {
+                "# workers" => old = Some(false),
+                "# old workers" => old = Some(true),
+                l if l.starts_with('#') => old = None,
+                l => {
+                    let mut words = l.split_whitespace();
+                    if let (Some(old), Some(pid), Some("worker")) =
+                        (old, words.next(), words.next())
+                    {
+                        workers.extend(pid.parse().ok().map(|p| (p, old)));
+                    }
+                }
+            }
+        }
+        workers
+    }
+
+    /// Reloads a master-worker haproxy (USR2 to the master, as
+    /// `systemctl reload` does) and waits until a new worker answers the
+    /// stats socket.
+    pub fn reload(&self) {
+        let before: Vec<u32> = self
+            .workers()
+            .into_iter()
+            .filter(|w| !w.1)
+            .map(|w| w.0)
+            .collect();
+        self.proc.as_ref().unwrap().signal(libc::SIGUSR2);
+        wait_for(Duration::from_secs(10), "a new haproxy worker", || {
+            let now: Vec<u32> = self
+                .workers()
+                .into_iter()
+                .filter(|w| !w.1)
+                .map(|w| w.0)
+                .collect();
+            (!now.is_empty() && now.iter().all(|p| !before.contains(p))).then_some(())
+        });
+        wait_for(
+            Duration::from_secs(10),
+            "the new worker's stats socket",
+            || self.try_command("show info").filter(|t| t.contains("Pid:")),
+        );
     }
 
     /// Where the config was written.
