@@ -630,4 +630,132 @@ mod tests {
         );
         assert_eq!(undo_line(&[], &[]), None);
     }
+
+    /// consul answers an ACL denial inside a transaction with the same 409
+    /// as a failed check-and-set: `agent/consul/txn_endpoint.go` `preCheck`
+    /// puts `kvsPreApply`'s error in `Errors` (`What: err.Error()`), and
+    /// `acl/errors.go` `PermissionDeniedError.Error` starts it with
+    /// "Permission denied" (1.12+ names the token and permission after it).
+    #[test]
+    fn a_denial_is_told_from_a_conflict_by_consuls_what_prefix() {
+        let body = br#"{"Results":null,"Errors":[{"OpIndex":0,"What":"Permission denied: token with AccessorID 'abc' lacks permission 'key:write' on \"p/a\""},{"OpIndex":1,"What":"Permission denied"}]}"#;
+        let answer = parse_answer(409, body).unwrap();
+        assert_eq!(answer.denied(), [0, 1]);
+        let stale = br#"{"Results":null,"Errors":[{"OpIndex":0,"What":"failed to set key \"p/a\", index is stale"}]}"#;
+        assert_eq!(parse_answer(409, stale).unwrap().denied(), [] as [usize; 0]);
+    }
+
+    /// `Results` has no entry for a delete (`agent/consul/state/txn.go`
+    /// `txnKVS` returns no result when `entry` is nil): indexes are matched
+    /// by key, never by position.
+    #[test]
+    fn results_are_matched_by_key_not_position() {
+        let keys = ["p/a".to_owned(), "p/b".to_owned(), "p/c".to_owned()];
+        let targets = [Target::Unset, Target::Set(pct(50)), Target::Set(pct(50))];
+        let results = [("p/c".to_owned(), 9), ("p/b".to_owned(), 8)];
+        assert_eq!(
+            indexes_after(&results, &keys, &targets),
+            [Some(0), Some(8), Some(9)]
+        );
+        assert_eq!(
+            indexes_after(&results[..1], &keys, &targets),
+            [Some(0), None, Some(9)],
+            "a withheld result is unknown, not another key's"
+        );
+    }
+
+    /// consul refuses a body over `txn_max_req_len` (512 KiB) with 413
+    /// (`agent/txn_endpoint.go` `convertOps`): transactions are cut by
+    /// bytes as well as by count, in order.
+    #[test]
+    fn transactions_are_cut_by_operations_and_by_bytes_in_order() {
+        assert_eq!(batches(&[10; 130]), [0..64, 64..128, 128..130]);
+        assert_eq!(batches(&[]), [] as [std::ops::Range<usize>; 0]);
+        // Three operations of 200 KiB: two fit (with `[`, `,`, `]`), not three.
+        let big = 200 * 1024;
+        assert_eq!(batches(&[big; 3]), [0..2, 2..3]);
+        // `[`, a, `,`, b, `]`: exactly the limit fits, a byte more does not.
+        let (a, b) = (262_142, 262_143);
+        assert_eq!(a + b + 3, MAX_TXN_BYTES);
+        assert_eq!(batches(&[a, b, 1]), [0..2, 2..3], "the limit itself fits");
+        assert_eq!(batches(&[a, b + 1]), [0..1, 1..2]);
+        assert_eq!(batches(&[MAX_TXN_BYTES * 2, 5]), [0..1, 1..2]);
+    }
+
+    #[test]
+    fn an_identity_holding_equals_signs_is_split_at_the_last_one() {
+        let got = words(&["be/a=b=drain", "x==50%"]).unwrap();
+        assert_eq!(
+            got,
+            [
+                ("be/a=b".to_owned(), Target::Set(Desired::DRAIN)),
+                ("x=".to_owned(), Target::Set(pct(50))),
+            ]
+        );
+        let lines = ["be/a=b drain", "be/c d=maint"];
+        let got = parse_sets(lines.iter().map(|l| ("line 1".to_owned(), *l)), 256).unwrap();
+        assert_eq!(got[0], ("be/a=b".to_owned(), Target::Set(Desired::DRAIN)));
+        assert_eq!(got[1], ("be/c d".to_owned(), Target::Set(Desired::MAINT)));
+    }
+
+    #[test]
+    fn identities_the_daemon_can_never_be_asked_for_are_refused_by_set_not_unset() {
+        let long = "b".repeat(257);
+        let bad = words(&[&format!("{long}=drain")]).unwrap_err();
+        assert!(
+            bad[0].contains("257 bytes, longer than -max-line-bytes (256)"),
+            "{bad:?}"
+        );
+        assert!(bad[0].len() < 300, "the identity is shown cut: {}", bad[0]);
+        assert!(words(&[&format!("{}=drain", "b".repeat(256))]).is_ok());
+        assert!(parse_unsets(&[long]).is_ok(), "unset may clean it up");
+        assert_eq!(
+            check_distinct(&["a".into(), "b".into(), "a".into()]).unwrap_err(),
+            "a: named twice"
+        );
+    }
+
+    #[test]
+    fn a_write_answering_as_the_valid_value_held_is_unchanged_but_one_over_an_invalid_value_is_written(
+    ) {
+        assert!(Target::Set(Desired::READY).is_noop(&Held::Absent));
+        assert!(Target::Set(pct(100)).is_noop(&Held::Absent));
+        assert!(Target::Set(Desired::READY).is_noop(&Held::Valid(pct(100), 3)));
+        assert!(!Target::Set(Desired::READY).is_noop(&Held::of(Some((b"drian", 3)))));
+        assert!(!Target::Set(Desired::DRAIN).is_noop(&Held::Absent));
+        assert!(!Target::Unset.is_noop(&Held::Valid(Desired::READY, 3)));
+    }
+
+    #[test]
+    fn values_are_shown_cut_to_80_bytes() {
+        let raw = "x".repeat(500 * 1024);
+        let held = Held::of(Some((raw.as_bytes(), 3)));
+        let shown = held.render();
+        assert!(shown.len() < 140, "{shown}");
+        assert!(shown.contains(&format!("{}…", "x".repeat(80))), "{shown}");
+        assert_eq!(cut("héllo", 2), "h…", "on a character boundary");
+    }
+
+    #[test]
+    fn the_undo_line_runs_as_printed_whatever_the_identities() {
+        let change = |identity: &str, before| Change {
+            identity: identity.into(),
+            before,
+            after: Target::Set(Desired::DRAIN),
+        };
+        let a = change("-x/a", Held::Valid(pct(50), 3));
+        let b = change("be/a=b", Held::Valid(Desired::MAINT, 3));
+        let c = change("it's", Held::Absent);
+        let d = change("be/d", Held::of(Some((b"drian", 3))));
+        assert_eq!(
+            undo_line(&[&a, &b, &c, &d], &[]).unwrap(),
+            r"gitlab-haproxy-agent set -- -x/a=50% be/a=b=maint && gitlab-haproxy-agent unset 'it'\''s' be/d"
+        );
+        let note = unrestorable(&[&a, &d]);
+        assert_eq!(note.len(), 1);
+        assert!(
+            note[0].starts_with("be/d held \"drian\", a value the agent ignores"),
+            "{note:?}"
+        );
+    }
 }
