@@ -286,8 +286,10 @@ fn report(io: &mut Io<'_>, w: &Args, changes: &[Change], outcome: &Outcome) -> u
                 ids(&mut unknown)
             );
         }
-        let mut not = not_written(changes, outcome);
-        let _ = writeln!(io.err, "not written: {}", ids(&mut not));
+        let not: Vec<&Change> = not_written(changes, outcome).collect();
+        if !not.is_empty() {
+            let _ = writeln!(io.err, "not written: {}", ids(&mut not.into_iter()));
+        }
     }
     if let Some(undo) = undo {
         let _ = writeln!(io.out, "undo: {undo}");
