@@ -18,7 +18,10 @@ const SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/py_consul/kv_ca
 
 /// Whether `python3 -c 'import consul'` works; why not otherwise.
 fn py_consul() -> Result<(), String> {
-    match Command::new("python3").args(["-c", "import consul"]).output() {
+    match Command::new("python3")
+        .args(["-c", "import consul"])
+        .output()
+    {
         Err(e) => Err(format!("python3 cannot run: {e}")),
         Ok(o) if !o.status.success() => Err(format!(
             "python3 has no consul module (pip install py-consul): {}",
@@ -50,5 +53,8 @@ fn py_consul_gets_consuls_answers_from_the_dev_kv() {
         String::from_utf8_lossy(&out.stderr),
     );
     assert!(out.status.success(), "{stdout}{stderr}");
-    assert!(stdout.contains("every call answered as consul does"), "{stdout}");
+    assert!(
+        stdout.contains("every call answered as consul does"),
+        "{stdout}"
+    );
 }

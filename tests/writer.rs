@@ -765,7 +765,7 @@ fn ramp_refuses_a_repeated_identity() {
 /// the earlier values. The undo runs.
 #[test]
 fn an_answer_lost_after_apply_is_reported_applied_with_its_undo() {
-    for loss in [Loss::AfterApply, Loss::Status500AfterApply] {
+    for loss in [Loss::Dropped, Loss::Status500] {
         let kv = Kv::dev();
         let consul = Standin::start(kv.addr);
         let p = unique_prefix("lost_applied");
@@ -802,14 +802,14 @@ fn an_answer_lost_before_apply_is_unknown_never_not_written() {
     let kv = Kv::dev();
     let consul = Standin::start(kv.addr);
     let p = unique_prefix("lost_unknown");
-    consul.with(|r| r.losses.push_back(Loss::BeforeApply));
+    consul.with(|r| r.losses.push_back(Loss::Unsent));
     let (code, out, err) = run(consul.addr, &p, &["set", "be/a=drain", "-json"]);
     assert_eq!(code, 1, "{out}{err}");
     let doc: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(doc["changes"][0]["unknown"], true);
     assert_eq!(doc["changes"][0]["written"], false);
     let (code, out, err) = {
-        consul.with(|r| r.losses.push_back(Loss::BeforeApply));
+        consul.with(|r| r.losses.push_back(Loss::Unsent));
         run(consul.addr, &p, &["set", "be/a=drain"])
     };
     assert_eq!(code, 1);
@@ -835,7 +835,7 @@ fn a_ramp_that_loses_a_steps_answer_stops_at_what_the_keys_hold() {
     wait_for(5 * SEC, "step 1", || {
         (one_step(kv.addr, &p, 2).as_deref() == Some("33%")).then_some(())
     });
-    consul.with(|r| r.losses.push_back(Loss::AfterApply));
+    consul.with(|r| r.losses.push_back(Loss::Dropped));
     let (code, out, err) = triple(child.wait_with_output().unwrap());
     assert_eq!(code, 1, "{out}{err}");
     assert!(
@@ -1018,13 +1018,13 @@ mod standin {
     #[derive(Debug, Clone, Copy, PartialEq, Eq)]
     pub enum Loss {
         /// Applied by consul, then the connection closes with no answer.
-        AfterApply,
+        Dropped,
         /// Applied, then 500: consul's raft apply timed out while the
         /// entry was enqueued (`agent/consul/rpc.go` `raftApply`), so it
         /// may commit.
-        Status500AfterApply,
+        Status500,
         /// The connection closes before consul saw it: not applied.
-        BeforeApply,
+        Unsent,
     }
 
     #[derive(Default)]
@@ -1162,12 +1162,12 @@ mod standin {
             return Some((409, answer.to_string().into_bytes()));
         }
         match loss {
-            Some(Loss::BeforeApply) => None,
-            Some(Loss::AfterApply) => {
+            Some(Loss::Unsent) => None,
+            Some(Loss::Dropped) => {
                 forward();
                 None
             }
-            Some(Loss::Status500AfterApply) => {
+            Some(Loss::Status500) => {
                 forward();
                 Some((
                     500,

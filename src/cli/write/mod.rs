@@ -151,18 +151,18 @@ impl Kv {
 
     /// One guarded transaction of `ops` (operations on keys under the
     /// prefix), and what became of it.
-    fn txn(&mut self, ops: &[serde_json::Value]) -> Sent {
+    fn txn(&mut self, ops: &[serde_json::Value]) -> Delivery {
         let target = self.target("/v1/txn", "");
         let body = serde_json::Value::from(ops.to_vec()).to_string();
         match self.exchange.send("PUT", &target, body.as_bytes()) {
             Err(f) if matches!(f.reason, ErrorReason::Connect | ErrorReason::Tls) => {
-                Sent::NotSent(format!(
+                Delivery::NotSent(format!(
                     "PUT /v1/txn: consul unreachable: {} ({})",
                     f.detail,
                     f.reason.label()
                 ))
             }
-            Err(f) => Sent::Lost(format!(
+            Err(f) => Delivery::Lost(format!(
                 "PUT /v1/txn: no answer: {} ({})",
                 f.detail,
                 f.reason.label()
@@ -172,13 +172,13 @@ impl Kv {
                 let text = crate::logging::escape(r.body.trim_ascii(), 200);
                 match status {
                     200 | 409 => match plan::parse_answer(status, &r.body) {
-                        Ok(answer) => Sent::Answered(answer),
-                        Err(e) => Sent::Lost(format!("PUT /v1/txn: HTTP {status}: {e}")),
+                        Ok(answer) => Delivery::Answered(answer),
+                        Err(e) => Delivery::Lost(format!("PUT /v1/txn: HTTP {status}: {e}")),
                     },
-                    500..=599 => Sent::Lost(format!(
+                    500..=599 => Delivery::Lost(format!(
                         "PUT /v1/txn: consul answered HTTP {status}: {text}"
                     )),
-                    _ => Sent::Refused(format!(
+                    _ => Delivery::Refused(format!(
                         "PUT /v1/txn: consul answered HTTP {status}: {text}"
                     )),
                 }
@@ -189,7 +189,7 @@ impl Kv {
 
 /// What became of a transaction sent to consul.
 #[derive(Debug)]
-enum Sent {
+enum Delivery {
     /// Consul answered 200 or 409 ([`TxnAnswer`]).
     Answered(TxnAnswer),
     /// Consul refused it before applying anything (403 for a token,

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use super::machine::{Answer, Machine, Next, Stop, Write1};
 use super::plan::{self, Held, Target, TxnAnswer};
 use super::schedule::{check_rate, offset, parse_pct, secs, Steps};
-use super::{refusal, Guarded, Kv, Sent};
+use super::{refusal, Guarded, Kv, Delivery};
 use crate::cli::Args;
 use crate::cli::{usage_error, Io, FINDING, OK};
 use crate::config::daemon_flag;
@@ -34,9 +34,12 @@ Step k of n is written at (k-1)/n of -over, the first at once; at most one
 write a second. A ramp to 100% ends by deleting the keys (ready 100%) unless
 -then says otherwise; -then drain|maint|unset is written at -over.
 Each step is guarded by the ramp's own previous write: if anyone else changes a
-key, the ramp stops, writes nothing more, and exits 1. SIGINT or SIGTERM stop
-it after the write in flight and print the command that resumes it (exit 130,
-143). -dry-run prints the schedule and writes nothing.
+key, the ramp stops, writes nothing more, and exits 1. A step consul refuses,
+or whose answer never comes (the keys are then read again), stops it with the
+command that resumes it from what the keys hold (exit 1); so do SIGINT and
+SIGTERM, after the write in flight (exit 130, 143). Identities are checked as
+set checks them, each named once. -dry-run prints the schedule and writes
+nothing.
 ";
 
 pub fn run(args: &[OsString], io: &mut Io<'_>) -> u8 {
@@ -307,7 +310,7 @@ fn send(kv: &mut Kv, run: &Run<'_>, m: &Machine, k: usize) -> Answer {
         .map(|((key, t), &guard)| plan::op(key, *t, guard))
         .collect();
     match kv.txn(&ops) {
-        Sent::Answered(TxnAnswer::Applied(results)) => {
+        Delivery::Answered(TxnAnswer::Applied(results)) => {
             let after = plan::indexes_after(&results, &keys, &write.targets);
             if let Some(indexes) = after.into_iter().collect::<Option<Vec<u64>>>() {
                 return Answer::Applied(indexes);
@@ -319,7 +322,7 @@ fn send(kv: &mut Kv, run: &Run<'_>, m: &Machine, k: usize) -> Answer {
                 Err(e) => Answer::Lost(format!("applied, then reading it back failed: {e}"), None),
             }
         }
-        Sent::Answered(TxnAnswer::Failed(errors)) => {
+        Delivery::Answered(TxnAnswer::Failed(errors)) => {
             let keys: Vec<Guarded<'_>> = run
                 .ids
                 .iter()
@@ -331,8 +334,8 @@ fn send(kv: &mut Kv, run: &Run<'_>, m: &Machine, k: usize) -> Answer {
                 other => Answer::Refused(other.lines()),
             }
         }
-        Sent::Refused(e) | Sent::NotSent(e) => Answer::Refused(vec![e]),
-        Sent::Lost(e) => Answer::Lost(e, kv.read(run.ids).ok()),
+        Delivery::Refused(e) | Delivery::NotSent(e) => Answer::Refused(vec![e]),
+        Delivery::Lost(e) => Answer::Lost(e, kv.read(run.ids).ok()),
     }
 }
 

@@ -8,7 +8,7 @@ use std::io::Read;
 use serde_json::json;
 
 use super::plan::{self, Change, Held, Target, TxnAnswer};
-use super::{refusal, Guarded, Kv, Sent};
+use super::{refusal, Guarded, Kv, Delivery};
 use crate::cli::Args;
 use crate::cli::{usage_error, Io, FINDING, OK, USAGE};
 use crate::config::daemon_flag;
@@ -17,25 +17,30 @@ const SET_HELP: &str = "\
 usage: gitlab-haproxy-agent set [-f FILE|-] [-dry-run] [-json] [consul flags] IDENTITY=VALUE...
 
 Writes the desired state of servers: VALUE is ready, drain, maint or N% (0 to
-256), checked with the agent's own rules before anything is written. -f reads
-one IDENTITY VALUE or IDENTITY=VALUE per line (# comments; - is stdin).
-Reads the keys, prints each change in reply terms (IDENTITY: before -> after),
-then writes them in one consul transaction guarded by the index it read, 64
-keys per transaction. Someone else's write in between is a conflict: nothing
-of that transaction is written, exit 1, never retried. Prints the command that
-undoes the change. -dry-run prints the changes and writes nothing; -json prints
-one JSON document. Consul is reached with the daemon's flags and variables
+256), checked with the agent's own rules before anything is written, as is
+IDENTITY (no longer than -max-line-bytes; split from VALUE at the last =). -f
+reads one IDENTITY VALUE or IDENTITY=VALUE per line (# comments; - is stdin).
+Reads the keys, prints each change in reply terms (IDENTITY: before -> after;
+a value answering as the key already does is unchanged and not written), then
+writes them in consul transactions guarded by the index read (64 keys and
+under 512 KiB each). Someone else's write in between is a conflict, a token
+that may not write is refused: nothing of that transaction is written, exit 1,
+never retried. An answer that never comes is unknown: the keys are read again
+and each said applied or unknown. Prints the command that undoes what was
+written. -dry-run prints the changes and writes nothing; -json prints one JSON
+document. Consul is reached with the daemon's flags and variables
 (-consul-addr, CONSUL_HTTP_ADDR, the token and TLS settings, -kv-prefix).
-Exit 0 written or nothing to change, 1 conflict or consul refused/unreachable,
-2 usage or a bad value.
+Exit 0 written or nothing to change, 1 conflict, refused, unknown or
+unreachable, 2 usage or a bad value or identity.
 ";
 
 const UNSET_HELP: &str = "\
 usage: gitlab-haproxy-agent unset [-dry-run] [-json] [consul flags] IDENTITY...
 
-Deletes the keys of servers: back to the default, ready 100%. As set: reads,
-prints each change, deletes in guarded transactions (delete-cas), prints the
-command that undoes it. Exit 0, 1 conflict or consul error, 2 usage.
+Deletes the keys of servers: back to the default, ready 100% (any key under
+the prefix, even one no haproxy can ask for). As set: reads, prints each
+change, deletes in guarded transactions (delete-cas), prints the command that
+undoes it. Exit 0, 1 conflict, refused, unknown or unreachable, 2 usage.
 ";
 
 /// The largest `-f` file read.
@@ -164,12 +169,12 @@ fn write(kv: &mut Kv, changes: &[Change]) -> Outcome {
     for range in plan::batches(&sizes) {
         let batch = &todo[range.clone()];
         match kv.txn(&ops[range]) {
-            Sent::Answered(TxnAnswer::Applied(_)) => {
+            Delivery::Answered(TxnAnswer::Applied(_)) => {
                 outcome.written.extend_from_slice(batch);
                 outcome.transactions += 1;
                 continue;
             }
-            Sent::Answered(TxnAnswer::Failed(errors)) => {
+            Delivery::Answered(TxnAnswer::Failed(errors)) => {
                 let keys: Vec<Guarded<'_>> = batch
                     .iter()
                     .map(|&i| Guarded {
@@ -179,8 +184,8 @@ fn write(kv: &mut Kv, changes: &[Change]) -> Outcome {
                     .collect();
                 outcome.failed = refusal(kv, &keys, &errors).lines();
             }
-            Sent::Refused(e) | Sent::NotSent(e) => outcome.failed = vec![e],
-            Sent::Lost(e) => settle_lost(kv, changes, batch, e, &mut outcome),
+            Delivery::Refused(e) | Delivery::NotSent(e) => outcome.failed = vec![e],
+            Delivery::Lost(e) => settle_lost(kv, changes, batch, e, &mut outcome),
         }
         break;
     }
