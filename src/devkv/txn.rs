@@ -277,19 +277,22 @@ mod tests {
         kv.store().get(key).map(|e| e.value.clone())
     }
 
+    /// `p/a` holding `drain` (its index), and a blocking listing of `p/`
+    /// parked at that index.
+    fn drain_watched(kv: &mut DevKv) -> (u64, crate::devkv::Wait) {
+        kv.store_mut().put("p/a", b"drain", 0, None);
+        let a = kv.store().get("p/a").unwrap().modify_index;
+        let target = format!("/v1/kv/p/?recurse&index={a}");
+        match kv.handle(&req("GET", &target), b"", Instant::now()) {
+            Handled::Wait(w) => (a, w),
+            Handled::Respond(r) => panic!("answered: {}", r.status),
+        }
+    }
+
     #[test]
     fn a_transaction_applies_every_write_at_one_index_and_wakes_a_watch_once() {
         let mut kv = DevKv::new(false);
-        kv.store_mut().put("p/a", b"drain", 0, None);
-        let a = kv.store().get("p/a").unwrap().modify_index;
-        let parked = match kv.handle(
-            &req("GET", &format!("/v1/kv/p/?recurse&index={a}")),
-            b"",
-            Instant::now(),
-        ) {
-            Handled::Wait(w) => w,
-            Handled::Respond(r) => panic!("answered: {}", r.status),
-        };
+        let (a, parked) = drain_watched(&mut kv);
         let before = kv.generation();
         let (status, body) = txn(
             &mut kv,
@@ -452,16 +455,7 @@ mod tests {
     #[test]
     fn a_same_value_write_keeps_the_modify_index_and_wakes_no_watcher() {
         let mut kv = DevKv::new(false);
-        kv.store_mut().put("p/a", b"drain", 0, None);
-        let a = kv.store().get("p/a").unwrap().modify_index;
-        let parked = match kv.handle(
-            &req("GET", &format!("/v1/kv/p/?recurse&index={a}")),
-            b"",
-            Instant::now(),
-        ) {
-            Handled::Wait(w) => w,
-            Handled::Respond(r) => panic!("answered: {}", r.status),
-        };
+        let (a, parked) = drain_watched(&mut kv);
         let before = kv.generation();
         let (status, body) = txn(
             &mut kv,

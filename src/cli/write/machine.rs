@@ -225,6 +225,15 @@ mod tests {
         Machine::new(writes, &[Held::Absent, valid(10, 7)])
     }
 
+    /// [`machine`] with step 1 applied (index 12) and step 2 in flight.
+    fn second_in_flight() -> Machine {
+        let mut m = machine();
+        assert_eq!(m.poll(Duration::ZERO, None), Next::Write(0));
+        m.answered(Answer::Applied(vec![12, 12]));
+        assert_eq!(m.poll(10 * SEC, None), Next::Write(1));
+        m
+    }
+
     #[test]
     fn writes_come_due_on_the_virtual_clock_each_guarded_by_the_last_answer() {
         let mut m = machine();
@@ -254,10 +263,7 @@ mod tests {
 
     #[test]
     fn a_refused_write_stops_with_the_writes_done_for_the_resume() {
-        let mut m = machine();
-        assert_eq!(m.poll(Duration::ZERO, None), Next::Write(0));
-        m.answered(Answer::Applied(vec![12, 12]));
-        assert_eq!(m.poll(10 * SEC, None), Next::Write(1));
+        let mut m = second_in_flight();
         m.answered(Answer::Refused(vec!["denied".into()]));
         assert_eq!(
             m.poll(20 * SEC, None),
@@ -282,10 +288,7 @@ mod tests {
     #[test]
     fn a_lost_answer_stops_at_what_the_keys_hold_after_the_re_read() {
         // Applied: both keys hold 50% at a new index: two writes done.
-        let mut m = machine();
-        assert_eq!(m.poll(Duration::ZERO, None), Next::Write(0));
-        m.answered(Answer::Applied(vec![12, 12]));
-        assert_eq!(m.poll(10 * SEC, None), Next::Write(1));
+        let mut m = second_in_flight();
         let held = vec![valid(50, 20), valid(50, 20)];
         m.answered(Answer::Lost("reset".into(), Some(held.clone())));
         assert_eq!(
@@ -299,10 +302,7 @@ mod tests {
         );
         assert_eq!(m.guards(), [20, 20]);
         // Not applied (yet): still 25% at the ramp's own index: one done.
-        let mut m = machine();
-        assert_eq!(m.poll(Duration::ZERO, None), Next::Write(0));
-        m.answered(Answer::Applied(vec![12, 12]));
-        assert_eq!(m.poll(10 * SEC, None), Next::Write(1));
+        let mut m = second_in_flight();
         m.answered(Answer::Lost("timeout".into(), Some(vec![valid(25, 12); 2])));
         assert!(matches!(
             m.poll(10 * SEC, None),

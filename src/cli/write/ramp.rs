@@ -16,7 +16,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use super::machine::{Answer, Machine, Next, Stop, Write1};
 use super::plan::{self, Held, Target, TxnAnswer};
 use super::schedule::{check_rate, offset, parse_pct, secs, Steps};
-use super::{refusal, Guarded, Kv, Delivery};
+use super::{refusal, Delivery, Guarded, Kv};
 use crate::cli::Args;
 use crate::cli::{usage_error, Io, FINDING, OK};
 use crate::config::daemon_flag;

@@ -8,7 +8,7 @@ use std::io::Read;
 use serde_json::json;
 
 use super::plan::{self, Change, Held, Target, TxnAnswer};
-use super::{refusal, Guarded, Kv, Delivery};
+use super::{refusal, Delivery, Guarded, Kv};
 use crate::cli::Args;
 use crate::cli::{usage_error, Io, FINDING, OK, USAGE};
 use crate::config::daemon_flag;
