@@ -705,6 +705,17 @@ fn a_denied_write_is_refused_not_a_conflict() {
         value(kv.addr, &format!("{p}/be/h")).as_deref(),
         Some("maint")
     );
+    // Writable but hidden: the guard (absent) is stale, yet no one else
+    // changed it since the read: not a conflict, and it may exist.
+    kv.put(&format!("{p}/be/r"), "maint");
+    consul.with(|r| r.deny_read = vec![format!("{p}/be/r")]);
+    let (code, _, err) = run(consul.addr, &p, &["set", "be/r=drain"]);
+    assert_eq!(code, 1, "{err}");
+    assert!(!err.contains("changed by someone else"), "{err}");
+    assert!(
+        err.contains("consul refused the write of be/r") && err.contains("it may exist unseen"),
+        "{err}"
+    );
 }
 
 /// A token losing write mid-ramp: the step is refused (not a conflict),

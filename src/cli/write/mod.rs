@@ -236,14 +236,17 @@ impl Refusal {
 /// is a conflict only if the key's ModifyIndex moved since the guard.
 fn refusal(kv: &mut Kv, keys: &[Guarded<'_>], errors: &[(usize, String)]) -> Refusal {
     let name = |at: usize| keys.get(at).map_or("?", |k| k.identity);
+    let unseen = |at: usize| {
+        match keys.get(at).is_some_and(|k| k.guard == 0) {
+        true => " (it read as absent, and consul hides from a listing the keys a token cannot read: it may exist unseen)",
+        false => "",
+    }
+    };
     let denied: Vec<String> = errors
         .iter()
         .filter(|(_, what)| what.starts_with(plan::PERMISSION_DENIED))
         .map(|(at, what)| {
-            let unseen = match keys.get(*at).is_some_and(|k| k.guard == 0) {
-                true => " (it read as absent, and consul hides from a listing the keys a token cannot read: it may exist unseen)",
-                false => "",
-            };
+            let unseen = unseen(*at);
             format!(
                 "consul refused: permission denied for {}: the token cannot write it{unseen} (consul: {what})",
                 name(*at)
@@ -259,6 +262,9 @@ fn refusal(kv: &mut Kv, keys: &[Guarded<'_>], errors: &[(usize, String)]) -> Ref
     let identity = name(*at);
     let guard = keys.get(*at).map_or(0, |k| k.guard);
     match kv.read_one(identity) {
+        Ok(Held::Absent) if guard != 0 => Refusal::Conflict(format!(
+            "{identity} was changed by someone else since it was read: it is now absent (ready 100%) (consul: {what})"
+        )),
         Ok(held) if held.index() != guard => Refusal::Conflict(format!(
             "{identity} was changed by someone else since it was read: it is now {} (index {}) (consul: {what})",
             held.render(),
@@ -270,7 +276,8 @@ fn refusal(kv: &mut Kv, keys: &[Guarded<'_>], errors: &[(usize, String)]) -> Ref
             held.index()
         )),
         Err(e) => Refusal::Other(format!(
-            "consul refused the write of {identity}: {what} (and re-reading it failed: {e})"
+            "consul refused the write of {identity}: {what} (and re-reading it failed: {e}){}",
+            unseen(*at)
         )),
     }
 }

@@ -405,10 +405,13 @@ fn lost(
     held: Option<&[Held]>,
     writes: &[Write1],
 ) {
-    let step = label(at, run.ramp);
+    let step = match at < run.ramp.steps.count() {
+        true => label(at, run.ramp),
+        false => "the -then write".to_owned(),
+    };
     let _ = writeln!(
         io.err,
-        "{why}: the answer to {step} never came; the keys were read again"
+        "{why}: consul did not say whether it applied {step}; the keys were read again"
     );
     let found = match held {
         Some(held) => held_line(run.ids, held),

@@ -220,7 +220,7 @@ fn settle_lost(
         Err(_) => false,
     };
     outcome.failed.push(format!(
-        "{why}: the answer never came; the keys were read again"
+        "{why}: consul did not say whether it applied the transaction; the keys were read again"
     ));
     for (n, &i) in batch.iter().enumerate() {
         let identity = &changes[i].identity;
