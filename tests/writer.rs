@@ -1030,9 +1030,10 @@ mod standin {
     pub enum Loss {
         /// Applied by consul, then the connection closes with no answer.
         Dropped,
-        /// Applied, then 500: consul's raft apply timed out while the
-        /// entry was enqueued (`agent/consul/rpc.go` `raftApply`), so it
-        /// may commit.
+        /// Applied, then 500 "leadership lost while committing log"
+        /// (hashicorp/raft `ErrLeadershipLost`, which consul's `wrap`
+        /// returns as a 500): the entry may still be committed by the
+        /// next leader.
         Status500,
         /// The connection closes before consul saw it: not applied.
         Unsent,
@@ -1180,10 +1181,7 @@ mod standin {
             }
             Some(Loss::Status500) => {
                 forward();
-                Some((
-                    500,
-                    b"rpc error making call: timed out enqueuing operation".to_vec(),
-                ))
+                Some((500, b"leadership lost while committing log".to_vec()))
             }
             None => forward().map(|(s, _, b)| (s, b)),
         }
