@@ -44,6 +44,7 @@ ARG RUST_NIGHTLY=nightly-2026-05-19
 ARG CARGO_FUZZ_VERSION=0.13.2
 ARG ZIG_VERSION=0.17.1
 ARG CARGO_ZIGBUILD_VERSION=0.24.1
+ARG PY_CONSUL_VERSION=1.8.0
 
 # Bookworm ships haproxy 2.6; another minor needs the matching Debian
 # backports repository added here.
@@ -82,10 +83,12 @@ RUN set -eux; \
     cargo install --locked --version "${CARGO_ZIGBUILD_VERSION}" cargo-zigbuild; \
     rm -rf "${CARGO_HOME}/registry" "${CARGO_HOME}/git"
 
-# zig for cargo-zigbuild, found as `python3 -m ziglang` (a throwaway image:
-# pip may write to the system Python).
+# zig for cargo-zigbuild, found as `python3 -m ziglang`, and py-consul for
+# tests/py_consul.rs (a throwaway image: pip may write to the system Python).
 RUN set -eux; \
-    python3 -m pip install --no-cache-dir --break-system-packages "ziglang==${ZIG_VERSION}"; \
+    python3 -m pip install --no-cache-dir --break-system-packages \
+        "ziglang==${ZIG_VERSION}" "py-consul==${PY_CONSUL_VERSION}"; \
+    python3 -c "import consul"; \
     python3 -m ziglang version; \
     cargo zigbuild --help >/dev/null
 

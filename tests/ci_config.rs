@@ -107,6 +107,7 @@ fn dockerfile_defaults_equal_the_pins() {
         "CONSUL_VERSION",
         "ZIG_VERSION",
         "CARGO_ZIGBUILD_VERSION",
+        "PY_CONSUL_VERSION",
         "TEST_IMAGE_TAG",
     ] {
         assert!(

@@ -10,6 +10,7 @@ use std::net::SocketAddr;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+use standin::{Loss, Standin};
 use support::proxy::{Mode, Proxy};
 use support::{http, unique_prefix, wait_for, Kv, Proc, BIN};
 
@@ -435,7 +436,7 @@ fn sigint_and_sigterm_stop_a_ramp_after_a_whole_step_and_print_the_resume() {
             .expect("resume line");
         assert_eq!(
             resume,
-            format!("gitlab-haproxy-agent ramp -consul-addr http://{} -kv-prefix {p} be/s0 be/s1 -to 100% -over 16s -steps 40,60,80,100", kv.addr)
+            format!("gitlab-haproxy-agent ramp -consul-addr http://{} -kv-prefix {p} -to 100% -over 16s -steps 40,60,80,100 be/s0 be/s1", kv.addr)
         );
         assert_eq!(one_step(kv.addr, &p, 2).as_deref(), Some("20%"));
     }
@@ -631,4 +632,586 @@ fn a_drain_down_then_drain_and_a_file_on_stdin() {
         "{out}"
     );
     assert_eq!(one_step(kv.addr, &p, 2).as_deref(), Some("drain"));
+}
+
+/// The line after `prefix` in `text`.
+fn line_after<'a>(text: &'a str, prefix: &str) -> &'a str {
+    text.lines()
+        .find_map(|l| l.strip_prefix(prefix))
+        .unwrap_or_else(|| panic!("no {prefix:?} line in {text}"))
+}
+
+/// Runs a printed command line (undo, resume) through `sh -c`, as an
+/// operator pastes it.
+fn sh(line: &str) -> (i32, String, String) {
+    triple(
+        Command::new("sh")
+            .arg("-c")
+            .arg(line.replace("gitlab-haproxy-agent", BIN))
+            .env_remove("CONSUL_HTTP_ADDR")
+            .env_remove("CONSUL_HTTP_TOKEN")
+            .output()
+            .unwrap(),
+    )
+}
+
+/// Consul answers an ACL denial inside a transaction with the same 409 as
+/// a stale index, `What` starting "Permission denied" (consul issue #3090;
+/// `agent/consul/txn_endpoint.go` `preCheck`, `acl/errors.go`
+/// `PermissionDeniedError.Error`): `set`, `unset` and `-json` say the
+/// token cannot write the key, never "changed by someone else"; a key the
+/// token cannot read was absent from the listing: it may exist.
+#[test]
+fn a_denied_write_is_refused_not_a_conflict() {
+    let kv = Kv::dev();
+    let consul = Standin::start(kv.addr);
+    let p = unique_prefix("denied");
+    kv.put(&format!("{p}/be/a"), "drain");
+    kv.put(&format!("{p}/be/h"), "maint");
+    consul.with(|r| {
+        r.deny_write = vec![format!("{p}/be/a"), format!("{p}/be/h")];
+        r.deny_read = vec![format!("{p}/be/h")];
+    });
+    let (code, out, err) = run(consul.addr, &p, &["set", "be/a=50%", "be/b=maint"]);
+    assert_eq!(code, 1, "{out}{err}");
+    assert!(
+        err.contains("consul refused: permission denied for be/a: the token cannot write it"),
+        "{err}"
+    );
+    assert!(!err.contains("changed by someone else"), "{err}");
+    assert!(err.contains("not written: be/a be/b"), "{err}");
+    assert!(!out.contains("undo:"), "{out}");
+    assert_eq!(value(kv.addr, &format!("{p}/be/b")), None);
+    let (code, out, err) = run(consul.addr, &p, &["set", "be/a=50%", "-json"]);
+    assert_eq!(code, 1);
+    let doc: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let error = doc["error"].as_str().unwrap();
+    assert!(error.contains("permission denied for be/a"), "{error}{err}");
+    let (code, _, err) = run(consul.addr, &p, &["unset", "be/a"]);
+    assert_eq!(code, 1);
+    assert!(err.contains("permission denied for be/a"), "{err}");
+    // Hidden from the listing, so read as absent: the denial says so.
+    let (code, out, err) = run(consul.addr, &p, &["set", "be/h=drain"]);
+    assert_eq!(code, 1, "{out}{err}");
+    assert!(
+        out.contains("be/h: ready 100% (absent) -> drain 100%"),
+        "{out}"
+    );
+    assert!(
+        err.contains("permission denied for be/h") && err.contains("it may exist unseen"),
+        "{err}"
+    );
+    assert_eq!(
+        value(kv.addr, &format!("{p}/be/h")).as_deref(),
+        Some("maint")
+    );
+    // Writable but hidden: the guard (absent) is stale, yet no one else
+    // changed it since the read: not a conflict, and it may exist.
+    kv.put(&format!("{p}/be/r"), "maint");
+    consul.with(|r| r.deny_read = vec![format!("{p}/be/r")]);
+    let (code, _, err) = run(consul.addr, &p, &["set", "be/r=drain"]);
+    assert_eq!(code, 1, "{err}");
+    assert!(!err.contains("changed by someone else"), "{err}");
+    assert!(
+        err.contains("consul refused the write of be/r") && err.contains("it may exist unseen"),
+        "{err}"
+    );
+}
+
+/// A token losing write mid-ramp: the step is refused (not a conflict),
+/// and the resume line is printed, starting at that step, and runs.
+#[test]
+fn a_ramp_refused_mid_way_prints_a_resume_line_that_runs() {
+    let kv = Kv::dev();
+    let consul = Standin::start(kv.addr);
+    let p = unique_prefix("ramp_denied");
+    let schedule = ["-from", "0%", "-to", "100%", "-over", "3s", "-steps", "3"];
+    let child = spawn_piped(ramp(consul.addr, &p, 2, &schedule));
+    wait_for(5 * SEC, "step 1", || {
+        (one_step(kv.addr, &p, 2).as_deref() == Some("33%")).then_some(())
+    });
+    consul.with(|r| r.deny_write = vec![format!("{p}/be/s1")]);
+    let (code, out, err) = triple(child.wait_with_output().unwrap());
+    assert_eq!(code, 1, "{out}{err}");
+    assert!(
+        err.contains("permission denied for be/s1: the token cannot write it"),
+        "{err}"
+    );
+    assert!(!err.contains("changed by someone else"), "{err}");
+    assert!(
+        err.contains(
+            "ramp stopped after step 1 of 3: step 2 of 3 not written; the keys hold ready 33%"
+        ),
+        "{err}"
+    );
+    let resume = line_after(&out, "resume: ");
+    assert!(resume.contains("-steps 67,100 be/s0 be/s1"), "{resume}");
+    consul.with(|r| r.deny_write.clear());
+    let (code, out, err) = sh(resume);
+    assert_eq!(code, 0, "{resume}: {out}{err}");
+    assert_eq!(one_step(kv.addr, &p, 2), None, "ended at 100%: deleted");
+}
+
+/// `ramp r/b r/b` is refused before anything is sent, as `set` refuses it.
+#[test]
+fn ramp_refuses_a_repeated_identity() {
+    let kv = Kv::dev();
+    let consul = Standin::start(kv.addr);
+    let p = unique_prefix("ramp_twice");
+    let (code, _, err) = run(
+        consul.addr,
+        &p,
+        &[
+            "ramp", "r/b", "r/b", "-to", "0%", "-over", "2s", "-steps", "2",
+        ],
+    );
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("r/b: named twice"), "{err}");
+    assert_eq!(consul.rules.lock().unwrap().txns, 0);
+}
+
+/// Consul applies the transaction, then the answer never comes (a reset,
+/// or a 500 after the raft entry was enqueued: it may commit): the writer
+/// re-reads, says each key is applied, and prints the undo that restores
+/// the earlier values. The undo runs.
+#[test]
+fn an_answer_lost_after_apply_is_reported_applied_with_its_undo() {
+    for loss in [Loss::Dropped, Loss::Status500] {
+        let kv = Kv::dev();
+        let consul = Standin::start(kv.addr);
+        let p = unique_prefix("lost_applied");
+        kv.put(&format!("{p}/be/a"), "50%");
+        consul.with(|r| r.losses.push_back(loss));
+        let (code, out, err) = run(consul.addr, &p, &["set", "be/a=drain", "be/b=drain"]);
+        assert_eq!(code, 1, "{loss:?}: {out}{err}");
+        assert!(
+            err.contains("be/a: applied: it now holds drain 100%"),
+            "{loss:?}: {err}"
+        );
+        assert!(
+            err.contains("be/b: applied: it now holds drain 100%"),
+            "{loss:?}: {err}"
+        );
+        assert!(!err.contains("not written"), "{loss:?}: {err}");
+        let undo = line_after(&out, "undo: ");
+        assert!(
+            undo.contains("be/a=50%") && undo.contains("unset"),
+            "{undo}"
+        );
+        let (code, _, e) = sh(undo);
+        assert_eq!(code, 0, "{e}");
+        assert_eq!(value(kv.addr, &format!("{p}/be/a")).as_deref(), Some("50%"));
+        assert_eq!(value(kv.addr, &format!("{p}/be/b")), None);
+    }
+}
+
+/// The answer lost before consul applied it: the re-read finds the old
+/// values, and the writer says "unknown" (consul may still commit it),
+/// never "not written".
+#[test]
+fn an_answer_lost_before_apply_is_unknown_never_not_written() {
+    let kv = Kv::dev();
+    let consul = Standin::start(kv.addr);
+    let p = unique_prefix("lost_unknown");
+    consul.with(|r| r.losses.push_back(Loss::Unsent));
+    let (code, out, err) = run(consul.addr, &p, &["set", "be/a=drain", "-json"]);
+    assert_eq!(code, 1, "{out}{err}");
+    let doc: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(doc["changes"][0]["unknown"], true);
+    assert_eq!(doc["changes"][0]["written"], false);
+    let (code, out, err) = {
+        consul.with(|r| r.losses.push_back(Loss::Unsent));
+        run(consul.addr, &p, &["set", "be/a=drain"])
+    };
+    assert_eq!(code, 1);
+    assert!(
+        err.contains("be/a: unknown: it still holds ready 100% (absent)"),
+        "{err}"
+    );
+    assert!(err.contains("consul may still commit"), "{err}");
+    assert!(!err.contains("not written"), "{err}");
+    assert!(!out.contains("undo:"), "{out}");
+}
+
+/// A ramp whose step's answer is lost after consul applied it stops (exit
+/// 1), says the keys hold that step (not the one before), and resumes
+/// from there.
+#[test]
+fn a_ramp_that_loses_a_steps_answer_stops_at_what_the_keys_hold() {
+    let kv = Kv::dev();
+    let consul = Standin::start(kv.addr);
+    let p = unique_prefix("ramp_lost");
+    let schedule = ["-from", "0%", "-to", "100%", "-over", "3s", "-steps", "3"];
+    let child = spawn_piped(ramp(consul.addr, &p, 2, &schedule));
+    wait_for(5 * SEC, "step 1", || {
+        (one_step(kv.addr, &p, 2).as_deref() == Some("33%")).then_some(())
+    });
+    consul.with(|r| r.losses.push_back(Loss::Dropped));
+    let (code, out, err) = triple(child.wait_with_output().unwrap());
+    assert_eq!(code, 1, "{out}{err}");
+    assert!(
+        err.contains("step 2 of 3 was applied; the keys hold ready 67%"),
+        "{err}"
+    );
+    let resume = line_after(&out, "resume: ");
+    assert!(resume.contains("-steps 100 be/s0 be/s1"), "{resume}");
+    assert_eq!(one_step(kv.addr, &p, 2).as_deref(), Some("67%"));
+}
+
+/// Consul refuses a transaction body over 512 KiB (`txn_max_req_len`,
+/// `agent/txn_endpoint.go` `convertOps`) with 413: 60 identities of 10,000
+/// bytes (allowed by `-max-line-bytes 65536`) go in two transactions,
+/// each under it, in order.
+#[test]
+fn transactions_are_cut_by_bytes_as_well_as_operations() {
+    let kv = Kv::dev();
+    let proxy = Proxy::start(kv.addr);
+    let p = unique_prefix("bytes");
+    let (path, mut file) = tempfile_in(&p);
+    for i in 0..60 {
+        writeln!(file, "be/{i:02}{} drain", "x".repeat(9_995)).unwrap();
+    }
+    drop(file);
+    let (code, out, err) = run(
+        proxy.addr,
+        &p,
+        &[
+            "set",
+            "-max-line-bytes",
+            "65536",
+            "-f",
+            path.to_str().unwrap(),
+        ],
+    );
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("written: 60 key(s) in 2 transaction(s)"),
+        "{}",
+        &out[out.len().saturating_sub(300)..]
+    );
+    let puts: Vec<String> = proxy
+        .request_heads()
+        .into_iter()
+        .filter(|h| h.starts_with("PUT /v1/txn"))
+        .collect();
+    assert_eq!(puts.len(), 2);
+    for h in &puts {
+        let len: usize = h
+            .lines()
+            .find_map(|l| l.strip_prefix("Content-Length: "))
+            .expect("Content-Length")
+            .trim()
+            .parse()
+            .unwrap();
+        assert!(len <= 512 * 1024, "{len}");
+    }
+}
+
+/// Undo lines run as printed whatever the identities: one starting with
+/// `-` (after `--`), one holding `=` (split at the last `=`), one needing
+/// quotes.
+#[test]
+fn undo_lines_run_as_printed_whatever_the_identities() {
+    let kv = Kv::dev();
+    let p = unique_prefix("undo");
+    kv.put(&format!("{p}/-x"), "50%");
+    kv.put(&format!("{p}/be/a=b"), "maint");
+    let addr = format!("http://{}", kv.addr);
+    let words = [
+        "set",
+        "-consul-addr",
+        &addr,
+        "-kv-prefix",
+        &p,
+        "--",
+        "-x=drain",
+        "be/a=b=drain",
+        "it's=drain",
+    ];
+    let (code, out, err) = triple(
+        Command::new(BIN)
+            .args(words)
+            .env_remove("CONSUL_HTTP_ADDR")
+            .env_remove("CONSUL_HTTP_TOKEN")
+            .output()
+            .unwrap(),
+    );
+    assert_eq!(code, 0, "{out}{err}");
+    assert_eq!(
+        value(kv.addr, &format!("{p}/be/a=b")).as_deref(),
+        Some("drain")
+    );
+    let undo = line_after(&out, "undo: ");
+    let (code, o, e) = sh(undo);
+    assert_eq!(code, 0, "{undo}: {o}{e}");
+    assert_eq!(value(kv.addr, &format!("{p}/-x")).as_deref(), Some("50%"));
+    assert_eq!(
+        value(kv.addr, &format!("{p}/be/a=b")).as_deref(),
+        Some("maint")
+    );
+    assert_eq!(value(kv.addr, &format!("{p}/it's")), None);
+}
+
+/// An identity longer than `-max-line-bytes` (256) can never be asked for:
+/// `set` and `ramp` refuse it before sending anything (exit 2); `unset` may
+/// still delete it.
+#[test]
+fn identities_the_daemon_cannot_answer_are_refused_before_writing() {
+    let kv = Kv::dev();
+    let consul = Standin::start(kv.addr);
+    let p = unique_prefix("long");
+    let long = format!("be/{}", "l".repeat(260));
+    let (code, _, err) = run(consul.addr, &p, &["set", &format!("{long}=drain")]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("longer than -max-line-bytes (256)"), "{err}");
+    let (code, _, err) = run(
+        consul.addr,
+        &p,
+        &["ramp", &long, "-to", "0%", "-over", "2s", "-steps", "2"],
+    );
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("longer than -max-line-bytes (256)"), "{err}");
+    assert_eq!(consul.rules.lock().unwrap().txns, 0, "nothing sent");
+    kv.put(&format!("{p}/{long}"), "drain");
+    let (code, _, err) = run(consul.addr, &p, &["unset", &long]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(value(kv.addr, &format!("{p}/{long}")), None);
+}
+
+/// `ready` over an absent key answers as it does already: unchanged, not
+/// written. Over an invalid value it is written (it fixes the key), and
+/// a 500 KiB invalid value is shown cut to 80 bytes; the undo says it
+/// cannot write it back.
+#[test]
+fn unchanged_is_by_reply_and_an_invalid_value_is_shown_cut_and_not_restorable() {
+    let kv = Kv::dev();
+    let p = unique_prefix("unchanged");
+    let before = prefix_index(kv.addr, &p);
+    let (code, out, _) = run(kv.addr, &p, &["set", "be/x=ready"]);
+    assert_eq!(code, 0);
+    assert!(
+        out.contains("be/x: ready 100% (absent) (unchanged)") && out.contains("nothing to change"),
+        "{out}"
+    );
+    assert_eq!(prefix_index(kv.addr, &p), before);
+    kv.put(&format!("{p}/be/y"), &"z".repeat(500 * 1024));
+    let (code, out, err) = run(kv.addr, &p, &["set", "be/y=ready"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.len() < 1_000, "values are cut: {} bytes", out.len());
+    assert!(
+        out.contains(&format!(
+            "(invalid value \"{}…\") -> ready 100%",
+            "z".repeat(80)
+        )),
+        "{out}"
+    );
+    assert_eq!(
+        value(kv.addr, &format!("{p}/be/y")).as_deref(),
+        Some("ready")
+    );
+    assert!(out.contains("undo cannot restore: be/y held"), "{out}");
+}
+
+/// A consul stand-in in front of the dev KV that follows consul's rules
+/// where the dev KV has no notion of them (ACLs) and loses answers the way
+/// a network does. Each rule cites consul's source.
+mod standin {
+    use std::collections::VecDeque;
+    use std::io::{Read, Write};
+    use std::net::{SocketAddr, TcpListener, TcpStream};
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::{Arc, Mutex};
+    use std::time::Duration;
+
+    use gitlab_haproxy_agent::http::{parse_request_head, Framing, Parse};
+
+    /// How the next `PUT /v1/txn` loses its answer.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub enum Loss {
+        /// Applied by consul, then the connection closes with no answer.
+        Dropped,
+        /// Applied, then 500 "leadership lost while committing log"
+        /// (hashicorp/raft `ErrLeadershipLost`, which consul's `wrap`
+        /// returns as a 500): the entry may still be committed by the
+        /// next leader.
+        Status500,
+        /// The connection closes before consul saw it: not applied.
+        Unsent,
+    }
+
+    #[derive(Default)]
+    pub struct Rules {
+        /// Key prefixes the token may not write.
+        pub deny_write: Vec<String>,
+        /// Key prefixes the token may not read.
+        pub deny_read: Vec<String>,
+        /// What happens to the next transactions' answers, in order.
+        pub losses: VecDeque<Loss>,
+        /// Transactions received.
+        pub txns: usize,
+    }
+
+    pub struct Standin {
+        pub addr: SocketAddr,
+        pub rules: Arc<Mutex<Rules>>,
+        stop: Arc<AtomicBool>,
+    }
+
+    impl Drop for Standin {
+        fn drop(&mut self) {
+            self.stop.store(true, Ordering::Relaxed);
+        }
+    }
+
+    impl Standin {
+        pub fn start(upstream: SocketAddr) -> Standin {
+            let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+            listener.set_nonblocking(true).unwrap();
+            let addr = listener.local_addr().unwrap();
+            let rules = Arc::new(Mutex::new(Rules::default()));
+            let stop = Arc::new(AtomicBool::new(false));
+            let (r, s) = (Arc::clone(&rules), Arc::clone(&stop));
+            std::thread::spawn(move || {
+                while !s.load(Ordering::Relaxed) {
+                    match listener.accept() {
+                        Ok((c, _)) => serve(upstream, &r, c),
+                        Err(_) => std::thread::sleep(Duration::from_millis(2)),
+                    }
+                }
+            });
+            Standin { addr, rules, stop }
+        }
+
+        pub fn with(&self, f: impl FnOnce(&mut Rules)) {
+            f(&mut self.rules.lock().unwrap());
+        }
+    }
+
+    /// One request per connection (the writers open one each).
+    fn serve(upstream: SocketAddr, rules: &Mutex<Rules>, mut c: TcpStream) {
+        c.set_nonblocking(false).unwrap();
+        c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut buf = Vec::new();
+        let mut chunk = [0u8; 65536];
+        let (head, used) = loop {
+            if let Parse::Done(h, used) = parse_request_head(&buf, 1 << 20) {
+                break (h, used);
+            }
+            match c.read(&mut chunk) {
+                Ok(0) | Err(_) => return,
+                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            }
+        };
+        let len = match head.framing {
+            Framing::Length(n) => n as usize,
+            _ => 0,
+        };
+        while buf.len() < used + len {
+            match c.read(&mut chunk) {
+                Ok(0) | Err(_) => return,
+                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            }
+        }
+        let body = &buf[used..used + len];
+        let target = match head.query.is_empty() {
+            true => head.path.clone(),
+            false => format!("{}?{}", head.path, head.query),
+        };
+        let forward = || super::support::http_full(upstream, &head.method_name, &target, body);
+        let answer = match (head.method_name.as_str(), head.path.as_str()) {
+            ("PUT", "/v1/txn") => txn(rules, body, forward),
+            ("GET", path) => read(rules, path, &head.query, forward),
+            _ => forward().map(|(s, _, b)| (s, b)),
+        };
+        if let Some((status, body)) = answer {
+            let head = format!(
+                "HTTP/1.1 {status} X\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                body.len()
+            );
+            let _ = c.write_all(head.as_bytes());
+            let _ = c.write_all(&body);
+        }
+    }
+
+    type Answer = Option<(u16, Vec<u8>)>;
+
+    /// consul checks every operation's ACL before the transaction reaches
+    /// raft (`agent/consul/txn_endpoint.go` `Txn.Apply` -> `preCheck` ->
+    /// `kvsPreApply`: `KeyWriteAllowed` for writes), lists each denied
+    /// one in `Errors` with `What: err.Error()`, and `agent/txn_endpoint.go`
+    /// `Txn` answers 409 for any error. `acl/errors.go`
+    /// `PermissionDeniedError.Error`: "Permission denied: token with
+    /// AccessorID '%s' lacks permission 'key:write' on %q" (1.12+).
+    fn txn(
+        rules: &Mutex<Rules>,
+        body: &[u8],
+        forward: impl FnOnce() -> Option<(u16, super::support::Headers, Vec<u8>)>,
+    ) -> Answer {
+        let ops: Vec<serde_json::Value> = serde_json::from_slice(body).unwrap_or_default();
+        let (loss, denied) = {
+            let mut r = rules.lock().unwrap();
+            r.txns += 1;
+            let denied: Vec<serde_json::Value> = ops
+                .iter()
+                .enumerate()
+                .filter_map(|(i, op)| {
+                    let key = op["KV"]["Key"].as_str()?;
+                    r.deny_write.iter().any(|p| key.starts_with(p.as_str())).then(|| {
+                        serde_json::json!({"OpIndex": i, "What": format!(
+                            "Permission denied: token with AccessorID '5e1f0000-0000-0000-0000-000000000000' lacks permission 'key:write' on {key:?}"
+                        )})
+                    })
+                })
+                .collect();
+            let loss = match denied.is_empty() {
+                true => r.losses.pop_front(),
+                false => None,
+            };
+            (loss, denied)
+        };
+        if !denied.is_empty() {
+            let answer = serde_json::json!({"Results": null, "Errors": denied});
+            return Some((409, answer.to_string().into_bytes()));
+        }
+        match loss {
+            Some(Loss::Unsent) => None,
+            Some(Loss::Dropped) => {
+                forward();
+                None
+            }
+            Some(Loss::Status500) => {
+                forward();
+                Some((500, b"leadership lost while committing log".to_vec()))
+            }
+            None => forward().map(|(s, _, b)| (s, b)),
+        }
+    }
+
+    /// A recursive listing is filtered by ACL, not refused
+    /// (`agent/consul/kvs_endpoint.go` `KVS.List` -> `filterACL`), and an
+    /// emptied one is 404; a single key without `key:read` is 403
+    /// (`KVS.Get`: `acl.ErrPermissionDenied`; `agent/http.go` `wrap`).
+    fn read(
+        rules: &Mutex<Rules>,
+        path: &str,
+        query: &str,
+        forward: impl FnOnce() -> Option<(u16, super::support::Headers, Vec<u8>)>,
+    ) -> Answer {
+        let deny = rules.lock().unwrap().deny_read.clone();
+        let key = path.strip_prefix("/v1/kv/").unwrap_or("").to_owned();
+        let hidden = |k: &str| deny.iter().any(|p| k.starts_with(p.as_str()));
+        if !query.contains("recurse") && hidden(&key) {
+            return Some((403, b"Permission denied".to_vec()));
+        }
+        let (status, _, body) = forward()?;
+        if status != 200 || !query.contains("recurse") {
+            return Some((status, body));
+        }
+        let mut list: Vec<serde_json::Value> = serde_json::from_slice(&body).unwrap();
+        list.retain(|e| !hidden(e["Key"].as_str().unwrap_or("")));
+        match list.is_empty() {
+            true => Some((404, Vec::new())),
+            false => Some((200, serde_json::to_vec(&list).unwrap())),
+        }
+    }
 }

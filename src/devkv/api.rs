@@ -190,6 +190,9 @@ impl DevKv {
         if req.path == "/v1/txn" {
             return Handled::Respond(encode(self.txn(req, body, now), gzip));
         }
+        if let Some(resp) = not_served(&req.path) {
+            return Handled::Respond(encode(resp, gzip));
+        }
         match self.route(req, body, now, gzip) {
             Ok(Handled::Respond(resp)) | Err(resp) => Handled::Respond(encode(resp, gzip)),
             Ok(wait) => wait,
@@ -466,6 +469,25 @@ impl DevKv {
         }
         Duration::from_nanos(self.rng.below(span))
     }
+}
+
+/// What the dev KV deliberately does not do, answered in consul's error
+/// shape (a status and a plain-text body, as consul's `wrap` writes an
+/// error) rather than Go's "404 page not found": ACLs are disabled (consul
+/// answers every `/v1/acl/` endpoint so then: `agent/acl_endpoint.go`
+/// `ACLDisabled`, 401 "ACL support disabled"), and there are no sessions
+/// (500, as an RPC error is, naming what to use instead).
+fn not_served(path: &str) -> Option<Response> {
+    if path.starts_with("/v1/acl/") {
+        return Some(error(401, "ACL support disabled"));
+    }
+    if path.starts_with("/v1/session/") {
+        return Some(error(
+            500,
+            "Sessions are not supported by the dev KV (gitlab-haproxy-agent -dev): use a consul agent",
+        ));
+    }
+    None
 }
 
 /// Go's ServeMux and consul's path filter: the decoded path, cleaned and
@@ -1321,6 +1343,9 @@ pub(super) mod tests {
         assert_eq!(t.get("/v1/agent/self").status, 404);
     }
 
+    /// A value over `kv_max_value_size` (512 KiB) is 413:
+    /// `agent/kvs_endpoint.go` `KVSPut` checks the Content-Length against
+    /// `KVMaxValueSize` before reading the body.
     #[test]
     fn too_large_value_is_413() {
         let mut t = T::new();
@@ -1358,5 +1383,29 @@ pub(super) mod tests {
         );
         assert!(body(&r).ends_with("}\n]\n"));
         assert_eq!(body(&t.put("/v1/kv/k?pretty", b"")), "true\n");
+    }
+
+    /// The dev KV has no ACLs and no sessions: a client asking gets
+    /// consul's error shape (`agent/acl_endpoint.go` `ACLDisabled`: 401
+    /// "ACL support disabled"; a plain-text 500 for sessions), not Go's 404
+    /// page nor a hang.
+    #[test]
+    fn acl_and_session_endpoints_answer_in_consuls_error_shape() {
+        let mut t = T::new();
+        let r = t.call("PUT", "/v1/acl/policy", b"{}");
+        assert_eq!((r.status, body(&r)), (401, "ACL support disabled"));
+        let r = t.call("GET", "/v1/acl/token/self", b"");
+        assert_eq!(r.status, 401);
+        let r = t.call("PUT", "/v1/session/create", b"{}");
+        assert_eq!(r.status, 500);
+        assert!(
+            body(&r).starts_with("Sessions are not supported by the dev KV"),
+            "{}",
+            body(&r)
+        );
+        assert_eq!(
+            header(&r, "content-type"),
+            Some("text/plain; charset=utf-8")
+        );
     }
 }

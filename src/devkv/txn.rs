@@ -52,7 +52,7 @@ struct KvOp {
 #[serde(rename_all = "PascalCase")]
 struct Answer<'a> {
     results: Option<Vec<TxnResult<'a>>>,
-    errors: Option<Vec<TxnError>>,
+    errors: Option<&'a [TxnError]>,
 }
 
 #[derive(Serialize)]
@@ -74,56 +74,71 @@ type Done = (String, Entry);
 
 /// Answers `PUT /v1/txn` with `body`.
 pub fn handle(store: &mut Store, body: &[u8], now: Instant) -> Response {
+    match decode(body) {
+        Ok(ops) => apply(store, &ops, now),
+        Err(refused) => refused,
+    }
+}
+
+/// One decoded operation: a KV operation and its value, or `None` for an
+/// operation the dev KV does not have (a `Node`, `Service`, ...).
+type Decoded = Option<(KvOp, Vec<u8>)>;
+
+/// The body as consul's `convertOps` reads it, with its refusals in its
+/// order: the body's size (413), its JSON (400), the operation count
+/// (413), each value's base64 (400) and size (413).
+fn decode(body: &[u8]) -> Result<Vec<Decoded>, Response> {
     if body.len() > MAX_VALUE_SIZE {
-        return error(
+        return Err(error(
             413,
             &format!("Request body too large, max size: {MAX_VALUE_SIZE} bytes. See https://www.consul.io/docs/agent/config/config-files#txn_max_req_len."),
-        );
+        ));
     }
-    let ops: Vec<Op> = match serde_json::from_slice(body) {
-        Ok(ops) => ops,
-        Err(e) => return error(400, &format!("Failed to parse body: {e}")),
-    };
+    let ops: Vec<Op> = serde_json::from_slice(body)
+        .map_err(|e| error(400, &format!("Failed to parse body: {e}")))?;
     if ops.len() > MAX_TXN_OPS {
-        return error(
+        return Err(error(
             413,
             &format!(
                 "Transaction contains too many operations ({} > {MAX_TXN_OPS})",
                 ops.len()
             ),
-        );
+        ));
     }
-    let mut decoded = Vec::with_capacity(ops.len());
-    for op in ops {
-        let Some(kv) = op.kv else {
-            decoded.push(None);
-            continue;
-        };
-        let value = match kv
-            .value
-            .as_deref()
-            .map(|v| base64::engine::general_purpose::STANDARD.decode(v))
-        {
-            None => Vec::new(),
-            Some(Ok(v)) => v,
-            Some(Err(e)) => return error(400, &format!("Failed to parse body: {e}")),
-        };
-        if value.len() > MAX_VALUE_SIZE {
-            return error(
-                413,
-                &format!(
-                    "Value for key {} is too large ({} > {MAX_VALUE_SIZE} bytes)",
-                    go_quote(&kv.key),
-                    value.len()
-                ),
-            );
-        }
-        decoded.push(Some((kv, value)));
+    ops.into_iter()
+        .map(|op| op.kv.map(decode_value).transpose())
+        .collect()
+}
+
+/// A KV operation's value, base64-decoded and within `kv_max_value_size`.
+fn decode_value(kv: KvOp) -> Result<(KvOp, Vec<u8>), Response> {
+    let value = match kv.value.as_deref() {
+        None => Vec::new(),
+        Some(v) => base64::engine::general_purpose::STANDARD
+            .decode(v)
+            .map_err(|e| error(400, &format!("Failed to parse body: {e}")))?,
+    };
+    if value.len() > MAX_VALUE_SIZE {
+        return Err(error(
+            413,
+            &format!(
+                "Value for key {} is too large ({} > {MAX_VALUE_SIZE} bytes)",
+                go_quote(&kv.key),
+                value.len()
+            ),
+        ));
     }
+    Ok((kv, value))
+}
+
+/// Runs every operation on one copy of the store (consul's `TxnRW` over
+/// `txnDispatch`): all applied at one index and 200 with `Results`, or
+/// none and 409 with every failure in `Errors`.
+fn apply(store: &mut Store, ops: &[Decoded], now: Instant) -> Response {
     let applied = store.transaction(|store| {
         let mut results = Vec::new();
         let mut errors = Vec::new();
-        for (i, op) in decoded.iter().enumerate() {
+        for (i, op) in ops.iter().enumerate() {
             let done = match op {
                 Some((kv, value)) => run(store, kv, value, now),
                 None => Err("no operation specified (the dev KV has KV operations only)".into()),
@@ -139,32 +154,32 @@ pub fn handle(store: &mut Store, body: &[u8], now: Instant) -> Response {
             false => Err(errors),
         }
     });
-    let (status, body) = match applied {
-        Ok(done) => {
-            let results = done
-                .iter()
-                .map(|(k, e)| TxnResult {
-                    kv: dir_entry(k, e),
-                })
-                .collect();
-            let answer = Answer {
-                results: Some(results),
+    let (status, answer) = match &applied {
+        Ok(done) => (
+            200,
+            Answer {
+                results: Some(
+                    done.iter()
+                        .map(|(k, e)| TxnResult {
+                            kv: dir_entry(k, e),
+                        })
+                        .collect(),
+                ),
                 errors: None,
-            };
-            (200, json_bytes(&answer, false))
-        }
-        Err(errors) => {
-            let answer = Answer {
+            },
+        ),
+        Err(errors) => (
+            409,
+            Answer {
                 results: None,
-                errors: Some(errors),
-            };
-            (409, json_bytes(&answer, false))
-        }
+                errors: Some(errors.as_slice()),
+            },
+        ),
     };
     wrapped(
         status,
         vec![("Content-Type", "application/json".to_owned())],
-        body,
+        json_bytes(&answer, false),
     )
 }
 
@@ -262,19 +277,22 @@ mod tests {
         kv.store().get(key).map(|e| e.value.clone())
     }
 
+    /// `p/a` holding `drain` (its index), and a blocking listing of `p/`
+    /// parked at that index.
+    fn drain_watched(kv: &mut DevKv) -> (u64, crate::devkv::Wait) {
+        kv.store_mut().put("p/a", b"drain", 0, None);
+        let a = kv.store().get("p/a").unwrap().modify_index;
+        let target = format!("/v1/kv/p/?recurse&index={a}");
+        match kv.handle(&req("GET", &target), b"", Instant::now()) {
+            Handled::Wait(w) => (a, w),
+            Handled::Respond(r) => panic!("answered: {}", r.status),
+        }
+    }
+
     #[test]
     fn a_transaction_applies_every_write_at_one_index_and_wakes_a_watch_once() {
         let mut kv = DevKv::new(false);
-        kv.store_mut().put("p/a", b"drain", 0, None);
-        let a = kv.store().get("p/a").unwrap().modify_index;
-        let parked = match kv.handle(
-            &req("GET", &format!("/v1/kv/p/?recurse&index={a}")),
-            b"",
-            Instant::now(),
-        ) {
-            Handled::Wait(w) => w,
-            Handled::Respond(r) => panic!("answered: {}", r.status),
-        };
+        let (a, parked) = drain_watched(&mut kv);
         let before = kv.generation();
         let (status, body) = txn(
             &mut kv,
@@ -307,6 +325,10 @@ mod tests {
         assert!(kv.is_ready(&parked));
     }
 
+    /// Every failed operation is in `Errors` and nothing is applied:
+    /// consul's `agent/consul/state/txn.go` `txnDispatch` runs every
+    /// operation and appends each error with its `OpIndex`; `TxnRW`
+    /// commits only when there is none.
     #[test]
     fn a_stale_index_fails_the_whole_transaction_with_every_error_and_nothing_applied() {
         let mut kv = DevKv::new(false);
@@ -381,6 +403,8 @@ mod tests {
         assert_eq!((value(&kv, "p/a"), value(&kv, "p/b")), (None, None));
     }
 
+    /// `agent/txn_endpoint.go` `convertOps`: more than `maxTxnOps` (128
+    /// since 1.14) is 413.
     #[test]
     fn past_128_operations_is_413_and_128_is_applied() {
         let mut kv = DevKv::new(false);
@@ -419,6 +443,119 @@ mod tests {
         assert_eq!(
             (r.status, String::from_utf8_lossy(&r.body).as_ref()),
             (405, "method GET not allowed")
+        );
+    }
+
+    /// Writing a key's value again keeps its ModifyIndex and wakes no
+    /// watcher: `agent/consul/state/kvs.go` `kvsSetTxn`, "Skip further
+    /// writing in the state store if the entry is not actually changed"
+    /// (`existing.Equal(entry)`: `entry.ModifyIndex =
+    /// existing.ModifyIndex; return nil`, no insert, no index bump). The
+    /// result still names the key, at its old index.
+    #[test]
+    fn a_same_value_write_keeps_the_modify_index_and_wakes_no_watcher() {
+        let mut kv = DevKv::new(false);
+        let (a, parked) = drain_watched(&mut kv);
+        let before = kv.generation();
+        let (status, body) = txn(
+            &mut kv,
+            serde_json::json!([
+                op("cas", "p/a", Some("drain"), a),
+                op("set", "p/a", Some("drain"), 0)
+            ]),
+        );
+        assert_eq!(status, 200, "{body}");
+        assert_eq!(body["Results"][0]["KV"]["ModifyIndex"], a);
+        assert_eq!(body["Results"][1]["KV"]["ModifyIndex"], a);
+        assert_eq!(kv.generation(), before, "no new index");
+        assert_eq!(kv.store().get("p/a").unwrap().modify_index, a);
+        assert!(!kv.is_ready(&parked), "no watcher woken");
+        let r = call(&mut kv, "PUT", "/v1/kv/p/a", b"drain");
+        assert_eq!((r.status, kv.generation()), (200, before), "nor by /v1/kv");
+    }
+
+    /// `delete-cas` of a missing key succeeds whatever the index:
+    /// `agent/consul/state/kvs.go` `kvsDeleteCASTxn` returns `entry ==
+    /// nil` when the index does not match, so a missing key is `true`.
+    #[test]
+    fn delete_cas_of_a_missing_key_succeeds_whatever_the_index() {
+        let mut kv = DevKv::new(false);
+        let before = kv.generation();
+        let (status, body) = txn(
+            &mut kv,
+            serde_json::json!([
+                op("delete-cas", "p/none", None, 0),
+                op("delete-cas", "p/gone", None, 12345)
+            ]),
+        );
+        assert_eq!(
+            (status, &body["Errors"]),
+            (200, &serde_json::Value::Null),
+            "{body}"
+        );
+        assert_eq!(kv.generation(), before, "nothing changed");
+    }
+
+    /// `Results` has no entry for a delete: `agent/consul/state/txn.go`
+    /// `txnKVS` returns `nil, nil` when `entry` is nil (`delete`,
+    /// `delete-cas`, `delete-tree`, `check-not-exists`), so results are
+    /// positions in the results, not in the operations.
+    #[test]
+    fn results_have_no_entry_for_a_delete() {
+        let mut kv = DevKv::new(false);
+        kv.store_mut().put("p/a", b"drain", 0, None);
+        let a = kv.store().get("p/a").unwrap().modify_index;
+        let (status, body) = txn(
+            &mut kv,
+            serde_json::json!([
+                op("delete-cas", "p/a", None, a),
+                op("cas", "p/b", Some("maint"), 0),
+                op("delete", "p/c", None, 0),
+                op("cas", "p/d", Some("50%"), 0),
+            ]),
+        );
+        assert_eq!(status, 200, "{body}");
+        let keys: Vec<&str> = body["Results"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["KV"]["Key"].as_str().unwrap())
+            .collect();
+        assert_eq!(keys, ["p/b", "p/d"]);
+    }
+
+    /// A body over `txn_max_req_len` (512 KiB) is 413 before it is read,
+    /// and so is a value over `kv_max_value_size`: `agent/txn_endpoint.go`
+    /// `convertOps` ("Request body too large", "Value for key %q is too
+    /// large").
+    #[test]
+    fn past_512_kib_a_body_or_a_value_is_413_and_nothing_applied() {
+        let mut kv = DevKv::new(false);
+        let body = vec![b' '; MAX_VALUE_SIZE + 1];
+        let r = call(&mut kv, "PUT", "/v1/txn", &body);
+        assert_eq!(r.status, 413);
+        assert!(String::from_utf8_lossy(&r.body)
+            .starts_with("Request body too large, max size: 524288 bytes"));
+        let mut fits = serde_json::json!([op("set", "p/a", Some(""), 0)])
+            .to_string()
+            .into_bytes();
+        fits.resize(MAX_VALUE_SIZE, b' ');
+        assert_eq!(
+            call(&mut kv, "PUT", "/v1/txn", &fits).status,
+            200,
+            "the limit itself fits"
+        );
+        // A value of 512 KiB + 1 in a body under the limit cannot be built
+        // (base64 grows it by a third): a smaller limit than the body's
+        // is checked on the decoded value.
+        let (status, body) = txn(
+            &mut kv,
+            serde_json::json!([op("set", "p/big", Some(&"x".repeat(MAX_VALUE_SIZE / 2)), 0)]),
+        );
+        assert_eq!(status, 200, "{body}");
+        assert_eq!(
+            value(&kv, "p/big").map(|v| v.len()),
+            Some(MAX_VALUE_SIZE / 2)
         );
     }
 }

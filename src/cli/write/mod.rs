@@ -9,6 +9,7 @@
 //! the same precedence. Pure parts: [`plan`] (checks, changes, the
 //! transaction, the undo line) and [`schedule`] (the ramp's arithmetic).
 
+mod machine;
 pub mod plan;
 mod ramp;
 pub mod schedule;
@@ -20,16 +21,20 @@ use std::ffi::OsString;
 use crate::config::Command;
 use crate::consul::exchange::Exchange;
 use crate::consul::kv::decode_list;
+use crate::consul::watch::ErrorReason;
 use crate::http::{percent_encode, EncodeSet};
 use plan::{Held, TxnAnswer};
 
 pub use ramp::run as ramp;
 pub use set::{run_set as set, run_unset as unset};
 
-/// Consul, as the daemon would reach it, and the KV prefix.
+/// Consul, as the daemon would reach it, the KV prefix, and the longest
+/// request line the daemon reads (`-max-line-bytes`: longer identities
+/// can never be asked for).
 struct Kv {
     exchange: Exchange,
     prefix: String,
+    max_line: usize,
 }
 
 impl Kv {
@@ -47,6 +52,7 @@ impl Kv {
         Ok(Kv {
             exchange,
             prefix: config.kv_prefix,
+            max_line: config.max_line_bytes,
         })
     }
 
@@ -144,24 +150,134 @@ impl Kv {
     }
 
     /// One guarded transaction of `ops` (operations on keys under the
-    /// prefix).
-    fn txn(&mut self, ops: &[serde_json::Value]) -> Result<TxnAnswer, String> {
+    /// prefix), and what became of it.
+    fn txn(&mut self, ops: &[serde_json::Value]) -> Delivery {
         let target = self.target("/v1/txn", "");
-        let body = serde_json::to_vec(ops).map_err(|e| e.to_string())?;
-        let (status, answer) = self.request("PUT", &target, &body, &[200, 409])?;
-        plan::parse_answer(status, &answer).map_err(|e| format!("PUT /v1/txn: {e}"))
+        let body = serde_json::Value::from(ops.to_vec()).to_string();
+        match self.exchange.send("PUT", &target, body.as_bytes()) {
+            Err(f) if matches!(f.reason, ErrorReason::Connect | ErrorReason::Tls) => {
+                Delivery::NotSent(format!(
+                    "PUT /v1/txn: consul unreachable: {} ({})",
+                    f.detail,
+                    f.reason.label()
+                ))
+            }
+            Err(f) => Delivery::Lost(format!(
+                "PUT /v1/txn: no answer: {} ({})",
+                f.detail,
+                f.reason.label()
+            )),
+            Ok(r) => {
+                let status = r.head.status;
+                let text = crate::logging::escape(r.body.trim_ascii(), 200);
+                match status {
+                    200 | 409 => match plan::parse_answer(status, &r.body) {
+                        Ok(answer) => Delivery::Answered(answer),
+                        Err(e) => Delivery::Lost(format!("PUT /v1/txn: HTTP {status}: {e}")),
+                    },
+                    500..=599 => Delivery::Lost(format!(
+                        "PUT /v1/txn: consul answered HTTP {status}: {text}"
+                    )),
+                    _ => Delivery::Refused(format!(
+                        "PUT /v1/txn: consul answered HTTP {status}: {text}"
+                    )),
+                }
+            }
+        }
     }
 }
 
-/// Says who else wrote, once a guarded write met a conflict on `identity`.
-fn conflict_line(kv: &mut Kv, identity: &str) -> String {
+/// What became of a transaction sent to consul.
+#[derive(Debug)]
+enum Delivery {
+    /// Consul answered 200 or 409 ([`TxnAnswer`]).
+    Answered(TxnAnswer),
+    /// Consul refused it before applying anything (403 for a token,
+    /// 413, 400): nothing of it is written.
+    Refused(String),
+    /// It never left (no connection): nothing of it is written.
+    NotSent(String),
+    /// It was sent and no usable answer came (reset, timeout, 5xx, an
+    /// unreadable answer): consul may have applied it, or may still.
+    Lost(String),
+}
+
+/// A key of a guarded transaction: its identity and the ModifyIndex the
+/// write was guarded by (0: it was absent, or unseen).
+struct Guarded<'a> {
+    identity: &'a str,
+    guard: u64,
+}
+
+/// Why consul answered 409 to a transaction (nothing of it applied).
+#[derive(Debug)]
+enum Refusal {
+    /// The token may not write these keys: one line each.
+    Denied(Vec<String>),
+    /// Someone else changed a key since it was read (its ModifyIndex
+    /// moved).
+    Conflict(String),
+    /// Anything else (a key unchanged since it was read, yet refused).
+    Other(String),
+}
+
+impl Refusal {
+    fn lines(&self) -> Vec<String> {
+        match self {
+            Refusal::Denied(lines) => lines.clone(),
+            Refusal::Conflict(line) => vec![format!("conflict: {line}")],
+            Refusal::Other(line) => vec![line.clone()],
+        }
+    }
+}
+
+/// Reads a 409: a denial is matched on consul's `What` prefix (consul
+/// answers it with the same 409 as a failed check-and-set); anything else
+/// is a conflict only if the key's ModifyIndex moved since the guard.
+fn refusal(kv: &mut Kv, keys: &[Guarded<'_>], errors: &[(usize, String)]) -> Refusal {
+    let name = |at: usize| keys.get(at).map_or("?", |k| k.identity);
+    let unseen = |at: usize| {
+        match keys.get(at).is_some_and(|k| k.guard == 0) {
+        true => " (it read as absent, and consul hides from a listing the keys a token cannot read: it may exist unseen)",
+        false => "",
+    }
+    };
+    let denied: Vec<String> = errors
+        .iter()
+        .filter(|(_, what)| what.starts_with(plan::PERMISSION_DENIED))
+        .map(|(at, what)| {
+            let unseen = unseen(*at);
+            format!(
+                "consul refused: permission denied for {}: the token cannot write it{unseen} (consul: {what})",
+                name(*at)
+            )
+        })
+        .collect();
+    if !denied.is_empty() {
+        return Refusal::Denied(denied);
+    }
+    let Some((at, what)) = errors.first() else {
+        return Refusal::Other("consul refused the transaction without saying why".into());
+    };
+    let identity = name(*at);
+    let guard = keys.get(*at).map_or(0, |k| k.guard);
     match kv.read_one(identity) {
-        Ok(Held::Absent) => format!("{identity} was changed by someone else since it was read: it is now absent (ready 100%)"),
-        Ok(held) => format!(
-            "{identity} was changed by someone else since it was read: it is now {} (index {})",
+        Ok(Held::Absent) if guard != 0 => Refusal::Conflict(format!(
+            "{identity} was changed by someone else since it was read: it is now absent (ready 100%) (consul: {what})"
+        )),
+        Ok(held) if held.index() != guard => Refusal::Conflict(format!(
+            "{identity} was changed by someone else since it was read: it is now {} (index {}) (consul: {what})",
             held.render(),
             held.index()
-        ),
-        Err(e) => format!("{identity} was changed by someone else since it was read ({e})"),
+        )),
+        Ok(held) => Refusal::Other(format!(
+            "consul refused the write of {identity}, unchanged since it was read ({}, index {}): {what}",
+            held.render(),
+            held.index()
+        )),
+        Err(e) => Refusal::Other(format!(
+            "consul refused the write of {identity}: {what} (and re-reading it failed: {e}){}",
+            unseen(*at)
+        )),
     }
 }

@@ -13,8 +13,20 @@ use serde_json::json;
 
 use crate::contract::{parse_identity, parse_value, Desired};
 
-/// consul before 1.14 refuses a transaction of more operations.
+/// consul before 1.14 refuses a transaction of more operations
+/// (`agent/txn_endpoint.go` `maxTxnOps`, 128 since 1.14).
 pub const BATCH: usize = 64;
+
+/// consul refuses a transaction body over `txn_max_req_len` (512 KiB by
+/// default) with 413 (`agent/txn_endpoint.go` `convertOps`).
+pub const MAX_TXN_BYTES: usize = 512 * 1024;
+
+/// How much of a value the writers show.
+pub const SHOWN_VALUE_BYTES: usize = 80;
+
+/// The text consul's denial starts with (`acl/errors.go`
+/// `errPermissionDenied`); since 1.12 the token and the permission follow.
+pub const PERMISSION_DENIED: &str = "Permission denied";
 
 /// A key's state in KV, as read.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -49,7 +61,19 @@ impl Held {
         match self {
             Held::Absent => format!("{} (absent)", reply(Desired::READY)),
             Held::Valid(d, _) => reply(*d),
-            Held::Invalid(raw, _) => format!("{} (invalid value {raw:?})", reply(Desired::READY)),
+            Held::Invalid(raw, _) => format!(
+                "{} (invalid value {:?})",
+                reply(Desired::READY),
+                cut(raw, SHOWN_VALUE_BYTES)
+            ),
+        }
+    }
+
+    /// The reply the agent writes for it.
+    pub fn reply(&self) -> Desired {
+        match self {
+            Held::Valid(d, _) => *d,
+            Held::Absent | Held::Invalid(..) => Desired::READY,
         }
     }
 
@@ -64,6 +88,19 @@ impl Held {
             Held::Absent | Held::Invalid(..) => Some(100),
         }
     }
+}
+
+/// `text` cut to at most `max` bytes (on a character boundary), with `…`
+/// when cut.
+pub fn cut(text: &str, max: usize) -> String {
+    if text.len() <= max {
+        return text.to_owned();
+    }
+    let mut end = max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &text[..end])
 }
 
 /// The reply line without its `\n`.
@@ -86,10 +123,22 @@ impl Target {
         }
     }
 
-    /// Whether writing it over `held` changes nothing.
+    /// Whether writing it over `held` changes nothing: a value whose reply
+    /// is the reply of the valid value (or absence) held, or a delete of an
+    /// absent key. A value over an invalid one is written: it fixes it.
     pub fn is_noop(self, held: &Held) -> bool {
         match (self, held) {
-            (Target::Set(d), Held::Valid(h, _)) => d == *h,
+            (Target::Set(d), Held::Valid(..) | Held::Absent) => d.reply() == held.reply().reply(),
+            (Target::Unset, Held::Absent) => true,
+            _ => false,
+        }
+    }
+
+    /// Whether `held` (read after the write) is this target, written at an
+    /// index other than `guard` (the one the write was guarded by).
+    pub fn is_held_in(self, held: &Held, guard: u64) -> bool {
+        match (self, held) {
+            (Target::Set(d), Held::Valid(h, i)) => d == *h && *i != guard,
             (Target::Unset, Held::Absent) => true,
             _ => false,
         }
@@ -119,34 +168,31 @@ impl Change {
     }
 }
 
-/// Checks `set` words (`IDENTITY=VALUE`) or `-f` lines (`IDENTITY VALUE`
-/// or `IDENTITY=VALUE`, `#` comments, blank lines skipped): every bad one
-/// is named with its reason.
+/// Checks `set` words (`IDENTITY=VALUE`, split at the last `=`: values
+/// never hold one) or `-f` lines (`IDENTITY VALUE` or `IDENTITY=VALUE`,
+/// `#` comments, blank lines skipped): every bad one is named with its
+/// reason. `max_line`: the longest identity haproxy can ask for.
 pub fn parse_sets<'a>(
     items: impl Iterator<Item = (String, &'a str)>,
+    max_line: usize,
 ) -> Result<Vec<(String, Target)>, Vec<String>> {
     let mut good = Vec::new();
     let mut bad = Vec::new();
     for (place, text) in items {
-        let split = text
-            .split_once('=')
-            .or_else(|| text.trim().rsplit_once([' ', '\t']));
-        let Some((identity, value)) = split else {
+        let line = place.starts_with("line");
+        let Some((identity, value)) = split_set(text, line) else {
             bad.push(format!(
-                "{place}: {text:?} is not IDENTITY=VALUE (nor IDENTITY VALUE)"
+                "{place}: {:?} is not IDENTITY=VALUE (nor IDENTITY VALUE)",
+                cut(text, SHOWN_VALUE_BYTES)
             ));
             continue;
         };
-        let identity = identity.trim_end_matches([' ', '\t']);
-        let identity = match place.starts_with("line") {
-            true => identity.trim_start(),
-            false => identity,
-        };
-        match (check_identity(identity), parse_value(value.as_bytes())) {
+        match (check_identity(identity, Some(max_line)), parse_value(value.as_bytes())) {
             (Ok(()), Ok(d)) => good.push((identity.to_owned(), Target::Set(d))),
             (Err(why), _) => bad.push(format!("{place}: {why}")),
             (_, Err(e)) => bad.push(format!(
-                "{place}: {identity}: value {value:?} is invalid ({}): the agent would ignore it and answer ready 100%",
+                "{place}: {identity}: value {:?} is invalid ({}): the agent would ignore it and answer ready 100%",
+                cut(value, SHOWN_VALUE_BYTES),
                 e.label()
             )),
         }
@@ -154,12 +200,31 @@ pub fn parse_sets<'a>(
     finish(good, bad)
 }
 
-/// Checks `unset` words.
+/// `IDENTITY=VALUE` at the last `=`; a file line may also be `IDENTITY
+/// VALUE` (the first split whose value is valid wins, so `a=b drain` is
+/// identity `a=b`).
+fn split_set(text: &str, line: bool) -> Option<(&str, &str)> {
+    let text = match line {
+        true => text.trim(),
+        false => text,
+    };
+    let at_eq = text.rsplit_once('=');
+    let at_space = line.then(|| text.rsplit_once([' ', '\t'])).flatten();
+    let splits = [at_eq, at_space];
+    let mut splits = splits.iter().flatten().copied();
+    let first = splits.clone().next()?;
+    let (identity, value) = splits
+        .find(|(_, v)| parse_value(v.as_bytes()).is_ok())
+        .unwrap_or(first);
+    Some((identity.trim_end_matches([' ', '\t']), value))
+}
+
+/// Checks `unset` words (any key under the prefix may be cleaned up).
 pub fn parse_unsets(words: &[String]) -> Result<Vec<(String, Target)>, Vec<String>> {
     let mut good = Vec::new();
     let mut bad = Vec::new();
     for w in words {
-        match check_identity(w) {
+        match check_identity(w, None) {
             Ok(()) => good.push((w.clone(), Target::Unset)),
             Err(why) => bad.push(why),
         }
@@ -184,13 +249,31 @@ fn finish<T>(
     }
 }
 
-/// The agent's rule for an identity that can ever be asked for.
-pub fn check_identity(identity: &str) -> Result<(), String> {
-    match parse_identity(identity) {
-        Some(_) => Ok(()),
-        None => Err(format!(
-            "identity {identity:?} can never be asked for by haproxy (empty, ending in /, surrounded by whitespace, or holding control bytes)"
+/// The agent's rule for an identity that can ever be asked for (SPEC §2),
+/// and, given `max_line` (`-max-line-bytes`), no longer than the longest
+/// request line the daemon reads.
+pub fn check_identity(identity: &str, max_line: Option<usize>) -> Result<(), String> {
+    let shown = cut(identity, SHOWN_VALUE_BYTES);
+    if parse_identity(identity).is_none() {
+        return Err(format!(
+            "identity {shown:?} can never be asked for by haproxy (empty, ending in /, surrounded by whitespace, or holding control bytes)"
+        ));
+    }
+    match max_line {
+        Some(max) if identity.len() > max => Err(format!(
+            "identity {shown:?} is {} bytes, longer than -max-line-bytes ({max}): the daemon can never be asked for it",
+            identity.len()
         )),
+        _ => Ok(()),
+    }
+}
+
+/// Refuses an identity named twice (`ramp`'s words).
+pub fn check_distinct(identities: &[String]) -> Result<(), String> {
+    let mut seen = std::collections::HashSet::new();
+    match identities.iter().find(|i| !seen.insert(i.as_str())) {
+        Some(i) => Err(format!("{i}: named twice")),
+        None => Ok(()),
     }
 }
 
@@ -206,13 +289,74 @@ pub fn op(key: &str, target: Target, index: u64) -> serde_json::Value {
     }
 }
 
+/// Splits operations (their serialized lengths, in order) into
+/// transactions of at most [`BATCH`] operations and at most
+/// [`MAX_TXN_BYTES`] of body (`[`, the operations, `,` between, `]`),
+/// in order. An operation too large alone is a transaction alone (consul
+/// answers it 413, which is reported).
+pub fn batches(sizes: &[usize]) -> Vec<std::ops::Range<usize>> {
+    let mut out = Vec::new();
+    let mut start = 0;
+    let mut bytes = 2;
+    for (i, &size) in sizes.iter().enumerate() {
+        let more = size + usize::from(i > start);
+        if i > start && (i - start == BATCH || bytes + more > MAX_TXN_BYTES) {
+            out.push(start..i);
+            start = i;
+            bytes = 2 + size;
+        } else {
+            bytes += more;
+        }
+    }
+    if start < sizes.len() {
+        out.push(start..sizes.len());
+    }
+    out
+}
+
 /// What consul said to a transaction.
 #[derive(Debug, PartialEq, Eq)]
 pub enum TxnAnswer {
-    /// Applied: each written key's new ModifyIndex (deleted keys have none).
+    /// Applied: each written key's new ModifyIndex (deleted keys have none:
+    /// consul's `Results` has no entry for a delete, so results are
+    /// matched by key, never by position).
     Applied(Vec<(String, u64)>),
-    /// 409: the first failed operation's position and consul's reason.
-    Conflict(usize, String),
+    /// 409: nothing applied; every failed operation (position, consul's
+    /// reason), in order.
+    Failed(Vec<(usize, String)>),
+}
+
+impl TxnAnswer {
+    /// The operations consul denied for want of a permission (a 409 that
+    /// is not a conflict), if any.
+    pub fn denied(&self) -> Vec<usize> {
+        match self {
+            TxnAnswer::Applied(_) => Vec::new(),
+            TxnAnswer::Failed(errors) => errors
+                .iter()
+                .filter(|(_, what)| what.starts_with(PERMISSION_DENIED))
+                .map(|(at, _)| *at)
+                .collect(),
+        }
+    }
+}
+
+/// The ModifyIndex each key holds after an applied transaction, from its
+/// result (matched by key): `Some(0)` for a deleted key, `None` for a
+/// written key consul returned no result for (a token that cannot read
+/// it gets none: re-read it).
+pub fn indexes_after(
+    results: &[(String, u64)],
+    keys: &[String],
+    targets: &[Target],
+) -> Vec<Option<u64>> {
+    keys.iter()
+        .zip(targets)
+        .map(|(key, t)| match t {
+            Target::Unset => Some(0),
+            Target::Set(_) => results.iter().find(|(k, _)| k == key).map(|r| r.1),
+        })
+        .collect()
 }
 
 #[derive(Deserialize)]
@@ -255,10 +399,13 @@ pub fn parse_answer(status: u16, body: &[u8]) -> Result<TxnAnswer, String> {
                 .map(|e| (e.key, e.modify_index))
                 .collect(),
         )),
-        (409, _, Some(errors)) => match errors.into_iter().min_by_key(|e| e.op_index) {
-            Some(e) => Ok(TxnAnswer::Conflict(e.op_index, e.what)),
-            None => Err("409 without an error".to_owned()),
-        },
+        (409, _, Some(mut errors)) if !errors.is_empty() => {
+            errors.sort_by_key(|e| e.op_index);
+            Ok(TxnAnswer::Failed(
+                errors.into_iter().map(|e| (e.op_index, e.what)).collect(),
+            ))
+        }
+        (409, _, _) => Err("409 without an error".to_owned()),
         _ => Err(format!("status {status} with an answer not matching it")),
     }
 }
@@ -276,8 +423,10 @@ pub fn shell_word(w: &str) -> String {
 
 /// The command line that puts every changed key back as it was: a `set`
 /// of the earlier values and an `unset` of the keys that were absent (or
-/// held a value the agent ignored, which `set` refuses to write).
-/// `common`: the consul words the command was given, repeated.
+/// held a value the agent ignored, which `set` refuses to write: see
+/// [`unrestorable`]). `common`: the consul words the command was given,
+/// repeated. It runs as printed: words are quoted for a shell, and `--`
+/// comes before the identities when one starts with `-`.
 pub fn undo_line(changed: &[&Change], common: &[String]) -> Option<String> {
     let mut sets = Vec::new();
     let mut unsets = Vec::new();
@@ -287,20 +436,45 @@ pub fn undo_line(changed: &[&Change], common: &[String]) -> Option<String> {
             Held::Absent | Held::Invalid(..) => unsets.push(c.identity.clone()),
         }
     }
-    let common: String = common
-        .iter()
-        .map(|w| format!(" {}", shell_word(w)))
-        .collect();
-    let command = |verb: &str, words: &[String]| {
-        let words: Vec<String> = words.iter().map(|w| shell_word(w)).collect();
-        format!("gitlab-haproxy-agent {verb}{common} {}", words.join(" "))
-    };
     let lines: Vec<String> = [("set", sets), ("unset", unsets)]
         .iter()
         .filter(|(_, w)| !w.is_empty())
-        .map(|(verb, w)| command(verb, w))
+        .map(|(verb, w)| command_line(verb, common, w))
         .collect();
     (!lines.is_empty()).then(|| lines.join(" && "))
+}
+
+/// `gitlab-haproxy-agent VERB COMMON... [--] WORDS...`, quoted for a shell.
+pub fn command_line(verb: &str, common: &[String], words: &[String]) -> String {
+    let mut line = format!("gitlab-haproxy-agent {verb}");
+    for w in common {
+        line.push(' ');
+        line.push_str(&shell_word(w));
+    }
+    if words.iter().any(|w| w.starts_with('-')) {
+        line.push_str(" --");
+    }
+    for w in words {
+        line.push(' ');
+        line.push_str(&shell_word(w));
+    }
+    line
+}
+
+/// The changed keys whose earlier value the undo cannot restore: a value
+/// the agent ignored (`set` refuses to write it), said with the value.
+pub fn unrestorable(changed: &[&Change]) -> Vec<String> {
+    changed
+        .iter()
+        .filter_map(|c| match &c.before {
+            Held::Invalid(raw, _) => Some(format!(
+                "{} held {:?}, a value the agent ignores: the undo deletes it (the same answer, ready 100%) and cannot write it back",
+                c.identity,
+                cut(raw, SHOWN_VALUE_BYTES)
+            )),
+            _ => None,
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -312,6 +486,7 @@ mod tests {
             w.iter()
                 .enumerate()
                 .map(|(i, w)| (format!("argument {}", i + 1), *w)),
+            256,
         )
     }
 
@@ -363,6 +538,7 @@ mod tests {
                 .iter()
                 .enumerate()
                 .map(|(i, l)| (format!("line {}", i + 1), *l)),
+            256,
         )
         .unwrap();
         let ids: Vec<&str> = got.iter().map(|(i, _)| i.as_str()).collect();
@@ -424,7 +600,7 @@ mod tests {
             br#"{"Results":null,"Errors":[{"OpIndex":3,"What":"b"},{"OpIndex":1,"What":"a"}]}"#;
         assert_eq!(
             parse_answer(409, conflict),
-            Ok(TxnAnswer::Conflict(1, "a".into()))
+            Ok(TxnAnswer::Failed(vec![(1, "a".into()), (3, "b".into())]))
         );
         assert!(parse_answer(200, conflict).is_err());
         assert!(parse_answer(409, b"nope").is_err());
@@ -453,5 +629,133 @@ mod tests {
             "gitlab-haproxy-agent set -kv-prefix 'x y' be/a=50% be/c=maint && gitlab-haproxy-agent unset -kv-prefix 'x y' 'be/b b'"
         );
         assert_eq!(undo_line(&[], &[]), None);
+    }
+
+    /// consul answers an ACL denial inside a transaction with the same 409
+    /// as a failed check-and-set: `agent/consul/txn_endpoint.go` `preCheck`
+    /// puts `kvsPreApply`'s error in `Errors` (`What: err.Error()`), and
+    /// `acl/errors.go` `PermissionDeniedError.Error` starts it with
+    /// "Permission denied" (1.12+ names the token and permission after it).
+    #[test]
+    fn a_denial_is_told_from_a_conflict_by_consuls_what_prefix() {
+        let body = br#"{"Results":null,"Errors":[{"OpIndex":0,"What":"Permission denied: token with AccessorID 'abc' lacks permission 'key:write' on \"p/a\""},{"OpIndex":1,"What":"Permission denied"}]}"#;
+        let answer = parse_answer(409, body).unwrap();
+        assert_eq!(answer.denied(), [0, 1]);
+        let stale = br#"{"Results":null,"Errors":[{"OpIndex":0,"What":"failed to set key \"p/a\", index is stale"}]}"#;
+        assert_eq!(parse_answer(409, stale).unwrap().denied(), [] as [usize; 0]);
+    }
+
+    /// `Results` has no entry for a delete (`agent/consul/state/txn.go`
+    /// `txnKVS` returns no result when `entry` is nil): indexes are matched
+    /// by key, never by position.
+    #[test]
+    fn results_are_matched_by_key_not_position() {
+        let keys = ["p/a".to_owned(), "p/b".to_owned(), "p/c".to_owned()];
+        let targets = [Target::Unset, Target::Set(pct(50)), Target::Set(pct(50))];
+        let results = [("p/c".to_owned(), 9), ("p/b".to_owned(), 8)];
+        assert_eq!(
+            indexes_after(&results, &keys, &targets),
+            [Some(0), Some(8), Some(9)]
+        );
+        assert_eq!(
+            indexes_after(&results[..1], &keys, &targets),
+            [Some(0), None, Some(9)],
+            "a withheld result is unknown, not another key's"
+        );
+    }
+
+    /// consul refuses a body over `txn_max_req_len` (512 KiB) with 413
+    /// (`agent/txn_endpoint.go` `convertOps`): transactions are cut by
+    /// bytes as well as by count, in order.
+    #[test]
+    fn transactions_are_cut_by_operations_and_by_bytes_in_order() {
+        assert_eq!(batches(&[10; 130]), [0..64, 64..128, 128..130]);
+        assert_eq!(batches(&[]), [] as [std::ops::Range<usize>; 0]);
+        // Three operations of 200 KiB: two fit (with `[`, `,`, `]`), not three.
+        let big = 200 * 1024;
+        assert_eq!(batches(&[big; 3]), [0..2, 2..3]);
+        // `[`, a, `,`, b, `]`: exactly the limit fits, a byte more does not.
+        let (a, b) = (262_142, 262_143);
+        assert_eq!(a + b + 3, MAX_TXN_BYTES);
+        assert_eq!(batches(&[a, b, 1]), [0..2, 2..3], "the limit itself fits");
+        assert_eq!(batches(&[a, b + 1]), [0..1, 1..2]);
+        assert_eq!(batches(&[MAX_TXN_BYTES * 2, 5]), [0..1, 1..2]);
+    }
+
+    #[test]
+    fn an_identity_holding_equals_signs_is_split_at_the_last_one() {
+        let got = words(&["be/a=b=drain", "x==50%"]).unwrap();
+        assert_eq!(
+            got,
+            [
+                ("be/a=b".to_owned(), Target::Set(Desired::DRAIN)),
+                ("x=".to_owned(), Target::Set(pct(50))),
+            ]
+        );
+        let lines = ["be/a=b drain", "be/c d=maint"];
+        let got = parse_sets(lines.iter().map(|l| ("line 1".to_owned(), *l)), 256).unwrap();
+        assert_eq!(got[0], ("be/a=b".to_owned(), Target::Set(Desired::DRAIN)));
+        assert_eq!(got[1], ("be/c d".to_owned(), Target::Set(Desired::MAINT)));
+    }
+
+    #[test]
+    fn identities_the_daemon_can_never_be_asked_for_are_refused_by_set_not_unset() {
+        let long = "b".repeat(257);
+        let bad = words(&[&format!("{long}=drain")]).unwrap_err();
+        assert!(
+            bad[0].contains("257 bytes, longer than -max-line-bytes (256)"),
+            "{bad:?}"
+        );
+        assert!(bad[0].len() < 300, "the identity is shown cut: {}", bad[0]);
+        assert!(words(&[&format!("{}=drain", "b".repeat(256))]).is_ok());
+        assert!(parse_unsets(&[long]).is_ok(), "unset may clean it up");
+        assert_eq!(
+            check_distinct(&["a".into(), "b".into(), "a".into()]).unwrap_err(),
+            "a: named twice"
+        );
+    }
+
+    #[test]
+    fn a_write_answering_as_the_valid_value_held_is_unchanged_but_one_over_an_invalid_value_is_written(
+    ) {
+        assert!(Target::Set(Desired::READY).is_noop(&Held::Absent));
+        assert!(Target::Set(pct(100)).is_noop(&Held::Absent));
+        assert!(Target::Set(Desired::READY).is_noop(&Held::Valid(pct(100), 3)));
+        assert!(!Target::Set(Desired::READY).is_noop(&Held::of(Some((b"drian", 3)))));
+        assert!(!Target::Set(Desired::DRAIN).is_noop(&Held::Absent));
+        assert!(!Target::Unset.is_noop(&Held::Valid(Desired::READY, 3)));
+    }
+
+    #[test]
+    fn values_are_shown_cut_to_80_bytes() {
+        let raw = "x".repeat(500 * 1024);
+        let held = Held::of(Some((raw.as_bytes(), 3)));
+        let shown = held.render();
+        assert!(shown.len() < 140, "{shown}");
+        assert!(shown.contains(&format!("{}…", "x".repeat(80))), "{shown}");
+        assert_eq!(cut("héllo", 2), "h…", "on a character boundary");
+    }
+
+    #[test]
+    fn the_undo_line_runs_as_printed_whatever_the_identities() {
+        let change = |identity: &str, before| Change {
+            identity: identity.into(),
+            before,
+            after: Target::Set(Desired::DRAIN),
+        };
+        let a = change("-x/a", Held::Valid(pct(50), 3));
+        let b = change("be/a=b", Held::Valid(Desired::MAINT, 3));
+        let c = change("it's", Held::Absent);
+        let d = change("be/d", Held::of(Some((b"drian", 3))));
+        assert_eq!(
+            undo_line(&[&a, &b, &c, &d], &[]).unwrap(),
+            r"gitlab-haproxy-agent set -- -x/a=50% be/a=b=maint && gitlab-haproxy-agent unset 'it'\''s' be/d"
+        );
+        let note = unrestorable(&[&a, &d]);
+        assert_eq!(note.len(), 1);
+        assert!(
+            note[0].starts_with("be/d held \"drian\", a value the agent ignores"),
+            "{note:?}"
+        );
     }
 }

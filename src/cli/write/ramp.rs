@@ -13,9 +13,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use super::plan::{self, shell_word, Held, Target, TxnAnswer};
+use super::machine::{Answer, Machine, Next, Stop, Write1};
+use super::plan::{self, Held, Target, TxnAnswer};
 use super::schedule::{check_rate, offset, parse_pct, secs, Steps};
-use super::{conflict_line, Kv};
+use super::{refusal, Delivery, Guarded, Kv};
 use crate::cli::Args;
 use crate::cli::{usage_error, Io, FINDING, OK};
 use crate::config::daemon_flag;
@@ -33,16 +34,13 @@ Step k of n is written at (k-1)/n of -over, the first at once; at most one
 write a second. A ramp to 100% ends by deleting the keys (ready 100%) unless
 -then says otherwise; -then drain|maint|unset is written at -over.
 Each step is guarded by the ramp's own previous write: if anyone else changes a
-key, the ramp stops, writes nothing more, and exits 1. SIGINT or SIGTERM stop
-it after the write in flight and print the command that resumes it (exit 130,
-143). -dry-run prints the schedule and writes nothing.
+key, the ramp stops, writes nothing more, and exits 1. A step consul refuses,
+or whose answer never comes (the keys are then read again), stops it with the
+command that resumes it from what the keys hold (exit 1); so do SIGINT and
+SIGTERM, after the write in flight (exit 130, 143). Identities are checked as
+set checks them, each named once. -dry-run prints the schedule and writes
+nothing.
 ";
-
-/// One write of the ramp: when, and what each key becomes.
-struct Write1 {
-    at: Duration,
-    targets: Vec<Target>,
-}
 
 pub fn run(args: &[OsString], io: &mut Io<'_>) -> u8 {
     let w = match Args::parse_with(
@@ -66,6 +64,13 @@ pub fn run(args: &[OsString], io: &mut Io<'_>) -> u8 {
         Ok(kv) => kv,
         Err(e) => return usage_error(io, "ramp", &e),
     };
+    let checked = w
+        .positional
+        .iter()
+        .try_for_each(|i| plan::check_identity(i, Some(kv.max_line)));
+    if let Err(e) = checked.and_then(|()| plan::check_distinct(&w.positional)) {
+        return usage_error(io, "ramp", &e);
+    }
     let held = match kv.read(&w.positional) {
         Ok(h) => h,
         Err(e) => {
@@ -100,8 +105,15 @@ pub fn run(args: &[OsString], io: &mut Io<'_>) -> u8 {
             return FINDING;
         }
     }
-    let live = std::io::stdout().is_terminal();
-    execute(io, &mut kv, &w, &ramp, &held, &writes, &signal, live)
+    let run = Run {
+        ids: &w.positional,
+        daemon: &w.daemon,
+        ramp: &ramp,
+        live: std::io::stdout().is_terminal(),
+    };
+    let mut machine = Machine::new(writes, &held);
+    let stop = execute(io, &mut kv, &run, &mut machine, &signal);
+    report(io, &run, machine.writes(), &stop)
 }
 
 /// The ramp as asked.
@@ -117,9 +129,6 @@ impl Ramp {
     fn of(w: &Args) -> Result<Ramp, String> {
         if w.positional.is_empty() {
             return Err("give at least one IDENTITY".into());
-        }
-        for i in &w.positional {
-            plan::check_identity(i)?;
         }
         let to =
             parse_pct(w.value("to").ok_or("-to is required")?).map_err(|e| format!("-to: {e}"))?;
@@ -219,122 +228,225 @@ fn clock(at: SystemTime) -> String {
     format!("{:02}:{:02}:{:02} UTC", s / 3600, s / 60 % 60, s % 60)
 }
 
-#[allow(clippy::too_many_arguments)]
+/// What the command around the machine needs to draw and report.
+struct Run<'a> {
+    ids: &'a [String],
+    /// The consul words the ramp was given, repeated in the resume line.
+    daemon: &'a [String],
+    ramp: &'a Ramp,
+    /// Standard output is a terminal: one live progress line.
+    live: bool,
+}
+
+/// Drives the machine: sleeps until a write is due, draws the progress,
+/// sends each write and tells the machine its answer.
 fn execute(
     io: &mut Io<'_>,
     kv: &mut Kv,
-    w: &Args,
-    ramp: &Ramp,
-    held: &[Held],
-    writes: &[Write1],
+    run: &Run<'_>,
+    m: &mut Machine,
     signal: &AtomicUsize,
-    live: bool,
-) -> u8 {
-    let ids = &w.positional;
-    let mut index: Vec<u64> = held.iter().map(Held::index).collect();
+) -> Stop {
     let start = Instant::now();
-    let wall = SystemTime::now();
-    let end = wall + writes.last().map_or(Duration::ZERO, |x| x.at);
+    let end = SystemTime::now() + m.writes().last().map_or(Duration::ZERO, |x| x.at);
     let mut shown = String::new();
-    for (k, write) in writes.iter().enumerate() {
-        // Wait for the step's time, watching for a signal.
-        loop {
-            if let Some(code) = stopped(signal) {
-                return resume(io, w, ramp, writes, k, code, live);
+    loop {
+        match m.poll(start.elapsed(), stopped(signal)) {
+            Next::Stop(stop) => return stop,
+            Next::Wait(left) => {
+                let line = format!(
+                    "step {} of {}, {}, next write in {}s, ends {}",
+                    m.done(),
+                    m.writes().len(),
+                    current(run.ids, m.writes(), m.done()),
+                    left.as_secs() + 1,
+                    clock(end)
+                );
+                // Redrawn when it reads differently, not every wake-up.
+                if run.live && line != shown {
+                    let _ = write!(io.out, "\r\x1b[K{line}");
+                    let _ = io.out.flush();
+                    shown = line;
+                }
+                std::thread::sleep(left.min(Duration::from_millis(100)));
             }
-            let due = start + write.at;
-            let now = Instant::now();
-            if now >= due {
-                break;
-            }
-            let line = format!(
-                "step {k} of {}, {}, next write in {}s, ends {}",
-                writes.len(),
-                current(ids, writes, k),
-                (due - now).as_secs() + 1,
-                clock(end)
-            );
-            // Redrawn when it reads differently, not every wake-up.
-            if live && line != shown {
-                let _ = write!(io.out, "\r\x1b[K{line}");
-                let _ = io.out.flush();
-                shown = line;
-            }
-            std::thread::sleep((due - now).min(Duration::from_millis(100)));
-        }
-        let ops: Vec<serde_json::Value> = ids
-            .iter()
-            .zip(&write.targets)
-            .zip(&index)
-            .map(|((i, t), &x)| plan::op(&kv.key(i), *t, x))
-            .collect();
-        let written_at = start.elapsed();
-        match kv.txn(&ops) {
-            Ok(TxnAnswer::Applied(results)) => {
-                for (i, t) in write.targets.iter().enumerate() {
-                    let key = kv.key(&ids[i]);
-                    index[i] = match t {
-                        Target::Unset => 0,
-                        Target::Set(_) => {
-                            results.iter().find(|(k, _)| *k == key).map_or(0, |r| r.1)
-                        }
-                    };
+            Next::Write(k) => {
+                let written_at = start.elapsed();
+                let answer = send(kv, run, m, k);
+                let applied = matches!(answer, Answer::Applied(_));
+                m.answered(answer);
+                if applied {
+                    let write = &m.writes()[k];
+                    step_line(io, run, k, write, written_at);
                 }
             }
-            Ok(TxnAnswer::Conflict(at, what)) => {
-                let line = conflict_line(kv, ids.get(at).map_or("?", String::as_str));
-                let reached = if k == 0 {
-                    "before the first step".to_owned()
-                } else {
-                    format!("after {}", label(k - 1, ramp))
-                };
-                let _ = writeln!(io.out);
-                let _ = writeln!(
-                    io.err,
-                    "ramp stopped {reached}: {line}; nothing more written (consul: {what})"
-                );
-                return FINDING;
-            }
-            Err(e) => {
-                let _ = writeln!(io.err, "ramp stopped at {}: {e}", label(k, ramp));
-                return resume(io, w, ramp, writes, k, FINDING, live);
-            }
         }
-        let late = written_at.saturating_sub(write.at);
-        match live {
-            true => {
-                let _ = write!(
-                    io.out,
-                    "\r\x1b[K{}: {}",
-                    label(k, ramp),
-                    targets(ids, &write.targets)
-                );
-            }
-            false => {
-                let _ = writeln!(
-                    io.out,
-                    "{}: {} (written at +{}, late {}ms)",
-                    label(k, ramp),
-                    targets(ids, &write.targets),
-                    secs(written_at),
-                    late.as_millis()
-                );
-            }
-        }
-        let _ = io.out.flush();
     }
-    if live {
+}
+
+/// One applied write, on the live line or a line of its own.
+fn step_line(io: &mut Io<'_>, run: &Run<'_>, k: usize, write: &Write1, written_at: Duration) {
+    let (label, values) = (label(k, run.ramp), targets(run.ids, &write.targets));
+    let _ = match run.live {
+        true => write!(io.out, "\r\x1b[K{label}: {values}"),
+        false => writeln!(
+            io.out,
+            "{label}: {values} (written at +{}, late {}ms)",
+            secs(written_at),
+            written_at.saturating_sub(write.at).as_millis()
+        ),
+    };
+    let _ = io.out.flush();
+}
+
+/// Sends write `k` guarded by the machine's indexes; its answer.
+fn send(kv: &mut Kv, run: &Run<'_>, m: &Machine, k: usize) -> Answer {
+    let write = &m.writes()[k];
+    let keys: Vec<String> = run.ids.iter().map(|i| kv.key(i)).collect();
+    let ops: Vec<serde_json::Value> = keys
+        .iter()
+        .zip(&write.targets)
+        .zip(m.guards())
+        .map(|((key, t), &guard)| plan::op(key, *t, guard))
+        .collect();
+    match kv.txn(&ops) {
+        Delivery::Answered(TxnAnswer::Applied(results)) => {
+            let after = plan::indexes_after(&results, &keys, &write.targets);
+            if let Some(indexes) = after.into_iter().collect::<Option<Vec<u64>>>() {
+                return Answer::Applied(indexes);
+            }
+            // A result withheld (a token that cannot read the key): read
+            // the indexes.
+            match kv.read(run.ids) {
+                Ok(held) => Answer::Applied(held.iter().map(Held::index).collect()),
+                Err(e) => Answer::Lost(format!("applied, then reading it back failed: {e}"), None),
+            }
+        }
+        Delivery::Answered(TxnAnswer::Failed(errors)) => {
+            let keys: Vec<Guarded<'_>> = run
+                .ids
+                .iter()
+                .zip(m.guards())
+                .map(|(identity, &guard)| Guarded { identity, guard })
+                .collect();
+            match refusal(kv, &keys, &errors) {
+                super::Refusal::Conflict(line) => Answer::Conflict(line),
+                other => Answer::Refused(other.lines()),
+            }
+        }
+        Delivery::Refused(e) | Delivery::NotSent(e) => Answer::Refused(vec![e]),
+        Delivery::Lost(e) => Answer::Lost(e, kv.read(run.ids).ok()),
+    }
+}
+
+/// Says how the ramp ended (and how to resume it); the exit code.
+fn report(io: &mut Io<'_>, run: &Run<'_>, writes: &[Write1], stop: &Stop) -> u8 {
+    if run.live {
         let _ = writeln!(io.out);
     }
+    let hold = |done: usize| current(run.ids, writes, done);
+    let (code, done) = match stop {
+        Stop::Done => {
+            let last = writes.last().map_or(Vec::new(), |x| x.targets.clone());
+            let _ = writeln!(io.out, "ramp done: {}", targets(run.ids, &last));
+            return OK;
+        }
+        Stop::Signal { code, done } => {
+            let _ = writeln!(
+                io.err,
+                "ramp stopped {}; the keys hold {}",
+                after(*done, run.ramp),
+                hold(*done)
+            );
+            (*code, *done)
+        }
+        Stop::Conflict { line, done } => {
+            let _ = writeln!(
+                io.err,
+                "ramp stopped {}: {line}; nothing more written",
+                after(*done, run.ramp)
+            );
+            return FINDING;
+        }
+        Stop::Refused { lines, done } => {
+            for line in lines {
+                let _ = writeln!(io.err, "{line}");
+            }
+            let _ = writeln!(
+                io.err,
+                "ramp stopped {}: {} not written; the keys hold {}",
+                after(*done, run.ramp),
+                label(*done, run.ramp),
+                hold(*done)
+            );
+            (FINDING, *done)
+        }
+        Stop::Lost {
+            why,
+            at,
+            done,
+            held,
+        } => {
+            lost(io, run, (why, *at, *done), held.as_deref(), writes);
+            (FINDING, *done)
+        }
+    };
+    for line in resume_lines(run, writes, done) {
+        let _ = writeln!(io.out, "resume: {line}");
+    }
+    code
+}
+
+/// A write whose answer never came: what the re-read found.
+fn lost(
+    io: &mut Io<'_>,
+    run: &Run<'_>,
+    (why, at, done): (&str, usize, usize),
+    held: Option<&[Held]>,
+    writes: &[Write1],
+) {
+    let step = match at < run.ramp.steps.count() {
+        true => label(at, run.ramp),
+        false => "the -then write".to_owned(),
+    };
     let _ = writeln!(
-        io.out,
-        "ramp done: {}",
-        targets(
-            ids,
-            &writes.last().map_or(Vec::new(), |x| x.targets.clone())
-        )
+        io.err,
+        "{why}: consul did not say whether it applied {step}; the keys were read again"
     );
-    OK
+    let found = match held {
+        Some(held) => held_line(run.ids, held),
+        None => format!(
+            "(the re-read failed) either {} or {}",
+            current(run.ids, writes, at),
+            targets(run.ids, &writes[at].targets)
+        ),
+    };
+    let _ = match (done > at, held.is_some()) {
+        (true, _) => writeln!(io.err, "ramp stopped: {step} was applied; the keys hold {found}"),
+        (false, true) => writeln!(io.err, "ramp stopped: {step} is unknown (consul may still commit it later); the keys hold {found}"),
+        (false, false) => writeln!(io.err, "ramp stopped: {step} is unknown (consul may have committed it, or may still); the keys hold {found}"),
+    };
+}
+
+/// The keys as read: one reply when they agree.
+fn held_line(ids: &[String], held: &[Held]) -> String {
+    let shown: Vec<String> = held.iter().map(Held::render).collect();
+    if shown.windows(2).all(|p| p[0] == p[1]) {
+        return shown.first().cloned().unwrap_or_default();
+    }
+    ids.iter()
+        .zip(shown)
+        .map(|(i, s)| format!("{i}: {s}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// `before the first step` or `after step k of n`, with `done` writes in.
+fn after(done: usize, ramp: &Ramp) -> String {
+    match done {
+        0 => "before the first step".to_owned(),
+        _ => format!("after {}", label(done - 1, ramp)),
+    }
 }
 
 /// The exit code of the signal that arrived, if one did.
@@ -353,91 +465,58 @@ fn current(ids: &[String], writes: &[Write1], k: usize) -> String {
     }
 }
 
-/// Stops before write `k`: prints the command that does the rest.
-fn resume(
-    io: &mut Io<'_>,
-    w: &Args,
-    ramp: &Ramp,
-    writes: &[Write1],
-    k: usize,
-    code: u8,
-    live: bool,
-) -> u8 {
-    if live {
-        let _ = writeln!(io.out);
-    }
-    let ids = &w.positional;
+/// The commands that do the rest once `k` writes are in: keys whose
+/// remaining weights agree resume together.
+fn resume_lines(run: &Run<'_>, writes: &[Write1], k: usize) -> Vec<String> {
+    let ramp = run.ramp;
     let n = ramp.steps.count();
-    let common: String = w
-        .daemon
-        .iter()
-        .map(|x| format!(" {}", shell_word(x)))
-        .collect();
-    let mut lines = Vec::new();
-    if k < n {
-        // Keys whose remaining weights agree resume together.
-        let mut groups: Vec<(Vec<u16>, Vec<&str>)> = Vec::new();
-        for (i, id) in ids.iter().enumerate() {
-            let rest: Vec<u16> = writes[k..n]
-                .iter()
-                .map(|x| match x.targets[i] {
-                    Target::Set(d) => d.weight_pct(),
-                    Target::Unset => 100,
-                })
-                .collect();
-            match groups.iter_mut().find(|(r, _)| *r == rest) {
-                Some((_, g)) => g.push(id),
-                None => groups.push((rest, vec![id])),
+    if k >= n {
+        let ids: Vec<String> = run.ids.to_vec();
+        return match ramp.then {
+            Some(Target::Set(d)) if k == n => {
+                let words: Vec<String> = ids.iter().map(|i| format!("{i}={d}")).collect();
+                vec![plan::command_line("set", run.daemon, &words)]
             }
-        }
-        let interval = ramp.over / n as u32;
-        for (rest, group) in groups {
-            let list: Vec<String> = rest.iter().map(u16::to_string).collect();
-            let then = match ramp.then {
-                Some(Target::Set(d)) => format!(" -then {d}"),
-                Some(Target::Unset) => " -then unset".to_owned(),
-                None => String::new(),
-            };
-            let group: Vec<String> = group.iter().map(|g| shell_word(g)).collect();
-            lines.push(format!(
-                "gitlab-haproxy-agent ramp{common} {} -to {}% -over {} -steps {}{then}",
-                group.join(" "),
-                ramp.to,
-                secs(interval * rest.len() as u32),
-                list.join(",")
-            ));
-        }
-    } else if let Some(then) = ramp.then {
-        let verb = match then {
-            Target::Set(d) => format!(
-                "set{common} {}",
-                ids.iter()
-                    .map(|i| shell_word(&format!("{i}={d}")))
-                    .collect::<Vec<_>>()
-                    .join(" ")
-            ),
-            Target::Unset => format!(
-                "unset{common} {}",
-                ids.iter()
-                    .map(|i| shell_word(i))
-                    .collect::<Vec<_>>()
-                    .join(" ")
-            ),
+            Some(Target::Unset) if k == n => vec![plan::command_line("unset", run.daemon, &ids)],
+            _ => Vec::new(),
         };
-        lines.push(format!("gitlab-haproxy-agent {verb}"));
     }
-    let done = if k == 0 {
-        "before the first step".to_owned()
-    } else {
-        format!("after {}", label(k - 1, ramp))
+    let mut groups: Vec<(Vec<u16>, Vec<String>)> = Vec::new();
+    for (i, id) in run.ids.iter().enumerate() {
+        let rest: Vec<u16> = writes[k..n]
+            .iter()
+            .map(|x| match x.targets[i] {
+                Target::Set(d) => d.weight_pct(),
+                Target::Unset => 100,
+            })
+            .collect();
+        match groups.iter_mut().find(|(r, _)| *r == rest) {
+            Some((_, g)) => g.push(id.clone()),
+            None => groups.push((rest, vec![id.clone()])),
+        }
+    }
+    let interval = ramp.over / n as u32;
+    let then: &[&str] = match ramp.then {
+        Some(Target::Set(d)) if d == Desired::DRAIN => &["-then", "drain"],
+        Some(Target::Set(_)) => &["-then", "maint"],
+        Some(Target::Unset) => &["-then", "unset"],
+        None => &[],
     };
-    let _ = writeln!(
-        io.err,
-        "ramp stopped {done}; the keys hold {}",
-        current(ids, writes, k)
-    );
-    for line in lines {
-        let _ = writeln!(io.out, "resume: {line}");
-    }
-    code
+    groups
+        .into_iter()
+        .map(|(rest, group)| {
+            let list: Vec<String> = rest.iter().map(u16::to_string).collect();
+            let mut words = run.daemon.to_vec();
+            words.extend([
+                "-to".to_owned(),
+                format!("{}%", ramp.to),
+                "-over".to_owned(),
+                secs(interval * rest.len() as u32),
+                "-steps".to_owned(),
+                list.join(","),
+            ]);
+            words.extend(then.iter().map(|w| w.to_string()));
+            plan::command_line("ramp", &words, &group)
+        })
+        .collect()
 }

@@ -7,8 +7,8 @@ use std::io::Read;
 
 use serde_json::json;
 
-use super::plan::{self, Change, Target, TxnAnswer, BATCH};
-use super::{conflict_line, Kv};
+use super::plan::{self, Change, Held, Target, TxnAnswer};
+use super::{refusal, Delivery, Guarded, Kv};
 use crate::cli::Args;
 use crate::cli::{usage_error, Io, FINDING, OK, USAGE};
 use crate::config::daemon_flag;
@@ -17,25 +17,30 @@ const SET_HELP: &str = "\
 usage: gitlab-haproxy-agent set [-f FILE|-] [-dry-run] [-json] [consul flags] IDENTITY=VALUE...
 
 Writes the desired state of servers: VALUE is ready, drain, maint or N% (0 to
-256), checked with the agent's own rules before anything is written. -f reads
-one IDENTITY VALUE or IDENTITY=VALUE per line (# comments; - is stdin).
-Reads the keys, prints each change in reply terms (IDENTITY: before -> after),
-then writes them in one consul transaction guarded by the index it read, 64
-keys per transaction. Someone else's write in between is a conflict: nothing
-of that transaction is written, exit 1, never retried. Prints the command that
-undoes the change. -dry-run prints the changes and writes nothing; -json prints
-one JSON document. Consul is reached with the daemon's flags and variables
+256), checked with the agent's own rules before anything is written, as is
+IDENTITY (no longer than -max-line-bytes; split from VALUE at the last =). -f
+reads one IDENTITY VALUE or IDENTITY=VALUE per line (# comments; - is stdin).
+Reads the keys, prints each change in reply terms (IDENTITY: before -> after;
+a value answering as the key already does is unchanged and not written), then
+writes them in consul transactions guarded by the index read (64 keys and
+under 512 KiB each). Someone else's write in between is a conflict, a token
+that may not write is refused: nothing of that transaction is written, exit 1,
+never retried. An answer that never comes is unknown: the keys are read again
+and each said applied or unknown. Prints the command that undoes what was
+written. -dry-run prints the changes and writes nothing; -json prints one JSON
+document. Consul is reached with the daemon's flags and variables
 (-consul-addr, CONSUL_HTTP_ADDR, the token and TLS settings, -kv-prefix).
-Exit 0 written or nothing to change, 1 conflict or consul refused/unreachable,
-2 usage or a bad value.
+Exit 0 written or nothing to change, 1 conflict, refused, unknown or
+unreachable, 2 usage or a bad value or identity.
 ";
 
 const UNSET_HELP: &str = "\
 usage: gitlab-haproxy-agent unset [-dry-run] [-json] [consul flags] IDENTITY...
 
-Deletes the keys of servers: back to the default, ready 100%. As set: reads,
-prints each change, deletes in guarded transactions (delete-cas), prints the
-command that undoes it. Exit 0, 1 conflict or consul error, 2 usage.
+Deletes the keys of servers: back to the default, ready 100% (any key under
+the prefix, even one no haproxy can ask for). As set: reads, prints each
+change, deletes in guarded transactions (delete-cas), prints the command that
+undoes it. Exit 0, 1 conflict, refused, unknown or unreachable, 2 usage.
 ";
 
 /// The largest `-f` file read.
@@ -62,8 +67,12 @@ fn run(args: &[OsString], io: &mut Io<'_>, command: &str) -> u8 {
         Ok(w) => w,
         Err(e) => return usage_error(io, command, &e),
     };
+    let mut kv = match Kv::open(&w.daemon, io.env) {
+        Ok(kv) => kv,
+        Err(e) => return usage_error(io, command, &e),
+    };
     let wanted = match command {
-        "set" => set_words(&w, io),
+        "set" => set_words(&w, io, kv.max_line),
         _ => plan::parse_unsets(&w.positional).map_err(|bad| bad.join("; ")),
     };
     let wanted = match wanted {
@@ -75,10 +84,6 @@ fn run(args: &[OsString], io: &mut Io<'_>, command: &str) -> u8 {
             );
             return USAGE;
         }
-    };
-    let mut kv = match Kv::open(&w.daemon, io.env) {
-        Ok(kv) => kv,
-        Err(e) => return usage_error(io, command, &e),
     };
     let identities: Vec<String> = wanted.iter().map(|(i, _)| i.clone()).collect();
     let held = match kv.read(&identities) {
@@ -108,11 +113,11 @@ fn run(args: &[OsString], io: &mut Io<'_>, command: &str) -> u8 {
 }
 
 /// `set`'s words, or the lines of `-f`.
-fn set_words(w: &Args, io: &mut Io<'_>) -> Result<Vec<(String, Target)>, String> {
+fn set_words(w: &Args, io: &mut Io<'_>, max_line: usize) -> Result<Vec<(String, Target)>, String> {
     let Some(file) = w.value("f") else {
         let words = w.positional.iter().enumerate();
         let items = words.map(|(i, t)| (format!("argument {}", i + 1), t.as_str()));
-        return plan::parse_sets(items).map_err(|bad| bad.join("; "));
+        return plan::parse_sets(items, max_line).map_err(|bad| bad.join("; "));
     };
     if !w.positional.is_empty() {
         return Err("give IDENTITY=VALUE words or -f, not both".into());
@@ -128,99 +133,134 @@ fn set_words(w: &Args, io: &mut Io<'_>) -> Result<Vec<(String, Target)>, String>
         let l = l.split('#').next().unwrap_or("");
         (!l.trim().is_empty()).then(|| (format!("line {}", i + 1), l))
     });
-    plan::parse_sets(lines).map_err(|bad| bad.join("; "))
+    plan::parse_sets(lines, max_line).map_err(|bad| bad.join("; "))
 }
 
 /// How far the writing got.
 #[derive(Debug, Default)]
 struct Outcome {
-    /// Changes written (positions in the change list).
+    /// Changes written (positions in the change list), including those
+    /// whose answer was lost and that the re-read found applied.
     written: Vec<usize>,
+    /// Changes sent whose answer was lost and that the re-read did not
+    /// find applied: consul may still commit them.
+    unknown: Vec<usize>,
     transactions: usize,
-    /// Why it stopped, with the exit code.
-    failed: Option<(u8, String)>,
+    /// Why it stopped (exit 1), one line each.
+    failed: Vec<String>,
 }
 
-/// Writes the changes that change something, [`BATCH`] to a transaction,
-/// in order, stopping at the first that fails.
+/// Writes the changes that change something in transactions of at most
+/// [`plan::BATCH`] operations and [`plan::MAX_TXN_BYTES`], in order,
+/// stopping at the first that fails.
 fn write(kv: &mut Kv, changes: &[Change]) -> Outcome {
     let todo: Vec<usize> = (0..changes.len())
         .filter(|&i| !changes[i].after.is_noop(&changes[i].before))
         .collect();
+    let ops: Vec<serde_json::Value> = todo
+        .iter()
+        .map(|&i| {
+            let c = &changes[i];
+            plan::op(&kv.key(&c.identity), c.after, c.before.index())
+        })
+        .collect();
+    let sizes: Vec<usize> = ops.iter().map(|o| o.to_string().len()).collect();
     let mut outcome = Outcome::default();
-    for batch in todo.chunks(BATCH) {
-        let ops: Vec<serde_json::Value> = batch
-            .iter()
-            .map(|&i| {
-                let c = &changes[i];
-                plan::op(&kv.key(&c.identity), c.after, c.before.index())
-            })
-            .collect();
-        match kv.txn(&ops) {
-            Ok(TxnAnswer::Applied(_)) => {
+    for range in plan::batches(&sizes) {
+        let batch = &todo[range.clone()];
+        match kv.txn(&ops[range]) {
+            Delivery::Answered(TxnAnswer::Applied(_)) => {
                 outcome.written.extend_from_slice(batch);
                 outcome.transactions += 1;
+                continue;
             }
-            Ok(TxnAnswer::Conflict(at, what)) => {
-                let identity = batch.get(at).map_or("?", |&i| changes[i].identity.as_str());
-                let line = conflict_line(kv, identity);
-                outcome.failed = Some((FINDING, format!("conflict: {line} (consul: {what})")));
-                return outcome;
+            Delivery::Answered(TxnAnswer::Failed(errors)) => {
+                let keys: Vec<Guarded<'_>> = batch
+                    .iter()
+                    .map(|&i| Guarded {
+                        identity: &changes[i].identity,
+                        guard: changes[i].before.index(),
+                    })
+                    .collect();
+                outcome.failed = refusal(kv, &keys, &errors).lines();
             }
-            Err(e) => {
-                outcome.failed = Some((FINDING, e));
-                return outcome;
-            }
+            Delivery::Refused(e) | Delivery::NotSent(e) => outcome.failed = vec![e],
+            Delivery::Lost(e) => settle_lost(kv, changes, batch, e, &mut outcome),
         }
+        break;
     }
     outcome
 }
 
-fn report(io: &mut Io<'_>, w: &Args, changes: &[Change], outcome: &Outcome) -> u8 {
-    let dry_run = w.flag("dry-run");
-    let written: Vec<&Change> = outcome.written.iter().map(|&i| &changes[i]).collect();
-    let not_written: Vec<&Change> = changes
-        .iter()
-        .enumerate()
-        .filter(|(i, c)| !c.after.is_noop(&c.before) && !outcome.written.contains(i))
-        .map(|(_, c)| c)
-        .collect();
-    let undo = plan::undo_line(&written, &w.daemon);
-    let code = outcome.failed.as_ref().map_or(OK, |(code, _)| *code);
-    if w.flag("json") {
-        let doc = json!({
-            "dry_run": dry_run,
-            "changes": changes.iter().enumerate().map(|(i, c)| json!({
-                "identity": c.identity,
-                "before": c.before.render(),
-                "after": c.after.render(),
-                "unchanged": c.after.is_noop(&c.before),
-                "written": outcome.written.contains(&i),
-            })).collect::<Vec<_>>(),
-            "transactions": outcome.transactions,
-            "error": outcome.failed.as_ref().map(|(_, e)| e),
-            "undo": undo,
-        });
-        let _ = writeln!(
-            io.out,
-            "{}",
-            serde_json::to_string_pretty(&doc).unwrap_or_default()
-        );
-        if let Some((_, e)) = &outcome.failed {
-            let _ = writeln!(io.err, "{e}");
+/// A transaction whose answer never came: the keys are read again, and
+/// each is applied (it holds its new value at a new index; consul applies
+/// a transaction whole, so one such key means all) or unknown.
+fn settle_lost(
+    kv: &mut Kv,
+    changes: &[Change],
+    batch: &[usize],
+    why: String,
+    outcome: &mut Outcome,
+) {
+    let ids: Vec<String> = batch.iter().map(|&i| changes[i].identity.clone()).collect();
+    let reread = kv.read(&ids);
+    let held_in = |held: &[Held], set: bool| {
+        batch
+            .iter()
+            .zip(held)
+            .filter(|(&i, _)| !set || matches!(changes[i].after, Target::Set(_)))
+            .map(|(&i, h)| changes[i].after.is_held_in(h, changes[i].before.index()))
+            .collect::<Vec<bool>>()
+    };
+    let applied = match &reread {
+        Ok(held) => {
+            let sets = held_in(held, true);
+            sets.iter().any(|&b| b) || (sets.is_empty() && held_in(held, false).iter().all(|&b| b))
         }
+        Err(_) => false,
+    };
+    outcome.failed.push(format!(
+        "{why}: consul did not say whether it applied the transaction; the keys were read again"
+    ));
+    for (n, &i) in batch.iter().enumerate() {
+        let identity = &changes[i].identity;
+        let line = match (&reread, applied) {
+            (Ok(held), true) => format!("{identity}: applied: it now holds {} (index {})", held[n].render(), held[n].index()),
+            (Ok(held), false) => format!("{identity}: unknown: it still holds {} (index {}), and consul may still commit the write later", held[n].render(), held[n].index()),
+            (Err(e), _) => format!("{identity}: unknown: re-reading it failed ({e}), and consul may have committed the write or may still"),
+        };
+        outcome.failed.push(line);
+    }
+    match applied {
+        true => {
+            outcome.written.extend_from_slice(batch);
+            outcome.transactions += 1;
+        }
+        false => outcome.unknown.extend_from_slice(batch),
+    }
+}
+
+fn report(io: &mut Io<'_>, w: &Args, changes: &[Change], outcome: &Outcome) -> u8 {
+    let written: Vec<&Change> = outcome.written.iter().map(|&i| &changes[i]).collect();
+    let undo = plan::undo_line(&written, &w.daemon);
+    let unrestorable = plan::unrestorable(&written);
+    let code = match outcome.failed.is_empty() {
+        true => OK,
+        false => FINDING,
+    };
+    if w.flag("json") {
+        report_json(io, w, changes, outcome, (&undo, &unrestorable));
         return code;
     }
     for c in changes {
         let _ = writeln!(io.out, "{}", c.line());
     }
-    let ids = |cs: &[&Change]| {
-        cs.iter()
-            .map(|c| c.identity.as_str())
+    let ids = |cs: &mut dyn Iterator<Item = &Change>| {
+        cs.map(|c| c.identity.as_str())
             .collect::<Vec<_>>()
             .join(" ")
     };
-    if dry_run {
+    if w.flag("dry-run") {
         let _ = writeln!(io.out, "dry run: nothing written");
     } else if !written.is_empty() {
         let _ = writeln!(
@@ -229,18 +269,85 @@ fn report(io: &mut Io<'_>, w: &Args, changes: &[Change], outcome: &Outcome) -> u
             written.len(),
             outcome.transactions
         );
-    } else if outcome.failed.is_none() {
+    } else if outcome.failed.is_empty() {
         let _ = writeln!(io.out, "nothing to change");
     }
-    if let Some((_, e)) = &outcome.failed {
-        let _ = writeln!(io.err, "{e}");
-        if !written.is_empty() {
-            let _ = writeln!(io.err, "written before it: {}", ids(&written));
+    if !outcome.failed.is_empty() {
+        for line in &outcome.failed {
+            let _ = writeln!(io.err, "{line}");
         }
-        let _ = writeln!(io.err, "not written: {}", ids(&not_written));
+        if !written.is_empty() {
+            let _ = writeln!(
+                io.err,
+                "written before it: {}",
+                ids(&mut written.iter().copied())
+            );
+        }
+        if !outcome.unknown.is_empty() {
+            let mut unknown = outcome.unknown.iter().map(|&i| &changes[i]);
+            let _ = writeln!(
+                io.err,
+                "unknown (consul may still commit them): {}",
+                ids(&mut unknown)
+            );
+        }
+        let not: Vec<&Change> = not_written(changes, outcome).collect();
+        if !not.is_empty() {
+            let _ = writeln!(io.err, "not written: {}", ids(&mut not.into_iter()));
+        }
     }
     if let Some(undo) = undo {
         let _ = writeln!(io.out, "undo: {undo}");
     }
+    for line in unrestorable {
+        let _ = writeln!(io.out, "undo cannot restore: {line}");
+    }
     code
+}
+
+/// The changes to make that were neither written nor sent with an
+/// unknown outcome.
+fn not_written<'a>(
+    changes: &'a [Change],
+    outcome: &'a Outcome,
+) -> impl Iterator<Item = &'a Change> {
+    changes.iter().enumerate().filter_map(move |(i, c)| {
+        let left = !c.after.is_noop(&c.before)
+            && !outcome.written.contains(&i)
+            && !outcome.unknown.contains(&i);
+        left.then_some(c)
+    })
+}
+
+fn report_json(
+    io: &mut Io<'_>,
+    w: &Args,
+    changes: &[Change],
+    outcome: &Outcome,
+    (undo, unrestorable): (&Option<String>, &[String]),
+) {
+    let error = (!outcome.failed.is_empty()).then(|| outcome.failed.join("\n"));
+    let doc = json!({
+        "dry_run": w.flag("dry-run"),
+        "changes": changes.iter().enumerate().map(|(i, c)| json!({
+            "identity": c.identity,
+            "before": c.before.render(),
+            "after": c.after.render(),
+            "unchanged": c.after.is_noop(&c.before),
+            "written": outcome.written.contains(&i),
+            "unknown": outcome.unknown.contains(&i),
+        })).collect::<Vec<_>>(),
+        "transactions": outcome.transactions,
+        "error": error,
+        "undo": undo,
+        "undo_cannot_restore": unrestorable,
+    });
+    let _ = writeln!(
+        io.out,
+        "{}",
+        serde_json::to_string_pretty(&doc).unwrap_or_default()
+    );
+    if let Some(e) = &error {
+        let _ = writeln!(io.err, "{e}");
+    }
 }
