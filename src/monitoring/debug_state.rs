@@ -389,9 +389,10 @@ fn identity_row(s: &Snapshot, id: &str, asking: Option<Asking<'_>>, now: Instant
     };
     let unasked = asking.is_some_and(|a| a.unasked.get(id).is_some());
     let asks = asking.and_then(|a| Some((a, s.asks(id.as_bytes(), a.previous)?)));
-    let since = asks.map(|(a, (_, since))| a.clock.unix_seconds(since));
-    let last = asks.and_then(|(a, (last, _))| asked_json(a, last, now));
-    json!({"value": e.desired.to_string(), "reply": reply_text(e.desired), "modify_index": e.modify_index, "last_asked": last, "unchanged_since_unix_seconds": since, "unasked": unasked}).to_string()
+    let since = asks.map(|(a, (_, since, _))| a.clock.unix_seconds(since));
+    let last = asks.and_then(|(a, (last, _, _))| asked_json(a, last, now));
+    let asked_since = asks.map(|(_, (_, _, asked_since))| asked_since);
+    json!({"value": e.desired.to_string(), "reply": reply_text(e.desired), "modify_index": e.modify_index, "last_asked": last, "unchanged_since_unix_seconds": since, "asked_since_write": asked_since, "unasked": unasked}).to_string()
 }
 
 fn unasked_row(a: Asking<'_>, id: &str, f: &Finding, now: Instant) -> Value {
