@@ -549,13 +549,19 @@ fn operator_commands_against_an_agent_without_state() {
     );
 }
 
-#[test]
-fn operator_commands_against_a_synced_agent() {
+/// The agent in `-dev` mode, and its KV.
+fn dev_agent() -> (Agent, Kv) {
     let a = Agent::start(&["-dev", "-dev-kv-addr", "127.0.0.1:0"], &[]);
     let kv = Kv {
         addr: a.dev_kv.unwrap(),
         proc: None,
     };
+    (a, kv)
+}
+
+#[test]
+fn operator_commands_against_a_synced_agent() {
+    let (a, kv) = dev_agent();
     kv.put("gitlab-haproxy-agent/state/be/s1", "maint");
     a.wait_reply("be/s1", "maint 100%", Duration::from_secs(5));
     let listen = a.listen().to_string();
@@ -607,11 +613,7 @@ fn operator_commands_against_a_synced_agent() {
 /// falls in the second of its write.
 #[test]
 fn status_counts_an_ask_in_the_second_of_the_write_as_asked() {
-    let a = Agent::start(&["-dev", "-dev-kv-addr", "127.0.0.1:0"], &[]);
-    let kv = Kv {
-        addr: a.dev_kv.unwrap(),
-        proc: None,
-    };
+    let (a, kv) = dev_agent();
     let pprof = a.pprof.unwrap().to_string();
     for value in ["drain", "maint", "drain"] {
         kv.put("gitlab-haproxy-agent/state/be/s1", value);

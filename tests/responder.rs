@@ -508,19 +508,23 @@ fn changes_are_logged_per_key_and_invalid_values_once_per_change() {
     assert!(per_request <= 2, "{per_request}");
 }
 
+/// Sends `bytes` and closes the sending side, as an `agent-send` without
+/// its `\n` does: no reply.
+fn send_without_newline(agent: &Agent, bytes: &[u8]) {
+    let (out, _) = session(agent, |s| {
+        s.write_all(bytes).unwrap();
+        s.shutdown(Shutdown::Write).unwrap();
+    });
+    assert!(out.is_empty());
+}
+
 /// The hint named one sample per window, always the first connection: with
 /// two misconfigured servers only one was ever named. And a single-quoted
 /// `agent-send '...\n'` (haproxy sends a literal backslash-n) now says so.
 #[test]
 fn the_newline_hint_names_each_distinct_string_and_spots_single_quotes() {
     let (agent, _kv) = dev_agent(&[]);
-    let send = |bytes: &[u8]| {
-        let (out, _) = session(&agent, |s| {
-            s.write_all(bytes).unwrap();
-            s.shutdown(Shutdown::Write).unwrap();
-        });
-        assert!(out.is_empty());
-    };
+    let send = |bytes: &[u8]| send_without_newline(&agent, bytes);
     // At most one hint line a second across all peers: a second apart,
     // each distinct string is named.
     for bytes in [&b"be_a/s1"[..], b"be_b/s2", b"be_a/s1", b"be_bad/sq\\n"] {
@@ -564,13 +568,7 @@ fn the_newline_hint_names_each_distinct_string_and_spots_single_quotes() {
 #[test]
 fn two_misconfigured_servers_at_once_are_both_named() {
     let (agent, _kv) = dev_agent(&[]);
-    let send = |bytes: &[u8]| {
-        let (out, _) = session(&agent, |s| {
-            s.write_all(bytes).unwrap();
-            s.shutdown(Shutdown::Write).unwrap();
-        });
-        assert!(out.is_empty());
-    };
+    let send = |bytes: &[u8]| send_without_newline(&agent, bytes);
     for _ in 0..6 {
         send(b"be_bad/one");
         send(b"be_bad/two\\n");
