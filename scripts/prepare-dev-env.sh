@@ -20,7 +20,7 @@ for arg in "$@"; do
   case "$arg" in
     --no-release-tools) release_tools="" ;;
     --no-fuzz) fuzz="" ;;
-    *) sed -n '14p' "$0" | sed 's/^# \{0,1\}/usage: /' >&2; exit 2 ;;
+    *) sed -n '14p' "$0" | sed 's/^# *//; s/^/usage: /' >&2; exit 2 ;;
   esac
 done
 
