@@ -1,8 +1,19 @@
 #!/usr/bin/env bash
-# The test command: unit tests, integration tests against real haproxy and
-# the consul stand-in (or a real consul when CONSUL_BIN or PATH has one),
-# (benches are compiled by clippy --all-targets in CI).
+# The test command: the whole suite, unit tests and integration tests
+# against real haproxy and the consul stand-in (or a real consul when
+# CONSUL_BIN or PATH has one); benches are compiled by clippy --all-targets
+# in CI. The two halves alone (what mise.toml's tasks run):
+#
+#   scripts/test.sh [unit|integration] [CARGO TEST ARGS...]
+#
+#   unit          the unit tests beside the code: cargo test --lib --bins
+#   integration   the integration tests, tests/*.rs: cargo test --test '*'
+#   (neither)     cargo test: both, and the doc tests
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$PATH:/usr/sbin"
-cargo test "$@"
+case "${1:-}" in
+  unit) shift; exec cargo test --lib --bins "$@" ;;
+  integration) shift; exec cargo test --test '*' "$@" ;;
+  *) exec cargo test "$@" ;;
+esac

@@ -184,20 +184,23 @@ impl Snapshot {
         Some(slot.entry.desired)
     }
 
-    /// An identity's last ask and since when its entry is as it is (its
-    /// write as this agent saw it, or the agent's start); `None`: no key.
-    /// While `previous`'s asks are still being carried over to this
-    /// snapshot, they count as carried.
-    pub fn asks(&self, identity: &[u8], previous: Option<&Snapshot>) -> Option<(Tick, Tick)> {
+    /// An identity's last ask, since when its entry is as it is (its
+    /// write as this agent saw it, or the agent's start), and whether a
+    /// check asked since then (ordered by the swaps, not by the seconds);
+    /// `None`: no key. While `previous`'s asks are still being carried over
+    /// to this snapshot, they count as carried.
+    pub fn asks(&self, identity: &[u8], previous: Option<&Snapshot>) -> Option<(Tick, Tick, bool)> {
         let slot = self.entries.get(identity)?;
         let (mut last, mut since) = (slot.asks.last(), slot.asks.since(self.born));
+        let mut asked_since = slot.asks.asked_since_write();
         if let Some(old) = previous.and_then(|p| Some((p.entries.get(identity)?, p.born))) {
             last = last.max(old.0.asks.last());
             if old.0.entry == slot.entry {
                 since = old.0.asks.since(old.1);
+                asked_since |= old.0.asks.asked_since_write();
             }
         }
-        Some((last, since))
+        Some((last, since, asked_since))
     }
 
     /// Starts answering at `now`: entries new in this snapshot are as they
@@ -317,7 +320,8 @@ impl Snapshot {
 /// asks over: each new entry gets the later last ask of its old entry (or,
 /// for an identity that had no key, of the strangers' set, which it
 /// leaves), and keeps its
-/// old entry's `since` when it did not change; a removed entry's last ask
+/// old entry's `since` (and whether it was asked since) when it did not
+/// change; a removed entry's last ask
 /// goes to the strangers' set.
 #[derive(Debug, Default)]
 pub struct ChangeScan {
@@ -346,7 +350,8 @@ impl ChangeScan {
                     match old_slot {
                         Some(o) => slot.asks.carry(
                             o.asks.last(),
-                            (o.entry == slot.entry).then(|| o.asks.since(old.born)),
+                            (o.entry == slot.entry)
+                                .then(|| (o.asks.since(old.born), o.asks.asked_since_write())),
                         ),
                         None => slot.asks.carry(strangers.take(k), None),
                     }

@@ -1,8 +1,9 @@
 //! The CI and packaging files against the repository, without running CI:
 //! every script `.gitlab-ci.yml` calls exists and is executable, the pins in
 //! `ci/versions.yml` are the Dockerfiles' defaults and hash to the recorded
-//! CI image tag, no job hardcodes an instance, and the environment file lists
-//! every flag and variable of `-help` with its default.
+//! CI image tag, no job hardcodes an instance, the environment file lists
+//! every flag and variable of `-help` with its default, and the developer
+//! commands (mise.toml, scripts/prepare-dev-env.sh) are the ones CI runs.
 //!
 //! Plain string scanning: no YAML crate (the YAML itself is parsed in review
 //! with `python3 -c 'import yaml; yaml.safe_load(open(".gitlab-ci.yml"))'`).
@@ -324,5 +325,45 @@ fn systemd_unit_reads_the_environment_file_and_is_hardened() {
         "Environment=GITLAB_HAPROXY_AGENT_STATE_FILE=%S/gitlab-haproxy-agent/state.json\n",
     ] {
         assert!(unit.contains(want), "unit lacks {want:?}");
+    }
+}
+
+/// The developer commands are the suite's command split, not a second
+/// copy of it: mise.toml's tasks run `scripts/test.sh unit` and
+/// `scripts/test.sh integration`, whose halves are the lib and bin tests
+/// and every `tests/*.rs`; `.ci/run` installs through
+/// `scripts/prepare-dev-env.sh` and runs `scripts/test.sh`.
+#[test]
+fn developer_commands_are_the_suite_split_and_ci_prepares_as_developers_do() {
+    let mise = read("mise.toml");
+    for (task, run) in [
+        ("[tasks.\"test:unit\"]", "run = \"scripts/test.sh unit\""),
+        (
+            "[tasks.\"test:integration\"]",
+            "run = \"scripts/test.sh integration\"",
+        ),
+    ] {
+        let body = mise
+            .split_once(task)
+            .unwrap_or_else(|| panic!("mise.toml has no {task}"))
+            .1;
+        let body = body.split("\n[").next().unwrap_or_default();
+        assert!(body.contains(run), "{task} does not {run}");
+    }
+    let test_sh = read("scripts/test.sh");
+    assert!(test_sh.contains("unit) shift; exec cargo test --lib --bins \"$@\""));
+    assert!(test_sh.contains("integration) shift; exec cargo test --test '*' \"$@\""));
+    assert!(test_sh.contains("*) exec cargo test \"$@\""));
+    let ci_run = read(".ci/run");
+    let run: Vec<&str> = code_lines(&ci_run).map(str::trim).collect();
+    for line in ["scripts/prepare-dev-env.sh", "scripts/test.sh"] {
+        assert!(
+            run.iter().any(|l| l.starts_with(line)),
+            ".ci/run does not run {line}"
+        );
+    }
+    for script in ["scripts/prepare-dev-env.sh", "scripts/test.sh"] {
+        let meta = std::fs::metadata(root().join(script)).unwrap();
+        assert!(meta.permissions().mode() & 0o111 != 0, "{script}");
     }
 }

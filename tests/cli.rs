@@ -549,13 +549,19 @@ fn operator_commands_against_an_agent_without_state() {
     );
 }
 
-#[test]
-fn operator_commands_against_a_synced_agent() {
+/// The agent in `-dev` mode, and its KV.
+fn dev_agent() -> (Agent, Kv) {
     let a = Agent::start(&["-dev", "-dev-kv-addr", "127.0.0.1:0"], &[]);
     let kv = Kv {
         addr: a.dev_kv.unwrap(),
         proc: None,
     };
+    (a, kv)
+}
+
+#[test]
+fn operator_commands_against_a_synced_agent() {
+    let (a, kv) = dev_agent();
     kv.put("gitlab-haproxy-agent/state/be/s1", "maint");
     a.wait_reply("be/s1", "maint 100%", Duration::from_secs(5));
     let listen = a.listen().to_string();
@@ -582,8 +588,7 @@ fn operator_commands_against_a_synced_agent() {
     let out = child.wait_with_output().unwrap();
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stdout).starts_with("invalid: health_word: "));
-    // Asked in the second of its write is not surely after it: WAITING
-    // until an ask in a later second (the checks here stand in for haproxy).
+    // Asked since its write (the checks here stand in for haproxy).
     let pprof = a.pprof.unwrap().to_string();
     let out = wait_for(
         Duration::from_secs(5),
@@ -600,4 +605,25 @@ fn operator_commands_against_a_synced_agent() {
             .any(|l| l.starts_with("be/s1") && l.contains("maint 100%")),
         "{out}"
     );
+}
+
+/// Issue 34: an ask 100 ms after the write, in the same second, is an ask
+/// since the write (the agent orders them by the swap that applied the
+/// write, not by whole seconds). Three writes, so that at least one ask
+/// falls in the second of its write.
+#[test]
+fn status_counts_an_ask_in_the_second_of_the_write_as_asked() {
+    let (a, kv) = dev_agent();
+    let pprof = a.pprof.unwrap().to_string();
+    for value in ["drain", "maint", "drain"] {
+        kv.put("gitlab-haproxy-agent/state/be/s1", value);
+        std::thread::sleep(Duration::from_millis(100));
+        let want = format!("{value} 100%");
+        wait_for(Duration::from_secs(5), "the write applied", || {
+            (a.check("be/s1\n").as_deref() == Some(want.as_str())).then_some(())
+        });
+        let (code, out, _) = run(&["status", "-pprof-addr", &pprof], &[]);
+        assert!(!out.contains("WAITING"), "{value}: {out}");
+        assert_eq!(code, Some(0), "{value}: {out}");
+    }
 }

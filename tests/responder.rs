@@ -508,19 +508,23 @@ fn changes_are_logged_per_key_and_invalid_values_once_per_change() {
     assert!(per_request <= 2, "{per_request}");
 }
 
+/// Sends `bytes` and closes the sending side, as an `agent-send` without
+/// its `\n` does: no reply.
+fn send_without_newline(agent: &Agent, bytes: &[u8]) {
+    let (out, _) = session(agent, |s| {
+        s.write_all(bytes).unwrap();
+        s.shutdown(Shutdown::Write).unwrap();
+    });
+    assert!(out.is_empty());
+}
+
 /// The hint named one sample per window, always the first connection: with
 /// two misconfigured servers only one was ever named. And a single-quoted
 /// `agent-send '...\n'` (haproxy sends a literal backslash-n) now says so.
 #[test]
 fn the_newline_hint_names_each_distinct_string_and_spots_single_quotes() {
     let (agent, _kv) = dev_agent(&[]);
-    let send = |bytes: &[u8]| {
-        let (out, _) = session(&agent, |s| {
-            s.write_all(bytes).unwrap();
-            s.shutdown(Shutdown::Write).unwrap();
-        });
-        assert!(out.is_empty());
-    };
+    let send = |bytes: &[u8]| send_without_newline(&agent, bytes);
     // At most one hint line a second across all peers: a second apart,
     // each distinct string is named.
     for bytes in [&b"be_a/s1"[..], b"be_b/s2", b"be_a/s1", b"be_bad/sq\\n"] {
@@ -538,18 +542,15 @@ fn the_newline_hint_names_each_distinct_string_and_spots_single_quotes() {
     let line = agent.proc.wait_log(quoted, Duration::from_secs(2));
     // What haproxy sent, a backslash and an n: one JSON escape, no more.
     assert!(line.contains(r#""received":"be_bad/sq\\n""#), "{line}");
-    // A burst of distinct strings: one line, then one saying how many
-    // were held back.
+    // A burst of distinct strings: one line, then one naming the first
+    // held back and saying how many others were.
     for i in 0..20 {
         send(format!("be_burst/s{i}").as_bytes());
     }
     let held = agent
         .proc
-        .wait_log("\"others_suppressed\":19", Duration::from_secs(3));
-    assert!(
-        held.contains("more agent connections sent bytes without a newline"),
-        "{held}"
-    );
+        .wait_log("\"received\":\"be_burst/s1\"", Duration::from_secs(3));
+    assert!(held.contains("\"others_suppressed\":18"), "{held}");
     let named_a = agent
         .proc
         .log()
@@ -557,4 +558,34 @@ fn the_newline_hint_names_each_distinct_string_and_spots_single_quotes() {
         .filter(|l| l.contains("\"received\":\"be_a/s1\""))
         .count();
     assert_eq!(named_a, 1, "the repeat within the window is held back");
+}
+
+/// Issue 34: two servers misconfigured at once (`agent-send "be_bad/one"`,
+/// and `agent-send 'be_bad/two\n'` in single quotes), each checked every
+/// 0.5 s for 3 s: only `be_bad/one` was named, every later line only
+/// counted the others. Both are named, each with its own advice, and still
+/// at most one hint line a second.
+#[test]
+fn two_misconfigured_servers_at_once_are_both_named() {
+    let (agent, _kv) = dev_agent(&[]);
+    let send = |bytes: &[u8]| send_without_newline(&agent, bytes);
+    for _ in 0..6 {
+        send(b"be_bad/one");
+        send(b"be_bad/two\\n");
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    agent
+        .proc
+        .wait_log("\"received\":\"be_bad/one\"", Duration::from_secs(2));
+    let two = agent
+        .proc
+        .wait_log("\"received\":\"be_bad/two\\\\n\"", Duration::from_secs(2));
+    assert!(two.contains("single quotes"), "{two}");
+    let hints = agent
+        .proc
+        .log()
+        .iter()
+        .filter(|l| l.contains("without a newline") || l.contains("but no newline"))
+        .count();
+    assert!(hints <= 4, "one line a second at most: {hints}");
 }

@@ -285,12 +285,14 @@ impl Row {
         let since = e["unchanged_since_unix_seconds"]
             .as_u64()
             .unwrap_or(u64::MAX);
-        // Whole seconds: an ask in the second of the write may have come
-        // before it, so only a later second counts.
+        // The agent orders an ask and the write by the swap that applied
+        // it, which whole seconds cannot (an agent before that field: only
+        // an ask in a later second surely came after the write).
+        let asked_since = |t: u64| e["asked_since_write"].as_bool().unwrap_or(t > since);
         let standing = match (unasked.contains_key(id), last_asked) {
-            (_, Some((t, ago))) if t > since && ago < after.max(1) => Standing::Asked,
+            (_, Some((t, ago))) if asked_since(t) && ago < after.max(1) => Standing::Asked,
             (true, _) => Standing::Unasked,
-            (false, Some((t, _))) if t > since => Standing::Asked,
+            (false, Some((t, _))) if asked_since(t) => Standing::Asked,
             (false, _) => Standing::Waiting,
         };
         Row {
@@ -395,6 +397,16 @@ mod tests {
             "{}",
             r.table()
         );
+    }
+
+    #[test]
+    fn an_ask_in_the_second_of_the_write_is_asked_when_the_agent_says_it_came_after() {
+        let mut d = doc();
+        // be_web/srv4: written and asked in second 1000.
+        d["state"]["identities"]["be_web/srv4"]["asked_since_write"] = json!(true);
+        assert_eq!(Report::of(&d).unwrap().rows[2].standing, Standing::Asked);
+        d["state"]["identities"]["be_web/srv4"]["asked_since_write"] = json!(false);
+        assert_eq!(Report::of(&d).unwrap().rows[2].standing, Standing::Waiting);
     }
 
     #[test]

@@ -144,6 +144,54 @@ impl<S> Next<S> {
     }
 }
 
+/// `Connecting`: once connected, the transport's handshake.
+fn connecting<S: Transport>(
+    mut conn: Conn<S>,
+    request: Vec<u8>,
+    deadline: Instant,
+    now: Instant,
+) -> Next<S> {
+    match connect_step(&mut conn) {
+        Ok(true) => Next::Go(Phase::Handshaking {
+            conn,
+            request,
+            deadline: now + HANDSHAKE_TIMEOUT,
+        }),
+        Ok(false) => Next::Wait(Phase::Connecting {
+            conn,
+            request,
+            deadline,
+        }),
+        Err(failure) => Next::fail(conn, failure),
+    }
+}
+
+/// `Sending`: once the request is written, its response.
+fn sending<S: Transport>(
+    mut conn: Conn<S>,
+    request: Vec<u8>,
+    mut written: usize,
+    deadline: Instant,
+) -> Next<S> {
+    match send_step(&mut conn, &request, &mut written) {
+        Ok(true) => Next::Go(Phase::ExpectHead {
+            rx: Rx::new(conn, deadline),
+        }),
+        Ok(false) => Next::Wait(Phase::Sending {
+            conn,
+            request,
+            written,
+            deadline,
+        }),
+        // A kept connection found closed: retried at once.
+        Err(failure) => Next::Fail {
+            retry_fresh: conn.reused && failure.reason == ErrorReason::Reset,
+            conn: Some(conn),
+            failure,
+        },
+    }
+}
+
 /// What the client saw of consul, for the metrics (read when scraped).
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct Traffic {
@@ -394,75 +442,7 @@ impl<C: Connect> Client<C> {
     fn drive(&mut self, now: Instant, out: &mut Vec<Update>) {
         loop {
             let phase = std::mem::replace(&mut self.phase, Phase::Idle { conn: None });
-            let next = match phase {
-                Phase::Idle { conn } => Next::Wait(Phase::Idle {
-                    conn: self.check_idle(conn),
-                }),
-                Phase::Decoding { conn, decoding } => Next::Wait(Phase::Decoding {
-                    conn: self.check_idle(conn),
-                    decoding,
-                }),
-                Phase::Connecting {
-                    mut conn,
-                    request,
-                    deadline,
-                } => match connect_step(&mut conn) {
-                    Ok(true) => Next::Go(Phase::Handshaking {
-                        conn,
-                        request,
-                        deadline: now + HANDSHAKE_TIMEOUT,
-                    }),
-                    Ok(false) => Next::Wait(Phase::Connecting {
-                        conn,
-                        request,
-                        deadline,
-                    }),
-                    Err(failure) => Next::fail(conn, failure),
-                },
-                Phase::Handshaking {
-                    mut conn,
-                    request,
-                    deadline,
-                } => match handshake_step(&mut conn) {
-                    Ok(true) => Next::Go(Phase::Sending {
-                        conn,
-                        request,
-                        written: 0,
-                        deadline: now + self.response_within(),
-                    }),
-                    Ok(false) => Next::Wait(Phase::Handshaking {
-                        conn,
-                        request,
-                        deadline,
-                    }),
-                    Err(failure) => Next::fail(conn, failure),
-                },
-                Phase::Sending {
-                    mut conn,
-                    request,
-                    mut written,
-                    deadline,
-                } => match send_step(&mut conn, &request, &mut written) {
-                    Ok(true) => Next::Go(Phase::ExpectHead {
-                        rx: Rx::new(conn, deadline),
-                    }),
-                    Ok(false) => Next::Wait(Phase::Sending {
-                        conn,
-                        request,
-                        written,
-                        deadline,
-                    }),
-                    // A kept connection found closed: retried at once.
-                    Err(failure) => Next::Fail {
-                        retry_fresh: conn.reused && failure.reason == ErrorReason::Reset,
-                        conn: Some(conn),
-                        failure,
-                    },
-                },
-                Phase::ExpectHead { rx } => self.receive(rx, None, now),
-                Phase::ExpectBody { rx, body } => self.receive(rx, Some(body), now),
-            };
-            match next {
+            match self.step(phase, now) {
                 Next::Go(p) => self.phase = p,
                 Next::Wait(p) => return self.phase = p,
                 Next::Done(p, update) => {
@@ -475,6 +455,63 @@ impl<C: Connect> Client<C> {
                     retry_fresh,
                 } => return self.fail(now, conn, failure, retry_fresh, out),
             }
+        }
+    }
+
+    /// One step of the phase the machine is in; each phase is its own
+    /// function.
+    fn step(&mut self, phase: Phase<C::Stream>, now: Instant) -> Next<C::Stream> {
+        match phase {
+            Phase::Idle { conn } => Next::Wait(Phase::Idle {
+                conn: self.check_idle(conn),
+            }),
+            Phase::Decoding { conn, decoding } => Next::Wait(Phase::Decoding {
+                conn: self.check_idle(conn),
+                decoding,
+            }),
+            Phase::Connecting {
+                conn,
+                request,
+                deadline,
+            } => connecting(conn, request, deadline, now),
+            Phase::Handshaking {
+                conn,
+                request,
+                deadline,
+            } => self.handshaking(conn, request, deadline, now),
+            Phase::Sending {
+                conn,
+                request,
+                written,
+                deadline,
+            } => sending(conn, request, written, deadline),
+            Phase::ExpectHead { rx } => self.receive(rx, None, now),
+            Phase::ExpectBody { rx, body } => self.receive(rx, Some(body), now),
+        }
+    }
+
+    /// `Handshaking`: once the transport's handshake is done, the request
+    /// is sent, with the whole response's deadline.
+    fn handshaking(
+        &self,
+        mut conn: Conn<C::Stream>,
+        request: Vec<u8>,
+        deadline: Instant,
+        now: Instant,
+    ) -> Next<C::Stream> {
+        match handshake_step(&mut conn) {
+            Ok(true) => Next::Go(Phase::Sending {
+                conn,
+                request,
+                written: 0,
+                deadline: now + self.response_within(),
+            }),
+            Ok(false) => Next::Wait(Phase::Handshaking {
+                conn,
+                request,
+                deadline,
+            }),
+            Err(failure) => Next::fail(conn, failure),
         }
     }
 

@@ -144,164 +144,212 @@ impl DebugStateRender {
         self.out
     }
 
+    /// One step of the part the render is in: each part is its own
+    /// function, which returns the part to resume with (itself when the
+    /// slice ran out, else the next).
     fn advance(&mut self, part: Part, asking: Option<Asking<'_>>, slice: &mut Slice) -> Part {
-        let state = self.state.as_deref();
         match part {
-            Part::CollectIdentities { mut pos, mut ids } => {
-                let Some(s) = state else { return Part::Done };
-                let done = if self.only_diverted {
-                    collect(
-                        s.diverted_from(&mut pos).map(|d| d.identity),
-                        &mut ids,
-                        slice,
-                    )
-                } else {
-                    collect(s.asks_from(&mut pos).map(|(id, _)| id), &mut ids, slice)
-                };
-                match done && pos >= s.len() {
-                    true => Part::Identities { ids, first: true },
-                    false => Part::CollectIdentities { pos, ids },
-                }
-            }
-            Part::Identities { mut ids, mut first } => {
-                let Some(s) = state else { return Part::Done };
-                while let Some(id) = ids.pop_first() {
-                    let row = identity_row(s, &id, asking, self.now);
-                    push_row(
-                        &mut self.out,
-                        &mut first,
-                        format_args!("{}: {row}", json!(&*id)),
-                    );
-                    if slice.spent(row.len()) {
-                        return Part::Identities { ids, first };
-                    }
-                }
-                self.out.push_str("\n}, \"invalid\": [");
-                Part::Invalid { pos: 0 }
-            }
-            Part::Invalid { mut pos } => {
-                let Some(s) = state else { return Part::Done };
-                while let Some(k) = s.invalid().get(pos) {
-                    let row = json!({"key": k.key, "value": k.value, "reason": k.reason.label(), "modify_index": k.modify_index}).to_string();
-                    push_row(&mut self.out, &mut (pos == 0), format_args!("{row}"));
-                    pos += 1;
-                    if slice.spent(row.len()) {
-                        return Part::Invalid { pos };
-                    }
-                }
-                self.out.push_str("\n]},\n");
-                Part::CollectUnasked {
-                    pos: 0,
-                    keys: BTreeMap::new(),
-                }
-            }
-            Part::CollectUnasked { mut pos, mut keys } => {
-                let Some(a) = asking else {
-                    self.out.push_str("\"asking\": null\n}\n");
-                    return Part::Done;
-                };
-                // The unasked keys may change between slices (a sweep): a
-                // key then missed or shown twice is the sweep's news.
-                for (id, f) in a.unasked.iter().skip(pos) {
-                    pos += 1;
-                    keys.insert(id.into(), f.clone());
-                    if slice.spent(id.len()) {
-                        break;
-                    }
-                }
-                if pos < a.unasked.len() {
-                    return Part::CollectUnasked { pos, keys };
-                }
-                let _ = write!(
-                    self.out,
-                    "\"asking\": {{\"unasked_after_seconds\": {}, \"unknown_identities_count\": {}, \"unknown_identities_overflow\": {}, \"unasked\": [",
-                    a.unasked.after().as_secs(),
-                    a.strangers.len(),
-                    a.strangers.overflow()
-                );
-                Part::Unasked { keys, first: true }
-            }
-            Part::Unasked {
-                mut keys,
-                mut first,
-            } => {
-                let Some(a) = asking else { return Part::Done };
-                while let Some((id, f)) = keys.pop_first() {
-                    let row = unasked_row(a, &id, &f, self.now).to_string();
-                    push_row(&mut self.out, &mut first, format_args!("{row}"));
-                    if slice.spent(row.len()) {
-                        return Part::Unasked { keys, first };
-                    }
-                }
-                self.out.push_str("\n], \"unknown_identities\": {");
-                if self.only_diverted {
-                    return Part::Unknown {
-                        rows: Vec::new(),
-                        first: true,
-                    };
-                }
-                Part::CollectUnknown {
-                    pos: 0,
-                    recent: BinaryHeap::new(),
-                }
-            }
-            Part::CollectUnknown {
-                mut pos,
-                mut recent,
-            } => {
-                let Some(a) = asking else { return Part::Done };
-                for (id, t) in a.strangers.iter().skip(pos) {
-                    pos += 1;
-                    let r = Recent {
-                        ago: std::cmp::Reverse(t),
-                        identity: id.into(),
-                    };
-                    if recent.len() < MAX_UNKNOWN_SHOWN || recent.peek().is_some_and(|top| r < *top)
-                    {
-                        recent.push(r);
-                        if recent.len() > MAX_UNKNOWN_SHOWN {
-                            recent.pop();
-                        }
-                    }
-                    if slice.spent(id.len()) {
-                        break;
-                    }
-                }
-                if pos < a.strangers.len() {
-                    return Part::CollectUnknown { pos, recent };
-                }
-                // The strangers may grow between slices, which reorders
-                // them: an identity seen twice is shown once (at most
-                // 1,000 rows, a bounded sort).
-                let mut rows = recent.into_vec();
-                rows.sort_by(|a, b| (&a.identity, a.ago).cmp(&(&b.identity, b.ago)));
-                rows.dedup_by(|a, b| a.identity == b.identity);
-                // Most recent first; written from the back.
-                rows.sort_unstable_by(|a, b| b.cmp(a));
-                Part::Unknown { rows, first: true }
-            }
-            Part::Unknown {
-                mut rows,
-                mut first,
-            } => {
-                let Some(a) = asking else { return Part::Done };
-                while let Some(r) = rows.pop() {
-                    let row = asked_json(a, r.ago.0, self.now).unwrap_or_default();
-                    push_row(
-                        &mut self.out,
-                        &mut first,
-                        format_args!("{}: {row}", json!(shown_identity(&r.identity))),
-                    );
-                    if slice.spent(r.identity.len() + 64) {
-                        return Part::Unknown { rows, first };
-                    }
-                }
-                self.out.push_str("\n}}\n}\n");
-                Part::Done
-            }
+            Part::CollectIdentities { pos, ids } => self.collect_identities(pos, ids, slice),
+            Part::Identities { ids, first } => self.identities(ids, first, asking, slice),
+            Part::Invalid { pos } => self.invalid(pos, slice),
+            Part::CollectUnasked { pos, keys } => self.collect_unasked(pos, keys, asking, slice),
+            Part::Unasked { keys, first } => self.unasked(keys, first, asking, slice),
+            Part::CollectUnknown { pos, recent } => collect_unknown(pos, recent, asking, slice),
+            Part::Unknown { rows, first } => self.unknown(rows, first, asking, slice),
             Part::Done => Part::Done,
         }
     }
+
+    fn collect_identities(
+        &mut self,
+        mut pos: usize,
+        mut ids: BTreeSet<Box<str>>,
+        slice: &mut Slice,
+    ) -> Part {
+        let Some(s) = self.state.as_deref() else {
+            return Part::Done;
+        };
+        let done = if self.only_diverted {
+            collect(
+                s.diverted_from(&mut pos).map(|d| d.identity),
+                &mut ids,
+                slice,
+            )
+        } else {
+            collect(s.asks_from(&mut pos).map(|(id, _)| id), &mut ids, slice)
+        };
+        match done && pos >= s.len() {
+            true => Part::Identities { ids, first: true },
+            false => Part::CollectIdentities { pos, ids },
+        }
+    }
+
+    fn identities(
+        &mut self,
+        mut ids: BTreeSet<Box<str>>,
+        mut first: bool,
+        asking: Option<Asking<'_>>,
+        slice: &mut Slice,
+    ) -> Part {
+        let Some(s) = self.state.as_deref() else {
+            return Part::Done;
+        };
+        while let Some(id) = ids.pop_first() {
+            let row = identity_row(s, &id, asking, self.now);
+            push_row(
+                &mut self.out,
+                &mut first,
+                format_args!("{}: {row}", json!(&*id)),
+            );
+            if slice.spent(row.len()) {
+                return Part::Identities { ids, first };
+            }
+        }
+        self.out.push_str("\n}, \"invalid\": [");
+        Part::Invalid { pos: 0 }
+    }
+
+    fn invalid(&mut self, mut pos: usize, slice: &mut Slice) -> Part {
+        let Some(s) = self.state.as_deref() else {
+            return Part::Done;
+        };
+        while let Some(k) = s.invalid().get(pos) {
+            let row = json!({"key": k.key, "value": k.value, "reason": k.reason.label(), "modify_index": k.modify_index}).to_string();
+            push_row(&mut self.out, &mut (pos == 0), format_args!("{row}"));
+            pos += 1;
+            if slice.spent(row.len()) {
+                return Part::Invalid { pos };
+            }
+        }
+        self.out.push_str("\n]},\n");
+        Part::CollectUnasked {
+            pos: 0,
+            keys: BTreeMap::new(),
+        }
+    }
+
+    fn collect_unasked(
+        &mut self,
+        mut pos: usize,
+        mut keys: BTreeMap<Box<str>, Finding>,
+        asking: Option<Asking<'_>>,
+        slice: &mut Slice,
+    ) -> Part {
+        let Some(a) = asking else {
+            self.out.push_str("\"asking\": null\n}\n");
+            return Part::Done;
+        };
+        // The unasked keys may change between slices (a sweep): a
+        // key then missed or shown twice is the sweep's news.
+        for (id, f) in a.unasked.iter().skip(pos) {
+            pos += 1;
+            keys.insert(id.into(), f.clone());
+            if slice.spent(id.len()) {
+                break;
+            }
+        }
+        if pos < a.unasked.len() {
+            return Part::CollectUnasked { pos, keys };
+        }
+        let _ = write!(
+            self.out,
+            "\"asking\": {{\"unasked_after_seconds\": {}, \"unknown_identities_count\": {}, \"unknown_identities_overflow\": {}, \"unasked\": [",
+            a.unasked.after().as_secs(),
+            a.strangers.len(),
+            a.strangers.overflow()
+        );
+        Part::Unasked { keys, first: true }
+    }
+
+    fn unasked(
+        &mut self,
+        mut keys: BTreeMap<Box<str>, Finding>,
+        mut first: bool,
+        asking: Option<Asking<'_>>,
+        slice: &mut Slice,
+    ) -> Part {
+        let Some(a) = asking else { return Part::Done };
+        while let Some((id, f)) = keys.pop_first() {
+            let row = unasked_row(a, &id, &f, self.now).to_string();
+            push_row(&mut self.out, &mut first, format_args!("{row}"));
+            if slice.spent(row.len()) {
+                return Part::Unasked { keys, first };
+            }
+        }
+        self.out.push_str("\n], \"unknown_identities\": {");
+        if self.only_diverted {
+            return Part::Unknown {
+                rows: Vec::new(),
+                first: true,
+            };
+        }
+        Part::CollectUnknown {
+            pos: 0,
+            recent: BinaryHeap::new(),
+        }
+    }
+
+    fn unknown(
+        &mut self,
+        mut rows: Vec<Recent>,
+        mut first: bool,
+        asking: Option<Asking<'_>>,
+        slice: &mut Slice,
+    ) -> Part {
+        let Some(a) = asking else { return Part::Done };
+        while let Some(r) = rows.pop() {
+            let row = asked_json(a, r.ago.0, self.now).unwrap_or_default();
+            push_row(
+                &mut self.out,
+                &mut first,
+                format_args!("{}: {row}", json!(shown_identity(&r.identity))),
+            );
+            if slice.spent(r.identity.len() + 64) {
+                return Part::Unknown { rows, first };
+            }
+        }
+        self.out.push_str("\n}}\n}\n");
+        Part::Done
+    }
+}
+
+/// The 1,000 most recently asked identities without a key, kept in a heap
+/// by position.
+fn collect_unknown(
+    mut pos: usize,
+    mut recent: BinaryHeap<Recent>,
+    asking: Option<Asking<'_>>,
+    slice: &mut Slice,
+) -> Part {
+    let Some(a) = asking else { return Part::Done };
+    for (id, t) in a.strangers.iter().skip(pos) {
+        pos += 1;
+        let r = Recent {
+            ago: std::cmp::Reverse(t),
+            identity: id.into(),
+        };
+        if recent.len() < MAX_UNKNOWN_SHOWN || recent.peek().is_some_and(|top| r < *top) {
+            recent.push(r);
+            if recent.len() > MAX_UNKNOWN_SHOWN {
+                recent.pop();
+            }
+        }
+        if slice.spent(id.len()) {
+            break;
+        }
+    }
+    if pos < a.strangers.len() {
+        return Part::CollectUnknown { pos, recent };
+    }
+    // The strangers may grow between slices, which reorders
+    // them: an identity seen twice is shown once (at most
+    // 1,000 rows, a bounded sort).
+    let mut rows = recent.into_vec();
+    rows.sort_by(|a, b| (&a.identity, a.ago).cmp(&(&b.identity, b.ago)));
+    rows.dedup_by(|a, b| a.identity == b.identity);
+    // Most recent first; written from the back.
+    rows.sort_unstable_by(|a, b| b.cmp(a));
+    Part::Unknown { rows, first: true }
 }
 
 /// Appends one row of a JSON list or object: a separator first, unless it
@@ -389,9 +437,10 @@ fn identity_row(s: &Snapshot, id: &str, asking: Option<Asking<'_>>, now: Instant
     };
     let unasked = asking.is_some_and(|a| a.unasked.get(id).is_some());
     let asks = asking.and_then(|a| Some((a, s.asks(id.as_bytes(), a.previous)?)));
-    let since = asks.map(|(a, (_, since))| a.clock.unix_seconds(since));
-    let last = asks.and_then(|(a, (last, _))| asked_json(a, last, now));
-    json!({"value": e.desired.to_string(), "reply": reply_text(e.desired), "modify_index": e.modify_index, "last_asked": last, "unchanged_since_unix_seconds": since, "unasked": unasked}).to_string()
+    let since = asks.map(|(a, (_, since, _))| a.clock.unix_seconds(since));
+    let last = asks.and_then(|(a, (last, _, _))| asked_json(a, last, now));
+    let asked_since = asks.map(|(_, (_, _, asked_since))| asked_since);
+    json!({"value": e.desired.to_string(), "reply": reply_text(e.desired), "modify_index": e.modify_index, "last_asked": last, "unchanged_since_unix_seconds": since, "asked_since_write": asked_since, "unasked": unasked}).to_string()
 }
 
 fn unasked_row(a: Asking<'_>, id: &str, f: &Finding, now: Instant) -> Value {

@@ -387,6 +387,8 @@ mod tests {
         assert_eq!(ids["be_web/srv2"]["last_asked"]["seconds_ago"], 11);
         assert_eq!(ids["be_web/srv2"]["unasked"], false);
         assert_eq!(ids["be_web/srv2"]["unchanged_since_unix_seconds"], 5_000);
+        assert_eq!(ids["be_web/srv2"]["asked_since_write"], true);
+        assert_eq!(ids["be_web/srv01"]["asked_since_write"], false);
         let a = &doc["asking"];
         assert_eq!(a["unasked_after_seconds"], 60);
         assert_eq!(a["unasked"].as_array().unwrap().len(), 1);

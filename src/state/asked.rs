@@ -17,7 +17,8 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant, SystemTime};
 
 /// A whole second of the agent's life: seconds since its start, plus one,
-/// so that `Tick::NEVER` (0) can mean "never asked". Good for 136 years.
+/// so that `Tick::NEVER` (0) can mean "never asked". Good for 68 years (the
+/// top bit of a slot's last ask is its [`Asks::asked_since_write`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Tick(u32);
 
@@ -55,7 +56,7 @@ impl Clock {
 
     pub fn tick(&self, now: Instant) -> Tick {
         let secs = now.saturating_duration_since(self.start).as_secs();
-        Tick(u32::try_from(secs).unwrap_or(u32::MAX - 1) + 1)
+        Tick(u32::try_from(secs).unwrap_or(u32::MAX).min(LAST_TICK - 1) + 1)
     }
 
     /// When `t` was, on the wall clock (`None` for never).
@@ -71,11 +72,23 @@ impl Clock {
     }
 }
 
+/// The last tick a [`Clock`] gives; the bit above it is
+/// [`ASKED_SINCE_WRITE`].
+const LAST_TICK: u32 = ASKED_SINCE_WRITE - 1;
+
+/// In a slot's last ask: a check asked for the entry since its write. Ticks
+/// are whole seconds, so an ask in the second of the write cannot be put
+/// after it by time; it can by the swap: an ask recorded in the snapshot
+/// that brought the write (or a later one it was carried into unchanged)
+/// came after the write applied.
+const ASKED_SINCE_WRITE: u32 = 1 << 31;
+
 /// What a keyed identity's slot knows of its asks. Atomic because the
 /// snapshot is shared with the state file's writer thread; only the loop
 /// thread writes, so every access is relaxed.
 #[derive(Debug, Default)]
 pub struct Asks {
+    /// The last ask's tick, with [`ASKED_SINCE_WRITE`].
     last: AtomicU32,
     /// Since when the entry is as it is (the swap that brought its
     /// current ModifyIndex); `NEVER` means the snapshot's own swap.
@@ -83,13 +96,21 @@ pub struct Asks {
 }
 
 impl Asks {
-    /// The hot path: one store.
+    /// The hot path: one store. Its snapshot is answering, so the entry's
+    /// write (this swap or an earlier one) has applied: asked since it.
     pub fn record(&self, now: Tick) {
-        self.last.store(now.0, Ordering::Relaxed);
+        self.last
+            .store(now.0 | ASKED_SINCE_WRITE, Ordering::Relaxed);
     }
 
     pub fn last(&self) -> Tick {
-        Tick(self.last.load(Ordering::Relaxed))
+        Tick(self.last.load(Ordering::Relaxed) & LAST_TICK)
+    }
+
+    /// Whether a check asked for the entry since its write (see
+    /// [`ASKED_SINCE_WRITE`]), even within the same second.
+    pub fn asked_since_write(&self) -> bool {
+        self.last.load(Ordering::Relaxed) & ASKED_SINCE_WRITE != 0
     }
 
     /// Since when the entry is as it is; `born` (its snapshot's swap) unless
@@ -102,12 +123,20 @@ impl Asks {
     }
 
     /// Carries over what the state before knew: the later last ask, and,
-    /// when the entry did not change, since when it is as it is.
-    pub fn carry(&self, last: Tick, unchanged_since: Option<Tick>) {
-        self.last.fetch_max(last.0, Ordering::Relaxed);
-        if let Some(since) = unchanged_since {
+    /// when the entry did not change, since when it is as it is and whether
+    /// a check asked since then. (Only the loop thread writes: a load and a
+    /// store are not a race.)
+    pub fn carry(&self, last: Tick, unchanged: Option<(Tick, bool)>) {
+        let mine = self.last.load(Ordering::Relaxed);
+        let mut asked = mine & ASKED_SINCE_WRITE;
+        if let Some((since, asked_since)) = unchanged {
             self.since.store(since.0, Ordering::Relaxed);
+            if asked_since {
+                asked = ASKED_SINCE_WRITE;
+            }
         }
+        let later = (mine & LAST_TICK).max(last.0);
+        self.last.store(later | asked, Ordering::Relaxed);
     }
 }
 
@@ -313,8 +342,28 @@ mod tests {
         a.record(Tick(9));
         a.carry(Tick(4), None);
         assert_eq!(a.last(), Tick(9), "an older ask never wins");
-        a.carry(Tick(12), Some(Tick(3)));
+        a.carry(Tick(12), Some((Tick(3), false)));
         assert_eq!((a.last(), a.since(Tick(7))), (Tick(12), Tick(3)));
+    }
+
+    #[test]
+    fn an_ask_into_the_slot_is_since_the_write_even_in_its_second() {
+        // A new entry, born at tick 7 and asked at tick 7: after the write.
+        let a = Asks::default();
+        a.record(Tick(7));
+        assert!(a.asked_since_write());
+        assert_eq!(a.last(), Tick(7));
+        // Carried over from a changed entry: an ask of the old value, later
+        // by the clock, is not an ask since this write.
+        let b = Asks::default();
+        b.carry(Tick(8), None);
+        assert_eq!((b.last(), b.asked_since_write()), (Tick(8), false));
+        // Unchanged: the old slot's asks since the write count.
+        b.carry(Tick(8), Some((Tick(3), true)));
+        assert!(b.asked_since_write());
+        let c = Asks::default();
+        c.carry(Tick(8), Some((Tick(3), false)));
+        assert!(!c.asked_since_write());
     }
 
     #[test]

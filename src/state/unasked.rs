@@ -106,21 +106,25 @@ enum Sweep {
         stale: Vec<Box<str>>,
         pending: Vec<Box<str>>,
     },
-    Gather {
-        state: Arc<Snapshot>,
-        tick: Tick,
-        /// Past the state's entries, now in the strangers.
-        in_strangers: bool,
-        pos: usize,
-        index: Index,
-        pending: Vec<Box<str>>,
-    },
+    Gather(Gather),
     Suggest {
         tick: Tick,
         index: Index,
         pending: Vec<Box<str>>,
         search: Search,
     },
+}
+
+/// The `Gather` phase's progress.
+#[derive(Debug)]
+struct Gather {
+    state: Arc<Snapshot>,
+    tick: Tick,
+    /// Past the state's entries, now in the strangers.
+    in_strangers: bool,
+    pos: usize,
+    index: Index,
+    pending: Vec<Box<str>>,
 }
 
 impl Unasked {
@@ -235,7 +239,8 @@ impl Unasked {
     }
 
     /// Works on a sweep until the slice is spent or the phase ends; the
-    /// sweep left, `None` once done.
+    /// sweep left, `None` once done. Each phase is its own function (the
+    /// module's table), which returns the sweep to resume with.
     fn advance(
         &mut self,
         work: Sweep,
@@ -247,131 +252,135 @@ impl Unasked {
             Sweep::Mark {
                 state: marking,
                 tick,
-                mut pos,
-                mut pending,
-            } => {
-                if !state.shared().is_some_and(|s| Arc::ptr_eq(&s, &marking)) {
-                    // A swap replaced the state being marked: sweep anew,
-                    // once its asks are carried over.
-                    self.again = true;
-                    return None;
-                }
-                if !self.mark(&marking, tick, &mut pos, &mut pending, slice) {
-                    return Some(Sweep::Mark {
-                        state: marking,
-                        tick,
-                        pos,
-                        pending,
-                    });
-                }
-                let sweep = self.sweeps;
-                let stale = self
-                    .keys
-                    .iter()
-                    .filter(|(_, f)| f.seen != sweep)
-                    .map(|(k, _)| k.clone())
-                    .collect();
-                Some(Sweep::Clear {
-                    tick,
-                    stale,
-                    pending,
-                })
-            }
+                pos,
+                pending,
+            } => self.marking(marking, tick, pos, pending, state, slice),
             Sweep::Clear {
                 tick,
-                mut stale,
+                stale,
                 pending,
-            } => {
-                while let Some(identity) = stale.pop() {
-                    if self
-                        .keys
-                        .remove(&identity)
-                        .is_some_and(|f| f.suggestion.is_some())
-                    {
-                        swept.cleared += 1;
-                        info!(identity = escape(identity.as_bytes(), 256); "a key reported unasked no longer is (asked, rewritten, deleted or made ready)");
-                    }
-                    if slice.spent(LINE_COST) {
-                        break;
-                    }
-                }
-                match (stale.is_empty(), pending.is_empty()) {
-                    (false, _) => Some(Sweep::Clear {
-                        tick,
-                        stale,
-                        pending,
-                    }),
-                    (true, true) => None,
-                    (true, false) => Some(Sweep::Gather {
-                        state: state.shared()?,
-                        tick,
-                        in_strangers: false,
-                        pos: 0,
-                        index: Index::default(),
-                        pending,
-                    }),
-                }
-            }
-            Sweep::Gather {
-                state: gathering,
-                tick,
-                mut in_strangers,
-                mut pos,
-                mut index,
-                pending,
-            } => {
-                let recent = tick.earlier_by(u64::from(self.after_secs));
-                if gather(
-                    &gathering,
-                    state.strangers(),
-                    recent,
-                    (&mut in_strangers, &mut pos),
-                    &mut index,
-                    slice,
-                ) {
-                    return Some(Sweep::Suggest {
-                        tick,
-                        index,
-                        pending,
-                        search: Search::default(),
-                    });
-                }
-                Some(Sweep::Gather {
-                    state: gathering,
-                    tick,
-                    in_strangers,
-                    pos,
-                    index,
-                    pending,
-                })
-            }
+            } => self.clearing(tick, stale, pending, state, slice, swept),
+            Sweep::Gather(g) => Some(g.gathering(state.strangers(), self.after_secs, slice)),
             Sweep::Suggest {
                 tick,
                 index,
-                mut pending,
-                mut search,
-            } => {
-                while let Some(identity) = pending.last() {
-                    let Some(suggestion) = search.run(identity.as_bytes(), &index, slice) else {
-                        break;
-                    };
-                    let identity = pending.pop().unwrap_or_default();
-                    if self.suggest(&identity, suggestion, tick) {
-                        swept.warned += 1;
-                    }
-                    search = Search::default();
-                    if slice.spent(LINE_COST) {
-                        break;
-                    }
-                }
-                (!pending.is_empty()).then_some(Sweep::Suggest {
-                    tick,
-                    index,
-                    pending,
-                    search,
-                })
+                pending,
+                search,
+            } => self.suggesting(tick, index, pending, search, slice, swept),
+        }
+    }
+
+    /// `Mark`: marks the diverted entries of `marking` (while it is still
+    /// the current state), then lists the keys not seen for `Clear`.
+    fn marking(
+        &mut self,
+        marking: Arc<Snapshot>,
+        tick: Tick,
+        mut pos: usize,
+        mut pending: Vec<Box<str>>,
+        state: &Swapper,
+        slice: &mut Slice,
+    ) -> Option<Sweep> {
+        if !state.shared().is_some_and(|s| Arc::ptr_eq(&s, &marking)) {
+            // A swap replaced the state being marked: sweep anew,
+            // once its asks are carried over.
+            self.again = true;
+            return None;
+        }
+        if !self.mark(&marking, tick, &mut pos, &mut pending, slice) {
+            return Some(Sweep::Mark {
+                state: marking,
+                tick,
+                pos,
+                pending,
+            });
+        }
+        let sweep = self.sweeps;
+        let stale = self
+            .keys
+            .iter()
+            .filter(|(_, f)| f.seen != sweep)
+            .map(|(k, _)| k.clone())
+            .collect();
+        Some(Sweep::Clear {
+            tick,
+            stale,
+            pending,
+        })
+    }
+
+    /// `Clear`: forgets (and logs) the keys not seen; then `Gather` when a
+    /// key waits for a suggestion.
+    fn clearing(
+        &mut self,
+        tick: Tick,
+        mut stale: Vec<Box<str>>,
+        pending: Vec<Box<str>>,
+        state: &Swapper,
+        slice: &mut Slice,
+        swept: &mut Swept,
+    ) -> Option<Sweep> {
+        while let Some(identity) = stale.pop() {
+            if self
+                .keys
+                .remove(&identity)
+                .is_some_and(|f| f.suggestion.is_some())
+            {
+                swept.cleared += 1;
+                info!(identity = escape(identity.as_bytes(), 256); "a key reported unasked no longer is (asked, rewritten, deleted or made ready)");
+            }
+            if slice.spent(LINE_COST) {
+                break;
             }
         }
+        match (stale.is_empty(), pending.is_empty()) {
+            (false, _) => Some(Sweep::Clear {
+                tick,
+                stale,
+                pending,
+            }),
+            (true, true) => None,
+            (true, false) => Some(Sweep::Gather(Gather {
+                state: state.shared()?,
+                tick,
+                in_strangers: false,
+                pos: 0,
+                index: Index::default(),
+                pending,
+            })),
+        }
+    }
+
+    /// `Suggest`: the closest candidate for each key waiting, then its
+    /// warning; done once none waits.
+    fn suggesting(
+        &mut self,
+        tick: Tick,
+        index: Index,
+        mut pending: Vec<Box<str>>,
+        mut search: Search,
+        slice: &mut Slice,
+        swept: &mut Swept,
+    ) -> Option<Sweep> {
+        while let Some(identity) = pending.last() {
+            let Some(suggestion) = search.run(identity.as_bytes(), &index, slice) else {
+                break;
+            };
+            let identity = pending.pop().unwrap_or_default();
+            if self.suggest(&identity, suggestion, tick) {
+                swept.warned += 1;
+            }
+            search = Search::default();
+            if slice.spent(LINE_COST) {
+                break;
+            }
+        }
+        (!pending.is_empty()).then_some(Sweep::Suggest {
+            tick,
+            index,
+            pending,
+            search,
+        })
     }
 
     /// Marks diverted entries unasked at `now` as seen, from `pos`, until
@@ -433,6 +442,30 @@ impl Unasked {
         );
         finding.suggestion = Some(suggestion);
         true
+    }
+}
+
+impl Gather {
+    /// `Gather`: indexes the identities asked within the window
+    /// (`after_secs`), then `Suggest`.
+    fn gathering(mut self, strangers: &Strangers, after_secs: u32, slice: &mut Slice) -> Sweep {
+        let recent = self.tick.earlier_by(u64::from(after_secs));
+        if !gather(
+            &self.state,
+            strangers,
+            recent,
+            (&mut self.in_strangers, &mut self.pos),
+            &mut self.index,
+            slice,
+        ) {
+            return Sweep::Gather(self);
+        }
+        Sweep::Suggest {
+            tick: self.tick,
+            index: self.index,
+            pending: self.pending,
+            search: Search::default(),
+        }
     }
 }
 

@@ -207,11 +207,11 @@ fn a_sweep_waits_for_the_asks_to_be_carried_over() {
     let now = w.state.current().unwrap();
     assert_eq!(
         now.asks(b"b/a", None),
-        Some((Tick::NEVER, w.state.clock().tick(w.at(62))))
+        Some((Tick::NEVER, w.state.clock().tick(w.at(62)), false))
     );
     assert_eq!(
         now.asks(b"b/a", w.state.carrying_from()),
-        Some((Tick::NEVER, t0))
+        Some((Tick::NEVER, t0, false))
     );
     w.state.answer(b"b/c", w.at(61));
     let now = w.state.current().unwrap();

@@ -1,0 +1,121 @@
+#!/usr/bin/env bash
+# Installs what the tests need, on Debian or Ubuntu, after cloning (and what
+# .ci/run installs on a clean CI machine: it calls this script):
+#   - haproxy (Debian's) and openssl: the real-haproxy and TLS tests;
+#   - prometheus and promtool, the binaries alone (scripts/install-prometheus.sh);
+#   - zig (PyPI `ziglang`) and cargo-zigbuild (crates.io), at the versions
+#     pinned in ci/versions.yml: the release build tests/release.rs runs;
+#   - cargo-fuzz (crates.io, pinned likewise): scripts/fuzz.sh;
+#   - py-consul (PyPI, pinned likewise): tests/py_consul.rs.
+# Idempotent: each is installed only when missing. Run as yourself: apt-get
+# and the system-wide installs go through sudo when not root; cargo installs
+# into your ~/.cargo, pip into your user site. Rust itself comes from
+# https://rustup.rs (CI's version: RUST_VERSION in ci/versions.yml).
+#
+#   scripts/prepare-dev-env.sh [--no-release-tools] [--no-fuzz]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+release_tools=1 fuzz=1
+for arg in "$@"; do
+  case "$arg" in
+    --no-release-tools) release_tools="" ;;
+    --no-fuzz) fuzz="" ;;
+    *) sed -n '14p' "$0" | sed 's/^# *//; s/^/usage: /' >&2; exit 2 ;;
+  esac
+done
+
+step() { printf '\n==> %s\n' "$*"; }
+as_root() {
+  if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi
+}
+pin() { # NAME: its value in ci/versions.yml
+  sed -n "s/^ *$1: *\"\{0,1\}\([^\"]*\)\"\{0,1\} *\$/\1/p" ci/versions.yml
+}
+
+command -v apt-get >/dev/null 2>&1 || { echo "prepare-dev-env.sh: apt-get not found (Debian or Ubuntu only): install haproxy, openssl, prometheus, promtool, zig, cargo-zigbuild and cargo-fuzz by hand" >&2; exit 1; }
+command -v cargo >/dev/null 2>&1 || { echo "prepare-dev-env.sh: cargo not found: install Rust from https://rustup.rs first" >&2; exit 1; }
+
+export DEBIAN_FRONTEND=noninteractive
+apt_updated=""
+apt_install() { # PACKAGE...
+  [ -n "$apt_updated" ] || { as_root apt-get update -qq; apt_updated=1; }
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@" >/dev/null
+}
+
+if ! command -v haproxy >/dev/null 2>&1 && [ ! -x /usr/sbin/haproxy ]; then
+  step "apt-get install haproxy"
+  apt_install haproxy
+fi
+if ! command -v openssl >/dev/null 2>&1; then
+  # The TLS tests make their certificates with the openssl CLI.
+  step "apt-get install openssl"
+  apt_install openssl
+fi
+if ! command -v promtool >/dev/null 2>&1 || ! command -v prometheus >/dev/null 2>&1; then
+  # The binaries alone: the prometheus package would also start a server.
+  step "prometheus and promtool (from Debian's prometheus package, no server)"
+  [ -n "$apt_updated" ] || { as_root apt-get update -qq; apt_updated=1; }
+  as_root scripts/install-prometheus.sh /usr/local/bin
+fi
+
+# Release builds (scripts/release.sh, which tests/release.rs runs) link with
+# zig through cargo-zigbuild (glibc 2.17 symbols): ziglang from PyPI
+# (cargo-zigbuild finds it as `python3 -m ziglang`), cargo-zigbuild from
+# crates.io.
+ensure_zigbuild() {
+  local zig_pin zigbuild_pin pip
+  zig_pin=$(pin ZIG_VERSION)
+  zigbuild_pin=$(pin CARGO_ZIGBUILD_VERSION)
+  if ! python3 -m ziglang version >/dev/null 2>&1 && ! zig version >/dev/null 2>&1; then
+    step "pip install ziglang==$zig_pin"
+    python3 -m pip --version >/dev/null 2>&1 || apt_install python3-pip
+    pip=(python3 -m pip install --quiet --disable-pip-version-check "ziglang==$zig_pin")
+    [ "$(id -u)" = 0 ] || pip+=(--user)
+    # A Debian system Python refuses plain installs (PEP 668).
+    "${pip[@]}" 2>/dev/null || "${pip[@]}" --break-system-packages
+  fi
+  if ! cargo zigbuild --help >/dev/null 2>&1; then
+    step "cargo install --locked cargo-zigbuild@$zigbuild_pin"
+    cargo install --locked --quiet --version "$zigbuild_pin" cargo-zigbuild
+  fi
+}
+
+ensure_cargo_fuzz() {
+  local fuzz_pin
+  fuzz_pin=$(pin CARGO_FUZZ_VERSION)
+  if ! cargo fuzz --help >/dev/null 2>&1; then
+    step "cargo install --locked cargo-fuzz@$fuzz_pin"
+    cargo install --locked --quiet --version "$fuzz_pin" cargo-fuzz
+  fi
+}
+
+# tests/py_consul.rs drives the dev KV with a consul client from PyPI.
+ensure_py_consul() {
+  local pip
+  if ! python3 -c 'import consul' >/dev/null 2>&1; then
+    step "pip install py-consul==$(pin PY_CONSUL_VERSION)"
+    python3 -m pip --version >/dev/null 2>&1 || apt_install python3-pip
+    pip=(python3 -m pip install --quiet --disable-pip-version-check "py-consul==$(pin PY_CONSUL_VERSION)")
+    [ "$(id -u)" = 0 ] || pip+=(--user)
+    # A Debian system Python refuses plain installs (PEP 668).
+    "${pip[@]}" 2>/dev/null || "${pip[@]}" --break-system-packages
+  fi
+}
+
+ensure_py_consul
+[ -z "$release_tools" ] || ensure_zigbuild
+[ -z "$fuzz" ] || ensure_cargo_fuzz
+
+step "ready"
+export PATH="$PATH:/usr/sbin"
+haproxy -v | sed -n 1p # sed reads it all: no SIGPIPE under pipefail
+openssl version
+promtool --version 2>&1 | sed -n 1p
+prometheus --version 2>&1 | sed -n 1p
+if [ -n "$release_tools" ]; then
+  printf 'zig %s, ' "$(python3 -m ziglang version 2>/dev/null || zig version)"
+  cargo-zigbuild --version 2>/dev/null || echo "cargo-zigbuild (cargo zigbuild)"
+fi
+[ -z "$fuzz" ] || cargo fuzz --version 2>/dev/null || echo "cargo-fuzz (cargo fuzz)"
+python3 -c 'import importlib.metadata as m; print("py-consul", m.version("py-consul"))'
