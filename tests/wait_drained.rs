@@ -50,6 +50,10 @@ impl Holding {
     }
 }
 
+/// How a haproxy is started: [`Haproxy::start_with`] (one process) or
+/// [`Haproxy::start_master_worker`].
+type StartHaproxy = fn(&str, usize, Box<dyn FnOnce(SocketAddr) -> String>) -> Haproxy;
+
 /// One haproxy: `listen app` on `front` to the holding server as `app/s1`,
 /// agent-checked against `agent_port`; a second stats socket on
 /// `ipv4@127.0.0.1:tcp_stats`; the exporter on `promex`.
@@ -70,7 +74,7 @@ impl Lb {
         test: &str,
         agent_port: u16,
         real: SocketAddr,
-        start: fn(&str, usize, Box<dyn FnOnce(SocketAddr) -> String>) -> Haproxy,
+        start: StartHaproxy,
     ) -> Lb {
         let (front, tcp_stats, promex) = (free_port(), free_port(), free_port());
         let hap = start(
