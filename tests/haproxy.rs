@@ -217,8 +217,10 @@ fn weight_percentages_and_back_to_full() {
             3 * SEC,
             |r| r.weight() == want,
         );
-        // 0% is still UP in the CSV (only the HTML page paints it as drain).
-        assert_eq!(r.status(), "UP", "{value}: {}", r.summary());
+        // 0% is still UP in the CSV (only the HTML page paints it as drain);
+        // haproxy 3.4 reads `UP 0/3` while its health check is still rising
+        // after start, in a proxy without a default-server line.
+        assert!(r.status().starts_with("UP"), "{value}: {}", r.summary());
         assert_eq!(hap.get_weight(id), (want as u32, 100), "{value}");
     }
     // The case a bare `ready` gets wrong: 50% must go back to 100%.
@@ -410,12 +412,12 @@ fn consul_down_after_sync_keeps_answering_and_recovers() {
 }
 
 /// What differs between haproxy versions as the agent sees it, pinned for
-/// the versions observed (2.6.12 from Debian, upstream 3.0.11) and printed
-/// for the others (the CI matrix's 2.8 and 3.2 logs show them):
-/// 2.6 logs "remains in forced drain mode" on every check of a drained
-/// server, 3.0 only logs the transitions; 3.0's `show stat` has more columns
-/// (`proto`, `h1sess`, ...; the suite reads columns by name). The admin
-/// states, weights and agent columns are the same.
+/// every LTS line (2.6.12 from Debian, upstream 2.8.0, 3.0.11, 3.2.0,
+/// 3.4.0): 2.6 logs "remains in forced drain mode" on every check of a
+/// drained server, 2.8 and later only log the transitions; 2.8's `show
+/// stat` adds `h1sess` and friends, 3.0 and later `proto` too (the suite
+/// reads columns by name). The admin states, weights and agent columns are
+/// the same.
 #[test]
 fn drain_logging_and_stat_columns_by_version() {
     let ((major, minor), line) = haproxy_version();
@@ -453,11 +455,15 @@ fn drain_logging_and_stat_columns_by_version() {
             assert!(remains >= 5, "2.6 logs every drained check: {remains}");
             assert!(!has_column("proto") && !has_column("h1sess"), "{header}");
         }
-        (3, 0) => {
-            assert_eq!(remains, 0, "3.0 logs transitions only");
+        (2, 8) => {
+            assert_eq!(remains, 0, "2.8 logs transitions only");
+            assert!(!has_column("proto") && has_column("h1sess"), "{header}");
+        }
+        (3, _) => {
+            assert_eq!(remains, 0, "3.x logs transitions only");
             assert!(has_column("proto") && has_column("h1sess"), "{header}");
         }
-        _ => {} // printed above
+        _ => panic!("haproxy {major}.{minor}: not a line this suite knows; pin what it shows here"),
     }
 }
 

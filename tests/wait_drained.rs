@@ -70,12 +70,7 @@ impl Lb {
     }
 
     /// [`Lb::start`] with `start` (one-process or master-worker).
-    fn start_in(
-        test: &str,
-        agent_port: u16,
-        real: SocketAddr,
-        start: StartHaproxy,
-    ) -> Lb {
+    fn start_in(test: &str, agent_port: u16, real: SocketAddr, start: StartHaproxy) -> Lb {
         let (front, tcp_stats, promex) = (free_port(), free_port(), free_port());
         let hap = start(
             test,

@@ -100,6 +100,7 @@ const ALL_FLAGS: &[&str] = &[
     "-read-timeout=1500ms",
     "--max-line-bytes",
     "100",
+    "-reply-up",
     "--max-connections=7",
     "-consul-wait",
     "1m30s",
@@ -136,6 +137,10 @@ fn assert_all_flags(c: &Config) {
     assert_eq!(c.kv_prefix, "a/b");
     assert_eq!(c.read_timeout, Duration::from_millis(1500));
     assert_eq!(c.max_line_bytes, 100);
+    assert!(
+        c.reply_up,
+        "-reply-up beats GITLAB_HAPROXY_AGENT_REPLY_UP=false"
+    );
     assert_eq!(c.max_connections, 7);
     assert_eq!(c.consul.wait, Duration::from_secs(90));
     assert_eq!(c.consul.max_body_bytes, 2048);
@@ -159,6 +164,7 @@ const ALL_ENV: &[(&str, &str)] = &[
     ("GITLAB_HAPROXY_AGENT_KV_PREFIX", "env/prefix"),
     ("GITLAB_HAPROXY_AGENT_READ_TIMEOUT", "2s"),
     ("GITLAB_HAPROXY_AGENT_MAX_LINE_BYTES", "200"),
+    ("GITLAB_HAPROXY_AGENT_REPLY_UP", "false"),
     ("GITLAB_HAPROXY_AGENT_MAX_CONNECTIONS", "8"),
     ("GITLAB_HAPROXY_AGENT_CONSUL_WAIT", "2m"),
     ("GITLAB_HAPROXY_AGENT_CONSUL_MAX_BODY_BYTES", "4096"),

@@ -40,6 +40,9 @@ impl Lines {
                 self.held.extend_from_slice(input);
                 return Ok(false);
             };
+            if self.held.len() + end > MAX_RECORD {
+                return Err(format!("a line over {} KiB", MAX_RECORD >> 10));
+            }
             self.held.extend_from_slice(&input[..end]);
             input = &input[end + 1..];
             let whole = std::mem::take(&mut self.held);

@@ -150,16 +150,42 @@ pub fn hard_stop_after(
 }
 
 /// Every agent-checked server of `files` whose `agent-send` the agent
+/// answers, with the identity it sends, in file order.
+fn senders(
+    files: &[(String, Vec<u8>)],
+    env: &dyn Fn(&str) -> Option<String>,
+) -> impl Iterator<Item = (Vec<u8>, model::Server)> {
+    build(files, env)
+        .servers
+        .into_iter()
+        .filter(|s| s.settings.agent_check)
+        .filter_map(|s| Some((rules::agent_send(&s, usize::MAX).ok()?, s)))
+}
+
+/// Every agent-checked server of `files` whose `agent-send` the agent
 /// answers: (the identity it sends, backend, server), in file order.
 pub fn identities(
     files: &[(String, Vec<u8>)],
     env: &dyn Fn(&str) -> Option<String>,
 ) -> Vec<(Vec<u8>, String, String)> {
-    build(files, env)
-        .servers
-        .into_iter()
-        .filter(|s| s.settings.agent_check)
-        .filter_map(|s| Some((rules::agent_send(&s, usize::MAX).ok()?, s.backend, s.name)))
+    senders(files, env)
+        .map(|(identity, s)| (identity, s.backend, s.name))
+        .collect()
+}
+
+/// The agent-checked servers of `files` in a backend whose algorithm is
+/// static (it ignores agent weights other than 0% and 100%): (the identity
+/// sent, `backend/server uses balance …`), in file order.
+pub fn static_senders(
+    files: &[(String, Vec<u8>)],
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Vec<(Vec<u8>, String)> {
+    senders(files, env)
+        .filter(|(_, s)| s.balance.is_static())
+        .map(|(identity, s)| {
+            let what = format!("{}/{} uses {}", s.backend, s.name, s.balance.describe());
+            (identity, what)
+        })
         .collect()
 }
 

@@ -350,6 +350,13 @@ impl Kv {
         assert_eq!((st, body.as_slice()), (200, &b"true"[..]), "PUT {key}");
     }
 
+    /// A key's raw value (`?raw`), `None` when absent.
+    pub fn get(&self, key: &str) -> Option<String> {
+        let (st, body) =
+            http(self.addr, "GET", &format!("/v1/kv/{key}?raw"), b"").expect("KV answers GET");
+        (st == 200).then(|| String::from_utf8_lossy(&body).into_owned())
+    }
+
     pub fn delete(&self, key: &str) {
         let (st, _) =
             http(self.addr, "DELETE", &format!("/v1/kv/{key}"), b"").expect("KV answers DELETE");

@@ -18,6 +18,7 @@ mod set;
 use std::collections::HashMap;
 use std::ffi::OsString;
 
+use crate::cli::{Args, Io};
 use crate::config::Command;
 use crate::consul::exchange::Exchange;
 use crate::consul::kv::decode_list;
@@ -278,6 +279,50 @@ fn refusal(kv: &mut Kv, keys: &[Guarded<'_>], errors: &[(usize, String)]) -> Ref
         Err(e) => Refusal::Other(format!(
             "consul refused the write of {identity}: {what} (and re-reading it failed: {e}){}",
             unseen(*at)
+        )),
+    }
+}
+
+/// The flag naming the haproxy configuration that [`static_weights`]
+/// checks (repeatable).
+pub(super) const HAPROXY_CONFIG: &str = "haproxy-config";
+
+/// Weights other than 0% and 100% for `weighted` identities: with
+/// `-haproxy-config`, refused for a server of a static-algorithm backend
+/// (haproxy ignores them: "Backend is using a static LB algorithm"), each
+/// named with its backend and `balance`; without it, one warning.
+pub(super) fn static_weights(
+    w: &Args,
+    io: &mut Io<'_>,
+    command: &str,
+    weighted: &[&str],
+) -> Result<(), String> {
+    if weighted.is_empty() {
+        return Ok(());
+    }
+    let configs = w.values(HAPROXY_CONFIG);
+    if configs.is_empty() {
+        let _ = writeln!(
+            io.err,
+            "gitlab-haproxy-agent {command}: warning: a backend with a static algorithm (balance static-rr, or hashing with hash-type map-based) ignores weights other than 0% and 100%; give -haproxy-config to check"
+        );
+        return Ok(());
+    }
+    let mut files = Vec::new();
+    for name in configs {
+        crate::cli::lint::read_config(name, &mut files)?;
+    }
+    let env = crate::cli::lint::config_env(io.env);
+    let refused: Vec<String> = crate::lint::static_senders(&files, &env)
+        .into_iter()
+        .filter(|(identity, _)| weighted.iter().any(|w| w.as_bytes() == identity.as_slice()))
+        .map(|(identity, what)| format!("{} ({what})", String::from_utf8_lossy(&identity)))
+        .collect();
+    match refused.as_slice() {
+        [] => Ok(()),
+        _ => Err(format!(
+            "a static algorithm ignores weights other than 0% and 100%, so no ramp or N% reaches {}: give drain, maint, ready, 0% or 100%, or change the backend's balance (roundrobin, leastconn, or hash-type consistent)",
+            refused.join(", ")
         )),
     }
 }

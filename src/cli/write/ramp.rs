@@ -16,7 +16,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use super::machine::{Answer, Machine, Next, Stop, Write1};
 use super::plan::{self, Held, Target, TxnAnswer};
 use super::schedule::{check_rate, offset, parse_pct, secs, Steps};
-use super::{refusal, Delivery, Guarded, Kv};
+use super::{refusal, static_weights, Delivery, Guarded, Kv, HAPROXY_CONFIG};
 use crate::cli::Args;
 use crate::cli::{usage_error, Io, FINDING, OK};
 use crate::config::daemon_flag;
@@ -24,7 +24,8 @@ use crate::contract::Desired;
 
 const HELP: &str = "\
 usage: gitlab-haproxy-agent ramp IDENTITY... -to PCT -over DURATION [-from PCT]
-       [-steps N | -steps P1,P2,...] [-then drain|maint|unset] [-dry-run] [consul flags]
+       [-steps N | -steps P1,P2,...] [-then drain|maint|unset] [-dry-run]
+       [-haproxy-config FILE]... [consul flags]
 
 Writes intermediate weights (N% values) on a schedule, every named key in one
 transaction per step. -from defaults to each key's current weight (absent or
@@ -38,14 +39,17 @@ key, the ramp stops, writes nothing more, and exits 1. A step consul refuses,
 or whose answer never comes (the keys are then read again), stops it with the
 command that resumes it from what the keys hold (exit 1); so do SIGINT and
 SIGTERM, after the write in flight (exit 130, 143). Identities are checked as
-set checks them, each named once. -dry-run prints the schedule and writes
-nothing.
+set checks them, each named once. A server that -haproxy-config FILE shows in
+a backend with a static algorithm (static-rr, map-based hashing) cannot ramp:
+haproxy ignores weights other than 0% and 100% there, so the ramp is refused
+(exit 2); without -haproxy-config a warning says so. -dry-run prints the
+schedule and writes nothing.
 ";
 
 pub fn run(args: &[OsString], io: &mut Io<'_>) -> u8 {
     let w = match Args::parse_with(
         args,
-        &["to", "over", "from", "steps", "then"],
+        &["to", "over", "from", "steps", "then", HAPROXY_CONFIG],
         &["dry-run"],
         daemon_flag,
     ) {
@@ -82,6 +86,20 @@ pub fn run(args: &[OsString], io: &mut Io<'_>) -> u8 {
         Ok(writes) => writes,
         Err(e) => return usage_error(io, "ramp", &e),
     };
+    let weighted: Vec<&str> = w
+        .positional
+        .iter()
+        .enumerate()
+        .filter(|&(k, _)| {
+            writes.iter().any(|write| {
+                matches!(write.targets[k], Target::Set(d) if !matches!(d.weight_pct(), 0 | 100) && d.admin() == crate::contract::Admin::Ready)
+            })
+        })
+        .map(|(_, i)| i.as_str())
+        .collect();
+    if let Err(e) = static_weights(&w, io, "ramp", &weighted) {
+        return usage_error(io, "ramp", &format!("nothing written: {e}"));
+    }
     if w.flag("dry-run") {
         for (k, write) in writes.iter().enumerate() {
             let _ = writeln!(

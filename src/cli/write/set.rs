@@ -8,13 +8,14 @@ use std::io::Read;
 use serde_json::json;
 
 use super::plan::{self, Change, Held, Target, TxnAnswer};
-use super::{refusal, Delivery, Guarded, Kv};
+use super::{refusal, static_weights, Delivery, Guarded, Kv, HAPROXY_CONFIG};
 use crate::cli::Args;
 use crate::cli::{usage_error, Io, FINDING, OK, USAGE};
 use crate::config::daemon_flag;
 
 const SET_HELP: &str = "\
-usage: gitlab-haproxy-agent set [-f FILE|-] [-dry-run] [-json] [consul flags] IDENTITY=VALUE...
+usage: gitlab-haproxy-agent set [-f FILE|-] [-dry-run] [-json] [-haproxy-config FILE]...
+       [consul flags] IDENTITY=VALUE...
 
 Writes the desired state of servers: VALUE is ready, drain, maint or N% (0 to
 256), checked with the agent's own rules before anything is written, as is
@@ -28,7 +29,10 @@ that may not write is refused: nothing of that transaction is written, exit 1,
 never retried. An answer that never comes is unknown: the keys are read again
 and each said applied or unknown. Prints the command that undoes what was
 written. -dry-run prints the changes and writes nothing; -json prints one JSON
-document. Consul is reached with the daemon's flags and variables
+document. N% other than 0% and 100% is refused (exit 2) for a server that
+-haproxy-config FILE shows in a backend with a static algorithm (static-rr,
+map-based hashing: haproxy ignores such weights); without -haproxy-config, a
+warning says so. Consul is reached with the daemon's flags and variables
 (-consul-addr, CONSUL_HTTP_ADDR, the token and TLS settings, -kv-prefix).
 Exit 0 written or nothing to change, 1 conflict, refused, unknown or
 unreachable, 2 usage or a bad value or identity.
@@ -56,7 +60,7 @@ pub fn run_unset(args: &[OsString], io: &mut Io<'_>) -> u8 {
 
 fn run(args: &[OsString], io: &mut Io<'_>, command: &str) -> u8 {
     let (help, values): (&str, &[&'static str]) = match command {
-        "set" => (SET_HELP, &["f"]),
+        "set" => (SET_HELP, &["f", HAPROXY_CONFIG]),
         _ => (UNSET_HELP, &[]),
     };
     let w = match Args::parse_with(args, values, &["dry-run", "json"], daemon_flag) {
@@ -85,6 +89,14 @@ fn run(args: &[OsString], io: &mut Io<'_>, command: &str) -> u8 {
             return USAGE;
         }
     };
+    let weighted: Vec<&str> = wanted
+        .iter()
+        .filter(|(_, t)| matches!(t, Target::Set(d) if !matches!(d.weight_pct(), 0 | 100)))
+        .map(|(i, _)| i.as_str())
+        .collect();
+    if let Err(e) = static_weights(&w, io, command, &weighted) {
+        return usage_error(io, command, &format!("nothing written: {e}"));
+    }
     let identities: Vec<String> = wanted.iter().map(|(i, _)| i.clone()).collect();
     let held = match kv.read(&identities) {
         Ok(held) => held,
