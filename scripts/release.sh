@@ -5,7 +5,8 @@
 #   dist/checksums.txt                                         (sha256sum format)
 #
 # Each archive holds one top-level directory of the same name with the binary,
-# README.md, LICENSE, the systemd unit and the environment file.
+# README.md and the docs/*.md it links, LICENSE, the systemd unit and the
+# environment file.
 #
 # The binary is built with cargo-zigbuild against glibc 2.17 symbol versions
 # (target x86_64-unknown-linux-gnu.2.17 and so on), so it runs on glibc 2.17
@@ -136,9 +137,11 @@ for t in "${targets[@]}"; do
     || die "cargo zigbuild for $t.$glibc_floor failed"
 
   dir="${name}_${version}_linux_${arch}"
-  mkdir -p "$stage/$dir/packaging"
+  mkdir -p "$stage/$dir/packaging" "$stage/$dir/docs"
   install -m 0755 "$target_dir/$t/release/$name" "$stage/$dir/$name"
   install -m 0644 README.md LICENSE "$stage/$dir/"
+  # The pages README.md links (its images stay in the repository).
+  install -m 0644 docs/*.md "$stage/$dir/docs/"
   install -m 0644 "packaging/$name.service" "packaging/$name.env" "$stage/$dir/packaging/"
 
   tar -C "$stage" --sort=name --owner=0 --group=0 --numeric-owner \

@@ -558,12 +558,15 @@ fn monitoring_rules_pass_promtool_and_name_real_metrics() {
         .filter_map(|l| l.trim().strip_prefix("runbook: "))
         .collect();
     assert_eq!(runbooks.len(), names.len(), "one runbook per alert");
-    let readme =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+    let readme = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/docs/observability.md"
+    ))
+    .unwrap();
     for (name, runbook) in names.iter().zip(&runbooks) {
         assert!(
             readme.contains(&format!("- **`{name}`**")),
-            "{name} is not listed in the README"
+            "{name} is not listed in docs/observability.md"
         );
         assert!(
             runbook.contains("Check:")

@@ -203,6 +203,8 @@ fn release_archive_unpacks_and_runs() {
     for f in [
         "gitlab-haproxy-agent",
         "README.md",
+        "docs/incident.md",
+        "docs/flags.md",
         "LICENSE",
         "packaging/gitlab-haproxy-agent.service",
         "packaging/gitlab-haproxy-agent.env",

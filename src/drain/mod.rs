@@ -306,8 +306,10 @@ fn master_row(row: &mut Row, key: &ServerKey, workers: &[(Worker, WorkerAnswer)]
         if stat.sessions.max(stat.queued) > 0 {
             let old = if worker.old { " (old)" } else { "" };
             row.holders.push(format!(
-                "worker {}{old}: {} sessions, {} queued",
-                worker.pid, stat.sessions, stat.queued
+                "worker {}{old}: {}, {} queued",
+                worker.pid,
+                show::plural(stat.sessions, "session", "sessions"),
+                stat.queued
             ));
         }
     }
@@ -345,9 +347,9 @@ fn prometheus_row(row: &mut Row, instances: &[Instance], rules: &Rules) {
         .filter(|i| count(i.sessions).max(count(i.queued)) > 0)
         .map(|i| {
             format!(
-                "{}: {} sessions, {} queued",
+                "{}: {}, {} queued",
                 i.name,
-                count(i.sessions),
+                show::plural(count(i.sessions), "session", "sessions"),
                 count(i.queued)
             )
         })
