@@ -168,6 +168,15 @@ pub struct EventLoop {
     shutdown_deadline: Option<Instant>,
 }
 
+/// A seed that differs between agents started together: the time and the
+/// process id.
+fn jitter_seed() -> u64 {
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(1, |d| d.as_nanos() as u64)
+        ^ u64::from(std::process::id())
+}
+
 impl EventLoop {
     pub fn new(config: &Config, listeners: Listeners) -> io::Result<EventLoop> {
         let poll = Poll::new()?;
@@ -191,10 +200,7 @@ impl EventLoop {
             signal_hook::consts::SIGINT,
         ])?;
         reg.register(&mut signals, SIGNALS, Interest::READABLE)?;
-        let seed = SystemTime::now()
-            .duration_since(SystemTime::UNIX_EPOCH)
-            .map_or(1, |d| d.as_nanos() as u64)
-            ^ u64::from(std::process::id());
+        let seed = jitter_seed();
         let devkv = http_listeners[Role::DevKv.index()]
             .as_ref()
             .map(|_| DevKv::new(true));

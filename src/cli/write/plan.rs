@@ -116,6 +116,12 @@ pub enum Target {
 }
 
 impl Target {
+    /// A weight other than 0% and 100%, which a static-algorithm backend
+    /// ignores.
+    pub fn intermediate(self) -> bool {
+        matches!(self, Target::Set(d) if !matches!(d.weight_pct(), 0 | 100))
+    }
+
     pub fn render(self) -> String {
         match self {
             Target::Set(d) => reply(d),

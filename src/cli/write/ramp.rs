@@ -86,18 +86,7 @@ pub fn run(args: &[OsString], io: &mut Io<'_>) -> u8 {
         Ok(writes) => writes,
         Err(e) => return usage_error(io, "ramp", &e),
     };
-    let weighted: Vec<&str> = w
-        .positional
-        .iter()
-        .enumerate()
-        .filter(|&(k, _)| {
-            writes.iter().any(|write| {
-                matches!(write.targets[k], Target::Set(d) if !matches!(d.weight_pct(), 0 | 100) && d.admin() == crate::contract::Admin::Ready)
-            })
-        })
-        .map(|(_, i)| i.as_str())
-        .collect();
-    if let Err(e) = static_weights(&w, io, "ramp", &weighted) {
+    if let Err(e) = static_weights(&w, io, "ramp", &weighted(&w.positional, &writes)) {
         return usage_error(io, "ramp", &format!("nothing written: {e}"));
     }
     if w.flag("dry-run") {
@@ -132,6 +121,18 @@ pub fn run(args: &[OsString], io: &mut Io<'_>) -> u8 {
     let mut machine = Machine::new(writes, &held);
     let stop = execute(io, &mut kv, &run, &mut machine, &signal);
     report(io, &run, machine.writes(), &stop)
+}
+
+/// The identities that some write gives a weight other than 0% and 100%
+/// (which a static-algorithm backend ignores).
+fn weighted<'a>(ids: &'a [String], writes: &[Write1]) -> Vec<&'a str> {
+    let intermediate =
+        |t: &Target| matches!(t, Target::Set(d) if !matches!(d.weight_pct(), 0 | 100));
+    ids.iter()
+        .enumerate()
+        .filter(|&(k, _)| writes.iter().any(|w| intermediate(&w.targets[k])))
+        .map(|(_, i)| i.as_str())
+        .collect()
 }
 
 /// The ramp as asked.

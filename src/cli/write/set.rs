@@ -91,7 +91,7 @@ fn run(args: &[OsString], io: &mut Io<'_>, command: &str) -> u8 {
     };
     let weighted: Vec<&str> = wanted
         .iter()
-        .filter(|(_, t)| matches!(t, Target::Set(d) if !matches!(d.weight_pct(), 0 | 100)))
+        .filter(|(_, t)| t.intermediate())
         .map(|(i, _)| i.as_str())
         .collect();
     if let Err(e) = static_weights(&w, io, command, &weighted) {
