@@ -18,12 +18,10 @@
 
 mod support;
 
-use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::net::SocketAddr;
 use std::time::Duration;
 
-use support::haproxy::{haproxy_version, Haproxy, Row};
+use support::haproxy::{haproxy_version, Haproxy, RealServer, Row};
 use support::{unique_prefix, wait_for, Agent, Kv, BIN};
 
 const SEC: Duration = Duration::from_secs(1);
@@ -31,56 +29,6 @@ const SEC: Duration = Duration::from_secs(1);
 /// The line under test has the agent-health defect.
 fn trap_line() -> bool {
     matches!(haproxy_version().0, (3, 3) | (3, 4))
-}
-
-/// A real server that can be stopped and started again on its port, so
-/// that haproxy's health check fails and recovers.
-struct Real {
-    addr: SocketAddr,
-    running: Option<(Arc<AtomicBool>, std::thread::JoinHandle<()>)>,
-}
-
-impl Real {
-    fn start() -> Real {
-        let mut real = Real {
-            addr: "127.0.0.1:0".parse().unwrap(),
-            running: None,
-        };
-        real.up();
-        real
-    }
-
-    /// Listens (again) on its port, accepting and dropping connections.
-    fn up(&mut self) {
-        let l = TcpListener::bind(self.addr).expect("bind the real server");
-        self.addr = l.local_addr().unwrap();
-        let stop = Arc::new(AtomicBool::new(false));
-        let flag = Arc::clone(&stop);
-        let thread = std::thread::spawn(move || {
-            for conn in l.incoming() {
-                if flag.load(Ordering::Relaxed) {
-                    break;
-                }
-                drop(conn);
-            }
-        });
-        self.running = Some((stop, thread));
-    }
-
-    /// Stops listening: connections are refused.
-    fn down(&mut self) {
-        if let Some((stop, thread)) = self.running.take() {
-            stop.store(true, Ordering::Relaxed);
-            let _ = TcpStream::connect_timeout(&self.addr, SEC);
-            let _ = thread.join();
-        }
-    }
-}
-
-impl Drop for Real {
-    fn drop(&mut self) {
-        self.down();
-    }
 }
 
 /// The agent settings every shape gives its servers.
@@ -133,7 +81,7 @@ fn maint_and_health_by_shape(reply_up: bool) {
     let kv = Kv::dev();
     let prefix = unique_prefix(&format!("shapes-{reply_up}"));
     let a = agent(&kv, &prefix, reply_up);
-    let mut real = Real::start();
+    let mut real = RealServer::start();
     let addr = real.addr;
     let port = a.listen().port();
     let hap = Haproxy::start_with("shapes", 3, |_| shapes(port, addr));
@@ -197,19 +145,32 @@ fn with_reply_up_every_shape_leaves_maint_and_recovers_and_health_still_counts()
     maint_and_health_by_shape(true);
 }
 
-/// `lint-haproxy` on `config` for haproxy `line` (`None`: not said).
-fn lint(config: &std::path::Path, extra: &[&str]) -> (i32, String) {
+/// The agent binary with `args`: (exit code, stdout, stderr).
+fn run(args: &[&str]) -> (i32, String, String) {
     let out = std::process::Command::new(BIN)
-        .arg("lint-haproxy")
-        .arg(config)
-        .args(extra)
+        .args(args)
         .env_remove("GITLAB_HAPROXY_AGENT_LISTEN_ADDR")
+        .stdin(std::process::Stdio::null())
         .output()
         .unwrap();
     (
         out.status.code().unwrap_or(-1),
         String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
     )
+}
+
+/// `lint-haproxy CONFIG EXTRA...`: (exit code, stdout).
+fn lint(config: &std::path::Path, extra: &[&str]) -> (i32, String) {
+    let config = config.to_str().unwrap();
+    let (code, out, _) = run(&[&["lint-haproxy", config][..], extra].concat());
+    (code, out)
+}
+
+/// A writer command (`set`, `ramp`, …) against `kv` under `prefix`.
+fn write(kv: &Kv, prefix: &str, args: &[&str]) -> (i32, String, String) {
+    let consul = format!("http://{}", kv.addr);
+    run(&[args, &["-consul-addr", &consul, "-kv-prefix", prefix][..]].concat())
 }
 
 /// `lint-haproxy` pointed at the haproxy under test names the trap where
@@ -292,6 +253,62 @@ fn a_static_algorithm_ignores_intermediate_weights_and_the_lint_says_so() {
             "{out}"
         );
     }
+
+    // The writers given the config refuse what haproxy would ignore, and
+    // write nothing; 0% and 100% pass; without the config, a warning.
+    let config = hap.config_path();
+    let config = config.to_str().unwrap();
+    let key = format!("{prefix}/be_static/srv1");
+    let set = |value: &str, extra: &[&str]| {
+        let word = format!("be_static/srv1={value}");
+        write(&kv, &prefix, &[&["set", word.as_str()][..], extra].concat())
+    };
+    let (code, _, err) = set("25%", &["-haproxy-config", config]);
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("be_static/srv1 (be_static/srv1 uses balance static-rr)")
+            && err.contains("nothing written"),
+        "{err}"
+    );
+    assert_eq!(kv.get(&key).as_deref(), Some("0%"), "nothing written");
+    let ramp = [
+        "ramp",
+        "be_source/srv1",
+        "-from",
+        "0%",
+        "-to",
+        "100%",
+        "-over",
+        "2s",
+        "-steps",
+        "2",
+        "-haproxy-config",
+        config,
+    ];
+    let (code, _, err) = write(&kv, &prefix, &ramp);
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("be_source/srv1 uses balance source (hash-type map-based)"),
+        "{err}"
+    );
+    assert_eq!(
+        kv.get(&format!("{prefix}/be_source/srv1")).as_deref(),
+        Some("0%"),
+        "nothing written"
+    );
+    let (code, _, err) = set("100%", &["-haproxy-config", config]);
+    assert_eq!((code, err.as_str()), (0, ""));
+    assert_eq!(
+        kv.get(&key).as_deref(),
+        Some("ready"),
+        "100% is written as ready"
+    );
+    let (code, _, err) = set("25%", &[]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        err.contains("warning: a backend with a static algorithm"),
+        "{err}"
+    );
 }
 
 /// A server added at runtime (`add server`) cannot reach this agent:

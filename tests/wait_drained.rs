@@ -500,7 +500,7 @@ fn prometheus_sees_the_session_close_and_no_data_is_not_zero() {
     ));
     let (code, out, _, _) = w.finish(10 * SEC);
     assert_eq!(code, 1, "{out}");
-    let holder = format!("holding: {}: 1 sessions, 0 queued", lb1.promex);
+    let holder = format!("holding: {}: 1 session, 0 queued", lb1.promex);
     assert!(
         out.contains(&format!(
             "app/s1 at {url}: 1 session, 0 queued, DRAIN: {holder}"

@@ -107,17 +107,27 @@ pub fn servers(backend: &str, n: usize) -> Vec<Server> {
 }
 
 /// A plain TCP listener standing in for the real server: accepts and drops
-/// connections until dropped.
-struct RealServer {
-    addr: SocketAddr,
-    stop: Arc<AtomicBool>,
-    thread: Option<std::thread::JoinHandle<()>>,
+/// connections until dropped, so health checks pass; [`RealServer::down`]
+/// and [`RealServer::up`] make them fail and recover on the same port.
+pub struct RealServer {
+    pub addr: SocketAddr,
+    running: Option<(Arc<AtomicBool>, std::thread::JoinHandle<()>)>,
 }
 
 impl RealServer {
-    fn start() -> RealServer {
-        let l = TcpListener::bind("127.0.0.1:0").expect("bind real server");
-        let addr = l.local_addr().unwrap();
+    pub fn start() -> RealServer {
+        let mut real = RealServer {
+            addr: "127.0.0.1:0".parse().unwrap(),
+            running: None,
+        };
+        real.up();
+        real
+    }
+
+    /// Listens (again) on its port.
+    pub fn up(&mut self) {
+        let l = TcpListener::bind(self.addr).expect("bind real server");
+        self.addr = l.local_addr().unwrap();
         let stop = Arc::new(AtomicBool::new(false));
         let flag = Arc::clone(&stop);
         let thread = std::thread::spawn(move || {
@@ -128,22 +138,23 @@ impl RealServer {
                 drop(conn);
             }
         });
-        RealServer {
-            addr,
-            stop,
-            thread: Some(thread),
+        self.running = Some((stop, thread));
+    }
+
+    /// Stops listening: connections are refused.
+    pub fn down(&mut self) {
+        if let Some((stop, thread)) = self.running.take() {
+            stop.store(true, Ordering::Relaxed);
+            // Wake the blocking accept.
+            let _ = TcpStream::connect_timeout(&self.addr, Duration::from_secs(1));
+            let _ = thread.join();
         }
     }
 }
 
 impl Drop for RealServer {
     fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        // Wake the blocking accept.
-        let _ = TcpStream::connect_timeout(&self.addr, Duration::from_secs(1));
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
+        self.down();
     }
 }
 
