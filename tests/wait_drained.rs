@@ -411,8 +411,9 @@ fn identities_map_through_the_haproxy_config_agent_send() {
 }
 
 /// A loopback Prometheus stand-in: every instant query is answered from a
-/// fresh scrape of `targets` (haproxy exporters), or with no series while
-/// `empty` is set.
+/// fresh scrape of `targets` (haproxy exporters): the server metrics, the
+/// process start time, or `last_over_time` of the sessions (as now: the
+/// stand-in keeps no history); with no series while `empty` is set.
 struct Prometheus {
     addr: SocketAddr,
     empty: Arc<AtomicBool>,
@@ -435,8 +436,26 @@ impl Prometheus {
                 assert!(head.starts_with("GET /api/v1/query?query="), "{head}");
                 let series = if flag.load(Ordering::Relaxed) {
                     Vec::new()
+                } else if head.contains(START_TIME) {
+                    scrape(&targets, &[START_TIME])
+                } else if head.contains("last_over_time") {
+                    // A function's result has no metric name (Prometheus's
+                    // `promql/functions.go`, `funcLastOverTime` keeps the
+                    // labels but the engine drops `__name__`).
+                    let mut series = scrape(&targets, &[SESSIONS]);
+                    for s in &mut series {
+                        s["metric"].as_object_mut().unwrap().remove("__name__");
+                    }
+                    series
                 } else {
-                    scrape(&targets)
+                    scrape(
+                        &targets,
+                        &[
+                            SESSIONS,
+                            "haproxy_server_current_queue",
+                            "haproxy_server_status",
+                        ],
+                    )
                 };
                 let body = serde_json::json!({"status": "success", "data": {"resultType": "vector", "result": series}}).to_string();
                 let _ = write!(conn, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}", body.len());
@@ -450,21 +469,24 @@ impl Prometheus {
     }
 }
 
-/// The three server metrics of each exporter, as instant-query series.
-fn scrape(targets: &[SocketAddr]) -> Vec<serde_json::Value> {
+const SESSIONS: &str = "haproxy_server_current_sessions";
+const START_TIME: &str = "haproxy_process_start_time_seconds";
+
+/// The series of `names` from each exporter, as instant-query series
+/// (`instance` set to the exporter's address, `job` haproxy).
+fn scrape(targets: &[SocketAddr], names: &[&str]) -> Vec<serde_json::Value> {
     let mut series = Vec::new();
     for t in targets {
         let (_, body) = http(*t, "GET", "/metrics", b"").expect("the exporter answers");
         for line in String::from_utf8_lossy(&body).lines() {
-            let Some((name, rest)) = line.split_once('{') else {
-                continue;
+            let (name, rest) = match line.split_once('{') {
+                Some((name, rest)) => (name, rest.to_owned()),
+                None => match line.split_once(' ') {
+                    Some((name, value)) => (name, format!("}} {value}")),
+                    None => continue,
+                },
             };
-            if !matches!(
-                name,
-                "haproxy_server_current_sessions"
-                    | "haproxy_server_current_queue"
-                    | "haproxy_server_status"
-            ) {
+            if !names.contains(&name) {
                 continue;
             }
             let (labels, value) = rest.rsplit_once("} ").unwrap();
@@ -472,7 +494,7 @@ fn scrape(targets: &[SocketAddr]) -> Vec<serde_json::Value> {
             metric.insert("__name__".into(), name.into());
             metric.insert("instance".into(), t.to_string().into());
             metric.insert("job".into(), "haproxy".into());
-            for pair in labels.split(',') {
+            for pair in labels.split(',').filter(|p| !p.is_empty()) {
                 let (k, v) = pair.split_once('=').unwrap();
                 metric.insert(k.into(), v.trim_matches('"').into());
             }
@@ -671,5 +693,72 @@ fn a_reload_with_sessions_open_is_drained_only_through_the_master_socket() {
     assert!(
         out.contains(" old]"),
         "the table names the old worker: {out}"
+    );
+}
+
+/// A server that every source answers without listing (a typo) is named on
+/// the first poll, not after the whole `-timeout`.
+#[test]
+fn a_server_no_source_lists_is_named_at_once() {
+    let (a, _kv, _prefix) = agent("typo");
+    let real = Holding::start();
+    let lb = Lb::start("typo", a.listen().port(), real.addr);
+    let (unix, iv) = (lb.unix(), interval());
+    let started = Instant::now();
+    let w = WaitDrained::start(&format!(
+        "app/s1 app/nope -haproxy-socket {unix} -timeout 60s -interval {iv}"
+    ));
+    let (code, out, _, exited) = w.finish(10 * SEC);
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        exited - started < 5 * SEC,
+        "named after {:?}",
+        exited - started
+    );
+    assert!(
+        out.contains("no source lists app/nope: is the backend/server name right?"),
+        "{out}"
+    );
+}
+
+/// Draining a failing server, the most common incident case: held in drain
+/// by the agent and DOWN (its health check fails), `show stat` says only
+/// `DOWN`; `show servers state`'s admin state (8, forced drain) makes it
+/// drained with 0 sessions, also under `-require-drain`.
+#[test]
+fn a_drained_server_that_is_down_is_drained_under_require_drain() {
+    let (a, kv, prefix) = agent("down");
+    let mut real = support::haproxy::RealServer::start();
+    let lb = Lb::start("down", a.listen().port(), real.addr);
+    kv.put(&format!("{prefix}/app/s1"), "drain");
+    lb.wait_status("DRAIN");
+    real.down();
+    lb.hap
+        .wait_server("app/s1", "DOWN", 10 * SEC, |r| r.status() == "DOWN");
+    let admin = lb.hap.servers_state()["app/s1"]
+        .get("srv_admin_state")
+        .to_owned();
+    assert_eq!(admin, "8", "forced drain");
+    let (unix, iv) = (lb.unix(), interval());
+    let w = WaitDrained::start(&format!(
+        "app/s1 -haproxy-socket {unix} -require-drain -timeout 3s -interval {iv}"
+    ));
+    let (code, out, _, _) = w.finish(10 * SEC);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("0 sessions, 0 queued, DOWN: drained"), "{out}");
+    // Not held by the agent, a DOWN server is not drained under
+    // -require-drain: it takes sessions again once its check passes.
+    kv.delete(&format!("{prefix}/app/s1"));
+    lb.hap.wait_server("app/s1", "ready, DOWN", 5 * SEC, |_| {
+        lb.hap.servers_state()["app/s1"].get("srv_admin_state") == "0"
+    });
+    let w = WaitDrained::start(&format!(
+        "app/s1 -haproxy-socket {unix} -require-drain -timeout 1s -interval {iv}"
+    ));
+    let (code, out, _, _) = w.finish(10 * SEC);
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        out.contains("NOT DRAINED (-require-drain): status DOWN"),
+        "{out}"
     );
 }
