@@ -412,8 +412,9 @@ fn identities_map_through_the_haproxy_config_agent_send() {
 
 /// A loopback Prometheus stand-in: every instant query is answered from a
 /// fresh scrape of `targets` (haproxy exporters): the server metrics, the
-/// process start time, or `last_over_time` of the sessions (as now: the
-/// stand-in keeps no history); with no series while `empty` is set.
+/// process start time, `last_over_time` of the sessions (as now: the
+/// stand-in keeps no history) or `changes` of the start time (0); with no
+/// series while `empty` is set.
 struct Prometheus {
     addr: SocketAddr,
     empty: Arc<AtomicBool>,
@@ -436,6 +437,15 @@ impl Prometheus {
                 assert!(head.starts_with("GET /api/v1/query?query="), "{head}");
                 let series = if flag.load(Ordering::Relaxed) {
                     Vec::new()
+                } else if head.contains("changes%28") {
+                    // No history here: no start time changed within the
+                    // lookback (`changes` drops the name as well).
+                    let mut series = scrape(&targets, &[START_TIME]);
+                    for s in &mut series {
+                        s["metric"].as_object_mut().unwrap().remove("__name__");
+                        s["value"][1] = "0".into();
+                    }
+                    series
                 } else if head.contains(START_TIME) {
                     scrape(&targets, &[START_TIME])
                 } else if head.contains("last_over_time") {

@@ -19,39 +19,52 @@ use super::fetch::{connect, exchange, http_get, Timed};
 use super::lint::{config_env, read_config};
 use super::{begin, usage_error, Io, FINDING, OK};
 use crate::config::{parse_http_url, parse_stats_socket, StatsSocket};
-use crate::drain::process::{InfoReader, ProcReader, StateReader};
+use crate::drain::process::{InfoReader, ProcReader, Process, StateReader, Worker};
 use crate::drain::stat::{ServerKey, ServerStat, StatReader};
 use crate::drain::{judge, prom, show, Poll, Reading, Rules, Seen, Target};
 use crate::gocompat::parse_go_duration;
 
 const HELP: &str = "\
 usage: gitlab-haproxy-agent wait-drained IDENTITY... -timeout DURATION
-           [-haproxy-socket ADDR]... [-prometheus URL [-expect-instances N]]
+           [-haproxy-master-socket ADDR]... [-haproxy-socket ADDR]...
+           [-prometheus URL [-expect-instances N] [-prometheus-lookback 10m]]
            [-haproxy-config FILE]... [-interval 1s] [-require-drain] [-json]
 
 Waits until no haproxy holds a session or a queued request for the servers
 the identities name, asking haproxy itself:
-  -haproxy-socket ADDR  a stats socket (repeatable): a unix path, or
+  -haproxy-master-socket ADDR  the master CLI of a master-worker haproxy
+                        (-S of its command line; repeatable): show proc, then
+                        every worker, old ones left by a reload included,
+                        summed. Give this one on a master-worker haproxy.
+  -haproxy-socket ADDR  a worker's stats socket (repeatable): a unix path, or
                         ipv4@HOST:PORT / ipv6@[HOST]:PORT as haproxy writes
-                        them; asked `show stat` (scur, qcur, status)
+                        them; asked show info, show stat, show servers state.
+                        It sees its own process only: a reload during the
+                        wait is not drained, a process younger than an hour
+                        (or hard-stop-after) gets a warning
   -prometheus URL       http://HOST:PORT[/prefix] of a Prometheus scraping
                         haproxy's prometheus-exporter: sums
                         haproxy_server_current_sessions and _queue over
-                        every instance; -expect-instances N wants at least N
-                        instances reporting each server
+                        every instance; an instance that reported the server
+                        within -prometheus-lookback (10m) and not now, or
+                        whose process start time changed (a reload) or is
+                        not exported, is not drained; -expect-instances N
+                        wants at least N instances reporting each server
 An identity is backend/server (split at the first /), or with
 -haproxy-config FILE (repeatable; a directory as haproxy reads it) the
 agent-send of the agent-checked server lines that send it.
 Drained: every source reports the server with 0 sessions and 0 queued. A
 source that does not report it, cannot be reached, answers garbage, or a
 Prometheus without data (or with fewer instances than asked) is not
-drained, and the command says why. A status other than DRAIN or MAINT
-gets a warning (0 sessions by chance while still taking new ones);
+drained, and the command says why; a server no source lists ends the wait
+at once. A server taking new sessions (neither held in drain or maint by
+its admin state, nor DRAIN or MAINT) gets a warning (0 sessions by chance);
 -require-drain counts it as not drained. Polls every -interval (default
 1s; each source gets at most that long to answer): a live table on a
 terminal, else one line per change; -json prints the last poll as one
-document. Exit 0: all drained; 1: the timeout, naming each server still
-holding sessions, where and how many; 2: usage.
+document. Exit 0: all drained; 1: the timeout (or a server no source
+lists), naming each server still holding sessions, where and how many; 2:
+usage.
 ";
 
 /// How far back Prometheus is asked which instances reported a server.
@@ -116,6 +129,9 @@ impl Source {
                             prefix, servers, *lookback,
                         ))?)?,
                         starts: prom::read_starts(&ask(prom::start_times_target(prefix))?)?,
+                        restarts: prom::read_starts(&ask(prom::restarts_target(
+                            prefix, *lookback,
+                        ))?)?,
                     }))
                 };
                 reading()
@@ -474,19 +490,28 @@ fn stats_socket(
     servers: &[ServerKey],
     deadline: Instant,
 ) -> Result<Reading, String> {
+    let before = show_info(at, deadline)?;
+    let servers = worker(at, "", servers, deadline)?;
+    // A reload between the questions would pass the new process's counts
+    // for the old one's: asked again, a change is a reload.
+    let after = show_info(at, deadline)?;
+    Ok(Reading::Socket {
+        process: [before, after],
+        servers,
+    })
+}
+
+/// Which process answers `at`.
+fn show_info(at: &StatsSocket, deadline: Instant) -> Result<Process, String> {
     let mut info = InfoReader::default();
     cli(at, "show info", deadline, |d| info.feed(d))?;
-    let process = info.finish()?;
-    let servers = worker(at, "", servers, deadline)?;
-    Ok(Reading::Socket { process, servers })
+    info.finish()
 }
 
 /// A master socket: `show proc`, then every worker's servers, old ones
-/// included (each worker asked at once).
+/// included (each worker asked at once), then `show proc` again.
 fn master(at: &StatsSocket, servers: &[ServerKey], deadline: Instant) -> Result<Reading, String> {
-    let mut proc = ProcReader::default();
-    cli(at, "show proc", deadline, |d| proc.feed(d))?;
-    let workers = proc.finish()?;
+    let workers = show_proc(at, deadline)?;
     let answers = std::thread::scope(|scope| {
         let asks: Vec<_> = workers
             .iter()
@@ -499,7 +524,22 @@ fn master(at: &StatsSocket, servers: &[ServerKey], deadline: Instant) -> Result<
             })
             .collect::<Vec<_>>()
     });
+    // A reload while the workers were asked leaves a worker unasked: this
+    // poll cannot be trusted (the next one asks them all).
+    if show_proc(at, deadline)? != workers {
+        return Err(
+            "the workers changed while they were asked (a reload): asked again at the next poll"
+                .into(),
+        );
+    }
     Ok(Reading::Master(workers.into_iter().zip(answers).collect()))
+}
+
+/// The workers the master lists.
+fn show_proc(at: &StatsSocket, deadline: Instant) -> Result<Vec<Worker>, String> {
+    let mut proc = ProcReader::default();
+    cli(at, "show proc", deadline, |d| proc.feed(d))?;
+    proc.finish()
 }
 
 /// A unix stream connection made by `deadline` (a listener whose backlog
@@ -620,14 +660,20 @@ mod tests {
         };
         assert_eq!(got[&servers()[0]].sessions, 2);
         assert_eq!(got[&servers()[0]].admin, Some(8));
-        assert_eq!((process.pid, process.start), (42, Some(1000)));
+        assert_eq!(
+            process,
+            [Process {
+                pid: 42,
+                start: Some(1000)
+            }; 2]
+        );
 
         let path = std::env::temp_dir().join(format!("gha-wd-{}.sock", std::process::id()));
         let _ = std::fs::remove_file(&path);
         let l = std::os::unix::net::UnixListener::bind(&path).unwrap();
         let t = std::thread::spawn(move || {
             let mut commands = Vec::new();
-            for _ in 0..3 {
+            for _ in 0..4 {
                 let (mut s, _) = l.accept().unwrap();
                 let command = read_command(&mut s);
                 // The command is followed by the client's half-close.
@@ -647,7 +693,12 @@ mod tests {
         assert_eq!(got[&servers()[0]].status, "DRAIN");
         assert_eq!(
             t.join().unwrap(),
-            ["show info", "show stat -1 4 -1", "show servers state"]
+            [
+                "show info",
+                "show stat -1 4 -1",
+                "show servers state",
+                "show info"
+            ]
         );
         let _ = std::fs::remove_file(&path);
     }
@@ -695,6 +746,69 @@ mod tests {
             ]
         );
         assert_eq!(show::line(row, &Rules::default()), "app/s1 at master [20, 10 old]: 7 sessions, 0 queued, DRAIN: holding: worker 20: 2 sessions, 0 queued; worker 10 (old): 5 sessions, 0 queued");
+    }
+
+    /// A reload between the questions of one poll (show info answered by
+    /// the old process, the rest by the new): a reload, not drained.
+    #[test]
+    fn a_reload_between_the_questions_of_one_poll_is_a_reload() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        static INFOS: AtomicUsize = AtomicUsize::new(0);
+        let addr = server(30, |mut s| {
+            let command = read_command(&mut s);
+            let reply: &[u8] = match command.as_str() {
+                "show info" if INFOS.fetch_add(1, Ordering::SeqCst) == 0 => INFO,
+                "show info" => b"Name: HAProxy\nPid: 43\nStart_time_sec: 1000\n\n",
+                other => answer(other),
+            };
+            let _ = s.write_all(reply);
+        });
+        let reading = socket_source(addr).read(&servers(), Instant::now() + Duration::from_secs(5));
+        let targets = [Target {
+            identity: "app/s1".into(),
+            servers: servers(),
+        }];
+        let poll = judge(
+            &targets,
+            &[("a".into(), reading)],
+            &Rules::default(),
+            &mut Seen::default(),
+            0,
+        );
+        let problem = poll.rows[0].problem.clone().unwrap_or_default();
+        assert!(
+            problem.starts_with("haproxy reloaded during the wait (process 42 is now 43)"),
+            "{poll:?}"
+        );
+    }
+
+    /// A reload while a master's workers are asked (a worker left unasked):
+    /// that poll fails.
+    #[test]
+    fn workers_that_change_while_asked_fail_the_poll() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        static PROCS: AtomicUsize = AtomicUsize::new(0);
+        let addr = server(30, |mut s| {
+            let command = read_command(&mut s);
+            let reply: Vec<u8> = match command.split_once(' ') {
+                _ if command == "show proc" => {
+                    let pid = 20 + PROCS.fetch_add(1, Ordering::SeqCst);
+                    format!("#<PID> <type>\n1 master\n# workers\n{pid} worker\n").into_bytes()
+                }
+                Some((_, rest)) => answer(rest).to_vec(),
+                None => Vec::new(),
+            };
+            let _ = s.write_all(&reply);
+        });
+        let master = Source::Master {
+            label: "m".into(),
+            at: StatsSocket::Tcp(addr),
+        };
+        let reading = master.read(&servers(), Instant::now() + Duration::from_secs(5));
+        assert!(
+            matches!(&reading, Reading::Failed(why) if why.starts_with("the workers changed while they were asked")),
+            "{reading:?}"
+        );
     }
 
     /// Fails within `limit` of asking, with `want`.
@@ -804,7 +918,12 @@ mod tests {
             let mut req = [0u8; 4096];
             let n = s.read(&mut req).unwrap();
             let req = String::from_utf8_lossy(&req[..n]).into_owned();
-            let (status, body) = if req.contains("haproxy_process_start_time_seconds") {
+            let (status, body) = if req.contains("changes%28haproxy_process_start_time_seconds") {
+                (
+                    "200 OK",
+                    r#"{"status":"success","data":{"resultType":"vector","result":[{"metric":{"instance":"lb1"},"value":[1,"0"]}]}}"#,
+                )
+            } else if req.contains("haproxy_process_start_time_seconds") {
                 (
                     "200 OK",
                     r#"{"status":"success","data":{"resultType":"vector","result":[{"metric":{"__name__":"haproxy_process_start_time_seconds","instance":"lb1"},"value":[1,"1000"]}]}}"#,
@@ -840,6 +959,7 @@ mod tests {
         assert_eq!(got.servers[&servers()[0]][0].sessions, Some(3.0));
         assert_eq!(got.seen[&servers()[0]], ["lb2".to_owned()].into());
         assert_eq!(got.starts, [("lb1".to_owned(), 1000.0)].into());
+        assert_eq!(got.restarts, [("lb1".to_owned(), 0.0)].into());
         let mut bad = prometheus_source(addr);
         if let Source::Prometheus { prefix, .. } = &mut bad {
             *prefix = "/bad".into();

@@ -37,11 +37,12 @@ pub type WorkerAnswer = Result<HashMap<ServerKey, ServerStat>, String>;
 pub enum Reading {
     /// It could not be asked, or answered garbage: the reason.
     Failed(String),
-    /// A stats socket: the process answering it (`show info`) and its
-    /// `show stat` (with `show servers state`'s admin bits) for the
-    /// servers asked about.
+    /// A stats socket: the process answering it (`show info`, asked before
+    /// and after the rest: a reload in between is two processes, and
+    /// [`Seen`] takes it as one) and its `show stat` (with `show servers
+    /// state`'s admin bits) for the servers asked about.
     Socket {
-        process: Process,
+        process: [Process; 2],
         servers: HashMap<ServerKey, ServerStat>,
     },
     /// A master socket: every worker it lists (old ones too) and what each
@@ -212,15 +213,15 @@ pub fn judge(
                         socket_row(&mut row, servers.get(key));
                         if let Some(why) = seen.reloaded(source) {
                             row.problem = Some(why);
-                        } else if let Some(note) = young(process, rules, now) {
+                        } else if let Some(note) = young(&process[1], rules, now) {
                             row.notes.push(note);
                         }
                     }
                     Reading::Master(workers) => master_row(&mut row, key, workers),
                     Reading::Prometheus(reading) => {
-                        let now = reading.servers.get(key).map_or(&[][..], Vec::as_slice);
-                        prometheus_row(&mut row, now, rules);
-                        seen.prometheus_problems(&mut row, source, key, now);
+                        let instances = reading.servers.get(key).map_or(&[][..], Vec::as_slice);
+                        prometheus_row(&mut row, instances, rules);
+                        seen.prometheus_problems(&mut row, (source, key), reading, (rules, now));
                     }
                 }
                 rows.push(row);
@@ -402,18 +403,26 @@ mod tests {
     }
 
     fn socket(rows: &[(&str, u64, u64, &str)]) -> Reading {
+        let process = Process {
+            pid: 1,
+            start: None,
+        };
         Reading::Socket {
-            process: Process {
-                pid: 1,
-                start: None,
-            },
+            process: [process; 2],
             servers: stats(rows),
         }
     }
 
+    /// Prometheus with `servers` now, every instance started long ago.
     fn prometheus(servers: HashMap<ServerKey, Vec<Instance>>) -> Reading {
+        let starts = servers
+            .values()
+            .flatten()
+            .map(|i| (i.name.clone(), 5.0))
+            .collect();
         Reading::Prometheus(prom::Reading {
             servers,
+            starts,
             ..prom::Reading::default()
         })
     }
@@ -611,11 +620,12 @@ mod tests {
     fn socket_of(pid: u64, start: u64, rows: &[(&str, u64, u64, &str)], admin: u64) -> Reading {
         let mut servers = stats(rows);
         servers.values_mut().for_each(|s| s.admin = Some(admin));
+        let process = Process {
+            pid,
+            start: Some(start),
+        };
         Reading::Socket {
-            process: Process {
-                pid,
-                start: Some(start),
-            },
+            process: [process; 2],
             servers,
         }
     }
@@ -704,7 +714,9 @@ mod tests {
     #[test]
     fn a_prometheus_instance_that_stopped_reporting_or_restarted_is_not_drained() {
         let targets = [target("app/s1")];
-        let reading = |now: Vec<Instance>, seen: &[&str], starts: &[(&str, f64)]| {
+        // Each instance's (start time, changes within the lookback).
+        type Starts<'a> = &'a [(&'a str, f64, f64)];
+        let reading = |now: Vec<Instance>, seen: &[&str], starts: Starts| {
             vec![(
                 "p".to_owned(),
                 Reading::Prometheus(prom::Reading {
@@ -714,46 +726,86 @@ mod tests {
                         seen.iter().map(|s| s.to_string()).collect(),
                     )]
                     .into(),
-                    starts: starts.iter().map(|(n, t)| (n.to_string(), *t)).collect(),
+                    starts: starts.iter().map(|(n, t, _)| (n.to_string(), *t)).collect(),
+                    restarts: starts.iter().map(|(n, _, c)| (n.to_string(), *c)).collect(),
                 }),
             )]
         };
         let lb1 = || instance("lb1", Some(0.0), Some(0.0), "DRAIN");
         let lb2 = || instance("lb2", Some(0.0), Some(0.0), "DRAIN");
+        let old: Starts = &[("lb1", 5.0, 0.0), ("lb2", 5.0, 0.0)];
+        let problem = |poll: &Poll| poll.rows[0].problem.clone().unwrap_or_default();
         // lb2 reported within the lookback, not now: its scrape failed.
         let poll = judge(
             &targets,
-            &reading(vec![lb1()], &["lb1", "lb2"], &[]),
+            &reading(vec![lb1()], &["lb1", "lb2"], old),
             &RULES,
         );
         assert!(!poll.drained(&RULES));
         assert!(
-            poll.rows[0]
-                .problem
-                .as_deref()
-                .unwrap()
-                .starts_with("lb2 reported it during the wait"),
+            problem(&poll).starts_with("lb2: reported it during the wait"),
             "{poll:?}"
         );
         // Seen during the run, gone from the lookback too: still expected.
         let mut seen = Seen::default();
-        let both = reading(vec![lb1(), lb2()], &["lb1", "lb2"], &[("lb1", 5.0)]);
-        assert!(super::judge(&targets, &both, &RULES, &mut seen, 0).drained(&RULES));
-        let one = reading(vec![lb1()], &["lb1"], &[("lb1", 5.0)]);
-        assert!(!super::judge(&targets, &one, &RULES, &mut seen, 0).drained(&RULES));
-        // lb1's process restarted (a reload): its old process is not exported.
-        let restarted = reading(vec![lb1(), lb2()], &["lb1", "lb2"], &[("lb1", 9.0)]);
-        let poll = super::judge(&targets, &restarted, &RULES, &mut seen, 0);
+        let both = reading(vec![lb1(), lb2()], &["lb1", "lb2"], old);
+        let now = 1_000_000;
+        assert!(super::judge(&targets, &both, &RULES, &mut seen, now).drained(&RULES));
+        let one = reading(vec![lb1()], &["lb1"], old);
+        assert!(!super::judge(&targets, &one, &RULES, &mut seen, now).drained(&RULES));
+        // lb1's process restarted during the run (a reload): its old
+        // process is not exported; for the rest of the run.
+        let restarted: Starts = &[("lb1", 9.0, 0.0), ("lb2", 5.0, 0.0)];
+        let restarted = reading(vec![lb1(), lb2()], &["lb1", "lb2"], restarted);
+        for _ in 0..2 {
+            let poll = super::judge(&targets, &restarted, &RULES, &mut seen, now);
+            assert!(
+                problem(&poll)
+                    .starts_with("lb1: reloaded or restarted within the lookback or the wait"),
+                "{poll:?}"
+            );
+        }
+        // A reload shortly before the run: the start time changed within
+        // the lookback (`changes`), not during the run.
+        let before: Starts = &[("lb1", 5.0, 1.0), ("lb2", 5.0, 0.0)];
+        let poll = judge(
+            &targets,
+            &reading(vec![lb1(), lb2()], &["lb1", "lb2"], before),
+            &RULES,
+        );
         assert!(
-            poll.rows[0]
-                .problem
-                .as_deref()
-                .unwrap()
-                .starts_with("haproxy restarted or reloaded during the wait at lb1"),
+            problem(&poll).starts_with("lb1: reloaded or restarted"),
             "{poll:?}"
         );
+        // No start time exported (a scrape with scope=server): a reload
+        // could not be seen.
+        let blind: Starts = &[("lb1", 5.0, 0.0)];
+        let poll = judge(
+            &targets,
+            &reading(vec![lb1(), lb2()], &["lb1", "lb2"], blind),
+            &RULES,
+        );
+        assert!(
+            problem(&poll).starts_with("lb2: exports no haproxy_process_start_time_seconds"),
+            "{poll:?}"
+        );
+        // A process younger than the young window: drained, with a warning.
+        let young: Starts = &[("lb1", 999_990.0, 0.0), ("lb2", 5.0, 0.0)];
+        let poll = super::judge(
+            &targets,
+            &reading(vec![lb1(), lb2()], &["lb1", "lb2"], young),
+            &RULES,
+            &mut Seen::default(),
+            now,
+        );
+        assert!(poll.drained(&RULES), "{poll:?}");
+        let warning = poll.rows[0].warning().unwrap();
+        assert!(
+            warning.starts_with("haproxy at lb1 started less than 1h0m0s ago"),
+            "{warning}"
+        );
         // No instance now or within the lookback: unlisted.
-        let none = reading(Vec::new(), &[], &[]);
+        let none = reading(Vec::new(), &[], old);
         let poll = judge(&targets, &none, &RULES);
         assert_eq!(poll.unlisted(), ["app/s1"]);
     }

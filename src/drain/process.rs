@@ -292,7 +292,10 @@ impl StateReader {
                         fields[adm].escape_ascii().to_string()
                     )
                 })?;
-                admin.insert(key, state);
+                // Two servers of one name (haproxy before 3.4, explicit
+                // ids): held out only if both are.
+                let held = admin.entry(key).or_insert(state);
+                *held = (*held).min(state);
             }
             Ok(())
         })
@@ -509,6 +512,21 @@ mod tests {
 2 be 1 s1 127.0.0.1 0 8 100 100 1 1 0 2 0 0 0 0 - 1 - 0 0 - - 0\n\
 2 be 2 s2 127.0.0.1 2 0 100 100 1 1 0 2 0 0 0 0 - 1 - 0 0 - - 0\n\
 3 other 1 s1 127.0.0.1 2 1 100 100 1 1 0 2 0 0 0 0 - 1 - 0 0 - - 0\n\n";
+
+    #[test]
+    fn two_servers_of_one_name_are_held_only_if_both_are() {
+        let twice = b"1\n# be_id be_name srv_id srv_name srv_admin_state\n2 be 1 s1 8\n2 be 2 s1 0\n2 be 3 s2 1\n2 be 4 s2 8\n\n";
+        let got = read(
+            StateReader::new(wanted()),
+            twice,
+            7,
+            StateReader::feed,
+            StateReader::finish,
+        )
+        .unwrap();
+        assert_eq!(got[&("be".to_owned(), "s1".to_owned())], 0);
+        assert_eq!(got[&("be".to_owned(), "s2".to_owned())], 1);
+    }
 
     #[test]
     fn show_servers_state_gives_the_admin_bits_of_the_servers_asked() {

@@ -49,6 +49,9 @@ pub struct Reading {
     pub servers: HashMap<ServerKey, Vec<Instance>>,
     pub seen: HashMap<ServerKey, BTreeSet<String>>,
     pub starts: HashMap<String, f64>,
+    /// Each instance's start-time changes within the lookback (a reload or
+    /// restart shortly before the run).
+    pub restarts: HashMap<String, f64>,
 }
 
 /// The selector of `metrics` for `servers`, every instance's series apart.
@@ -98,6 +101,14 @@ pub fn lookback_target(prefix: &str, servers: &[ServerKey], lookback: Duration) 
 /// The query of every instance's process start time.
 pub fn start_times_target(prefix: &str) -> String {
     query(prefix, START_TIME)
+}
+
+/// The query of how often each instance's start time changed within
+/// `lookback` (`changes`: a reload shortly before the run, which the
+/// instant value alone cannot show).
+pub fn restarts_target(prefix: &str, lookback: Duration) -> String {
+    let range = format!("{}s", lookback.as_secs().max(1));
+    query(prefix, &format!("changes({START_TIME}[{range}])"))
 }
 
 /// `name` as an RE2 regular expression matching exactly it.
@@ -225,7 +236,7 @@ pub fn read_seen(body: &[u8]) -> Result<HashMap<ServerKey, BTreeSet<String>>, St
     Ok(seen)
 }
 
-/// The start-time answer -> each instance's process start time.
+/// The start-time (or start-time changes) answer -> each instance's value.
 pub fn read_starts(body: &[u8]) -> Result<HashMap<String, f64>, String> {
     vector(body)?
         .iter()

@@ -13,9 +13,9 @@
 use std::collections::{BTreeSet, HashMap};
 
 use super::process::Process;
-use super::prom::Instance;
+use super::prom;
 use super::stat::ServerKey;
-use super::{Reading, Row};
+use super::{Reading, Row, Rules};
 
 /// Each source's history over one run.
 #[derive(Debug, Default)]
@@ -38,9 +38,9 @@ impl Seen {
                 let (first, changed) = self
                     .processes
                     .entry(source.to_owned())
-                    .or_insert((*process, None));
-                if changed.is_none() && first != process {
-                    *changed = Some(*process);
+                    .or_insert((process[0], None));
+                if let Some(other) = process.iter().find(|p| *p != first) {
+                    changed.get_or_insert(*other);
                 }
             }
             Reading::Prometheus(p) => {
@@ -87,46 +87,69 @@ impl Seen {
     }
 
     /// Marks a Prometheus row that this poll cannot vouch for: an
-    /// instance that reported the server and does not now, or whose
-    /// process restarted; and a server no instance ever reported.
+    /// instance that reported the server and does not now; one whose
+    /// process restarted during the run or within the lookback (its old
+    /// process's sessions are not exported), or that exports no start time
+    /// (a restart could not be seen); and a server no instance ever
+    /// reported. An instance whose process started less than
+    /// `rules.young_secs` before `now` gets a warning.
     pub fn prometheus_problems(
         &self,
         row: &mut Row,
-        source: &str,
-        key: &ServerKey,
-        now: &[Instance],
+        (source, key): (&str, &ServerKey),
+        reading: &prom::Reading,
+        (rules, now): (&Rules, u64),
     ) {
         let expected = self.expected.get(&(source.to_owned(), key.clone()));
         let Some(expected) = expected.filter(|e| !e.is_empty()) else {
             row.unlisted = true;
             return;
         };
-        let restarted: Vec<&str> = expected
-            .iter()
-            .filter(|name| {
-                self.starts
-                    .get(&(source.to_owned(), (*name).clone()))
-                    .is_some_and(|(_, changed)| changed.is_some())
-            })
-            .map(String::as_str)
-            .collect();
-        if !restarted.is_empty() {
-            row.problem = Some(format!(
-                "haproxy restarted or reloaded during the wait at {} ({} changed): an old process's sessions are not exported",
-                restarted.join(", "),
-                super::prom::START_TIME
-            ));
+        let which = |bad: &dyn Fn(&str) -> bool| -> Vec<&str> {
+            expected
+                .iter()
+                .map(String::as_str)
+                .filter(|name| bad(name))
+                .collect()
+        };
+        let changed = |name: &str| {
+            let during = self.starts.get(&(source.to_owned(), name.to_owned()));
+            during.is_some_and(|(_, changed)| changed.is_some())
+                || reading.restarts.get(name).is_some_and(|&n| n > 0.0)
+        };
+        let now_reports = |name: &str| {
+            let instances = reading.servers.get(key).map_or(&[][..], Vec::as_slice);
+            instances
+                .iter()
+                .any(|i| i.sessions.is_some() && i.name == name)
+        };
+        let problems = [
+            (
+                which(&changed),
+                format!("reloaded or restarted within the lookback or the wait ({} changed): an old process may hold sessions it no longer exports; give -haproxy-master-socket, or wait for the lookback to pass", prom::START_TIME),
+            ),
+            (
+                which(&|name| !reading.starts.contains_key(name)),
+                format!("exports no {}, so a reload cannot be seen: scrape its process metrics too (no scope=server alone), or give -haproxy-master-socket", prom::START_TIME),
+            ),
+            (
+                which(&|name| !now_reports(name)),
+                "reported it during the wait or the lookback before it, and not now (a scrape gap, or a stopped haproxy): cannot tell".to_owned(),
+            ),
+        ];
+        if let Some((names, why)) = problems.into_iter().find(|(names, _)| !names.is_empty()) {
+            row.problem = Some(format!("{}: {why}", names.join(", ")));
             return;
         }
-        let missing: Vec<&str> = expected
-            .iter()
-            .filter(|name| !now.iter().any(|i| i.sessions.is_some() && i.name == **name))
-            .map(String::as_str)
-            .collect();
-        if !missing.is_empty() {
-            row.problem = Some(format!(
-                "{} reported it during the wait or the lookback before it, and not now (a scrape gap, or a stopped haproxy): cannot tell",
-                missing.join(", ")
+        let young = which(&|name| {
+            let start = reading.starts.get(name).copied().unwrap_or(0.0) as u64;
+            now.saturating_sub(start) < rules.young_secs
+        });
+        if !young.is_empty() {
+            row.notes.push(format!(
+                "haproxy at {} started less than {} ago: an older process left by a reload would not be exported (give -haproxy-master-socket)",
+                young.join(", "),
+                super::show::duration(std::time::Duration::from_secs(rules.young_secs))
             ));
         }
     }

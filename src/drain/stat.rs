@@ -171,7 +171,22 @@ impl StatReader {
             status: String::from_utf8_lossy(&fields[columns.status]).into_owned(),
             admin: None,
         };
-        self.servers.insert(key, stat);
+        // haproxy before 3.4 accepts two servers of one name in a backend
+        // when both have an explicit `id`: their rows are summed, so the
+        // second cannot hide the first's sessions.
+        match self.servers.entry(key) {
+            std::collections::hash_map::Entry::Vacant(e) => {
+                e.insert(stat);
+            }
+            std::collections::hash_map::Entry::Occupied(mut e) => {
+                let held = e.get_mut();
+                held.sessions = held.sessions.saturating_add(stat.sessions);
+                held.queued = held.queued.saturating_add(stat.queued);
+                if !held.status.split(',').any(|s| s == stat.status) {
+                    held.status = format!("{},{}", held.status, stat.status);
+                }
+            }
+        }
         Ok(())
     }
 }
@@ -377,6 +392,20 @@ mod tests {
         let nl = vec![b'\n'; 4096];
         let err = (0..100).find_map(|_| r.feed(&nl).err()).unwrap();
         assert_eq!(err, "a line over 64 KiB");
+    }
+
+    #[test]
+    fn two_rows_of_one_server_are_summed() {
+        // 2.6 to 3.2 accept two `server s1` lines with explicit ids.
+        let got = read_in(
+            64,
+            b"# pxname,svname,qcur,scur,status\napp,s1,1,3,DRAIN (agent)\napp,s1,0,0,MAINT\napp,s1,0,2,DRAIN (agent)\n\n",
+            &[("app", "s1")],
+        )
+        .unwrap();
+        let s1 = &got[&("app".to_owned(), "s1".to_owned())];
+        assert_eq!((s1.sessions, s1.queued), (5, 1));
+        assert_eq!(s1.status, "DRAIN (agent),MAINT");
     }
 
     #[test]

@@ -462,7 +462,11 @@ impl Builder {
                 None
             }
             (Section::Global, b"hard-stop-after") => {
-                self.model.hard_stop_after = words.get(1).and_then(|w| haproxy_time(&w.text));
+                // 0 is haproxy's "never" (TICK_ETERNITY), as when unset.
+                self.model.hard_stop_after = words
+                    .get(1)
+                    .and_then(|w| haproxy_time(&w.text))
+                    .filter(|d| !d.is_zero());
                 None
             }
             (
@@ -628,6 +632,30 @@ mod tests {
         let model = build(&files, &|name| (name == "SET").then(|| "1".into()));
         assert_eq!(model.errors, [], "{config}");
         model.servers
+    }
+
+    #[test]
+    fn hard_stop_after_is_read_from_global_in_haproxy_time_units() {
+        let stop = |config: &str| {
+            let files = [("h.cfg".to_owned(), config.as_bytes().to_vec())];
+            build(&files, &|_| None).hard_stop_after
+        };
+        let secs = |n| Some(std::time::Duration::from_secs(n));
+        assert_eq!(stop("global\n hard-stop-after 30s\n"), secs(30));
+        assert_eq!(stop("global\n hard-stop-after 2h\n"), secs(7200));
+        assert_eq!(stop("global\n hard-stop-after 1d\n"), secs(86400));
+        assert_eq!(
+            stop("global\n hard-stop-after 1500\n"),
+            Some(std::time::Duration::from_millis(1500))
+        );
+        // 0 is "never" (TICK_ETERNITY), as when it is not set.
+        assert_eq!(stop("global\n hard-stop-after 0\n"), None);
+        assert_eq!(stop("global\n maxconn 10\n"), None);
+        assert_eq!(
+            stop("defaults\n hard-stop-after 30s\n"),
+            None,
+            "a global keyword"
+        );
     }
 
     fn names(config: &str) -> Vec<String> {
