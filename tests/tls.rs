@@ -320,11 +320,15 @@ fn a_tls_failure_after_the_first_read_keeps_the_last_state() {
         .filter(|l| l.contains("\"msg\":\"consul read failed:"))
         .collect();
     assert_eq!(outage.len(), 1, "one line per outage: {outage:#?}");
-    // The outage began as refused connects (haproxy restarting); the TLS
-    // failures that followed are at debug level, with their cause.
+    // The outage began as refused connects (haproxy restarting) when the
+    // agent retried before the new front listened; the TLS failures then
+    // follow at debug level. On a busy machine the first retry can meet
+    // the new front already, and the outage's one warning is the TLS
+    // failure itself. Either way the cause is named.
     assert!(
         log.iter()
-            .any(|l| l.contains("\"msg\":\"consul read failed again\"")
+            .any(|l| (l.contains("\"msg\":\"consul read failed again\"")
+                || l.contains("\"msg\":\"consul read failed:"))
                 && l.contains("\"reason\":\"tls\"")
                 && l.contains("unknown CA")),
         "{log:#?}"
