@@ -108,7 +108,8 @@ fn run(mut config: Config) -> Result<(), String> {
         addresses = addrs.join(" ").as_str(),
         kv_prefix = config.kv_prefix.as_str(),
         read_timeout_ms = config.read_timeout.as_millis() as u64,
-        max_connections = config.max_connections;
+        max_connections = config.max_connections,
+        reply_up = config.reply_up;
         "listening"
     );
     event_loop
