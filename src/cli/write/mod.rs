@@ -96,9 +96,11 @@ impl Recorder {
             None => None,
             Some(text) => match crate::gocompat::parse_go_duration(text) {
                 Some(Some(d)) if d.as_secs() > 0 => Some(d),
-                _ => return Err(format!(
+                _ => {
+                    return Err(format!(
                     "-for {text:?} is not a positive duration of a second or more (2h, 30m, 1h30m)"
-                )),
+                ))
+                }
             },
         };
         let mut words = vec!["gitlab-haproxy-agent".to_owned(), verb.to_owned()];
