@@ -158,6 +158,9 @@ enum Written {
     /// Its record, and the key was written after it (its ModifyIndex is
     /// above the record's): `consul kv put` since.
     Outside(Record),
+    /// Its record was written after the key (its ModifyIndex is above the
+    /// key's): not by the writers, which write both at one index.
+    Rewritten(Record),
     /// No record: written without the writers.
     None,
     /// A record that is not one (a raw write), or the records could not be
@@ -172,6 +175,7 @@ impl Written {
         };
         match record::decode(&pair.value) {
             Ok(r) if index > pair.modify_index => Written::Outside(r),
+            Ok(r) if index < pair.modify_index => Written::Rewritten(r),
             Ok(r) => Written::Record(r),
             Err(e) => Written::Unreadable(format!("record unreadable: {e}")),
         }
@@ -179,7 +183,7 @@ impl Written {
 
     fn record(&self) -> Option<&Record> {
         match self {
-            Written::Record(r) | Written::Outside(r) => Some(r),
+            Written::Record(r) | Written::Outside(r) | Written::Rewritten(r) => Some(r),
             Written::None | Written::Unreadable(_) => None,
         }
     }
@@ -188,6 +192,7 @@ impl Written {
         match self {
             Written::Record(_) => "written",
             Written::Outside(_) => "changed_outside",
+            Written::Rewritten(_) => "record_changed_outside",
             Written::None => "none",
             Written::Unreadable(_) => "unreadable",
         }
@@ -201,6 +206,15 @@ fn span(secs: u64) -> String {
         s if s < 3600 => format!("{}m", s / 60),
         s if s < 86_400 => format!("{}h{}m", s / 3600, s / 60 % 60),
         s => format!("{}d{}h", s / 86_400, s / 3600 % 24),
+    }
+}
+
+/// A record's `when` against the agent's clock: `2h10m ago`, or how far
+/// ahead the writer's clock was.
+fn since(when: u64, now: u64) -> String {
+    match when <= now {
+        true => format!("{} ago", span(now - when)),
+        false => format!("{} ahead (writer's clock)", span(when - now)),
     }
 }
 
@@ -454,6 +468,9 @@ impl Row {
             Written::Outside(_) => {
                 notes.push("changed outside the writers (after its record)".into())
             }
+            Written::Rewritten(_) => notes.push(
+                "record changed outside the writers (after its key): not to be trusted".into(),
+            ),
             Written::Unreadable(e) => notes.push(e.clone()),
             Written::Record(_) => {}
         }
@@ -608,6 +625,22 @@ mod tests {
             .table()
             .ends_with("records not read: GET /v1/kv/m/: consul unreachable\n"));
         assert!(r.ok(), "records not read: the agent's own state still says");
+    }
+
+    /// The writers write a key and its record at one index: a record
+    /// rewritten after its key (a raw put, a forgery) is not trusted, and a
+    /// writer's clock ahead of the agent's is said, not shown as 0s ago.
+    #[test]
+    fn a_record_written_after_its_key_or_from_a_clock_ahead_is_said_so() {
+        let mut d = doc();
+        d["expiry"] = json!({"now_unix_seconds": 10_000});
+        let mut recs = records();
+        recs.get_mut("be_web/srv2").unwrap().modify_index = 99;
+        let r = Report::of(&d, Ok(recs)).unwrap();
+        assert_eq!(r.rows[1].record.label(), "record_changed_outside");
+        assert!(r.rows[1].notes()[0].contains("not to be trusted"), "{:?}", r.rows[1].notes());
+        assert_eq!(since(10_300, 10_000), "5m ahead (writer's clock)");
+        assert_eq!(since(9_940, 10_000), "1m ago");
     }
 
     #[test]
