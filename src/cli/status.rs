@@ -370,9 +370,7 @@ impl Report {
                 r.reply.clone(),
                 asked,
                 rec.map_or("-".into(), |x| shown(&x.by, 40)),
-                rec.map_or("-".into(), |x| {
-                    format!("{} ago", span(self.now.saturating_sub(x.when)))
-                }),
+                rec.map_or("-".into(), |x| since(x.when, self.now)),
                 rec.and_then(|x| x.reason.as_deref())
                     .map_or("-".into(), |x| shown(x, 60)),
                 r.until(self.now),
@@ -638,7 +636,11 @@ mod tests {
         recs.get_mut("be_web/srv2").unwrap().modify_index = 99;
         let r = Report::of(&d, Ok(recs)).unwrap();
         assert_eq!(r.rows[1].record.label(), "record_changed_outside");
-        assert!(r.rows[1].notes()[0].contains("not to be trusted"), "{:?}", r.rows[1].notes());
+        assert!(
+            r.rows[1].notes()[0].contains("not to be trusted"),
+            "{:?}",
+            r.rows[1].notes()
+        );
         assert_eq!(since(10_300, 10_000), "5m ahead (writer's clock)");
         assert_eq!(since(9_940, 10_000), "1m ago");
     }
