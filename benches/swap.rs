@@ -97,10 +97,8 @@ fn expiry_count(n: usize) {
     );
 }
 
-fn main() {
-    if std::env::args().any(|a| a == "--list") {
-        return;
-    }
+/// decode + build + change scan + drop, at 1k, 10k and 100k keys.
+fn swap_table() {
     COUNT_ALL.store(true, std::sync::atomic::Ordering::Relaxed);
     let mut t = Table::new(
         "swap",
@@ -173,6 +171,13 @@ fn main() {
     }
     t.finish();
     COUNT_ALL.store(false, std::sync::atomic::Ordering::Relaxed);
+}
+
+fn main() {
+    if std::env::args().any(|a| a == "--list") {
+        return;
+    }
+    swap_table();
     if flags() != 0 {
         expiry_count(100_000);
     }

@@ -641,7 +641,6 @@ fn the_incident_loop_set_with_a_reason_and_an_expiry_status_the_alert_metric_and
     let consul = format!("http://{}", kv.addr);
     let pprof = a.pprof.unwrap().to_string();
     let id = "be/s1";
-    let key = format!("gitlab-haproxy-agent/state/{id}");
     let writer = |args: &[&str]| {
         let mut all = args.to_vec();
         all.extend(["-consul-addr", consul.as_str()]);
@@ -710,13 +709,36 @@ fn the_incident_loop_set_with_a_reason_and_an_expiry_status_the_alert_metric_and
         .filter(|l| l.contains("past its expiry"))
         .count();
     assert_eq!(warnings, 1, "one warning per key");
+}
+
+/// Raw writes after a writer's (SPEC §13): a put without `-flags` clears
+/// the expiry (consul's `api/kv.go` Put sends the pair's Flags, 0 when
+/// unset) and leaves the record older than the key; a put with `?flags=`
+/// counts as `-for` does; `unset` deletes the key and its record.
+#[test]
+fn raw_puts_clear_or_set_the_expiry_and_status_says_the_key_changed_outside_the_writers() {
+    let (a, kv) = dev_agent();
+    let consul = format!("http://{}", kv.addr);
+    let pprof = a.pprof.unwrap().to_string();
+    let (id, key) = ("be/s1", "gitlab-haproxy-agent/state/be/s1");
+    let writer = |args: &[&str]| {
+        let mut all = args.to_vec();
+        all.extend(["-consul-addr", consul.as_str()]);
+        run(&all, &[("USER", "alice")])
+    };
+    let (code, out, err) = writer(&["set", "be/s1=drain", "-reason", "INC-123", "-for", "1h"]);
+    assert_eq!(code, Some(0), "{out}{err}");
+    a.wait_reply(id, "drain 100%", Duration::from_secs(5));
     // A raw put without -flags clears the expiry and outdates the record.
-    kv.put(&key, "maint");
+    kv.put(key, "maint");
     a.wait_reply(id, "maint 100%", Duration::from_secs(5));
     wait_for(Duration::from_secs(5), "the count after the swap", || {
         (a.metric("gitlab_haproxy_agent_state_expired_keys") == 0.0).then_some(())
     });
-    let (_, out, _) = status(false);
+    let (_, out, _) = run(
+        &["status", "-pprof-addr", &pprof, "-consul-addr", &consul],
+        &[],
+    );
     assert!(out.contains("changed outside the writers"), "{out}");
     assert!(out.contains("the record says until"), "{out}");
     // A raw put with -flags (an expiry already past) counts the same.

@@ -776,6 +776,16 @@ fn every_write_carries_its_record_in_the_same_transaction() {
         assert_eq!(get(kv.addr, &format!("{p}/{id}")), None);
         assert_eq!(get(kv.addr, &format!("{m}/{id}")), None, "{id}'s record");
     }
+}
+
+/// `ramp` writes a record with each step in the step's transaction,
+/// deletes it with the key when it ends at 100%, and `-then drain -for`
+/// puts the expiry (counted from the `-then` write) in Flags and record.
+#[test]
+fn a_ramp_carries_its_records_and_its_expiry_with_the_last_write() {
+    let kv = Kv::dev();
+    let p = format!("{}/state", unique_prefix("ramp_records"));
+    let m = meta(&p);
     // A ramp writes a record each step, with the key; ending at 100% it
     // deletes both.
     let schedule = [

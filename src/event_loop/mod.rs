@@ -199,9 +199,8 @@ impl EventLoop {
             .duration_since(SystemTime::UNIX_EPOCH)
             .map_or(1, |d| d.as_nanos() as u64)
             ^ u64::from(std::process::id());
-        let devkv = http_listeners[Role::DevKv.index()]
-            .as_ref()
-            .map(|_| DevKv::new(true));
+        let devkv = http_listeners[Role::DevKv.index()].as_ref();
+        let devkv = devkv.map(|_| DevKv::new(true));
         let consul = &config.consul;
         let (start, started) = (Instant::now(), SystemTime::now());
         let clock = Clock::new(start, started);

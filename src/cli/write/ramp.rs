@@ -78,28 +78,10 @@ pub fn run(args: &[OsString], io: &mut Io<'_>) -> u8 {
         Ok(w) => w,
         Err(e) => return usage_error(io, "ramp", &e),
     };
-    let ramp = match Ramp::of(&w) {
-        Ok(r) => r,
+    let (ramp, recorder, mut kv) = match open(&w, io, args) {
+        Ok(opened) => opened,
         Err(e) => return usage_error(io, "ramp", &e),
     };
-    let recorder = match Recorder::of(&w, io.env, "ramp", args).and_then(|r| {
-        ramp.check_records(&w.positional, &r)?;
-        Ok(r)
-    }) {
-        Ok(r) => r,
-        Err(e) => return usage_error(io, "ramp", &e),
-    };
-    let mut kv = match Kv::open(&w.daemon, io.env, w.value(RECORD_PREFIX)) {
-        Ok(kv) => kv,
-        Err(e) => return usage_error(io, "ramp", &e),
-    };
-    let checked = w
-        .positional
-        .iter()
-        .try_for_each(|i| plan::check_identity(i, Some(kv.max_line)));
-    if let Err(e) = checked.and_then(|()| plan::check_distinct(&w.positional)) {
-        return usage_error(io, "ramp", &e);
-    }
     let held = match kv.read(&w.positional) {
         Ok(h) => h,
         Err(e) => {
@@ -126,16 +108,7 @@ pub fn run(args: &[OsString], io: &mut Io<'_>) -> u8 {
         return usage_error(io, "ramp", &format!("nothing written: {e}"));
     }
     if w.flag("dry-run") {
-        for (k, write) in writes.iter().enumerate() {
-            let _ = writeln!(
-                io.out,
-                "+{} {}: {}",
-                secs(write.at),
-                label(k, &ramp),
-                targets(&w.positional, &write.targets)
-            );
-        }
-        let _ = writeln!(io.out, "dry run: nothing written");
+        dry_run(io, &w.positional, &ramp, &writes);
         return OK;
     }
     let signal = Arc::new(AtomicUsize::new(0));
@@ -159,6 +132,34 @@ pub fn run(args: &[OsString], io: &mut Io<'_>) -> u8 {
     let mut machine = Machine::new(writes, &held);
     let stop = execute(io, &mut kv, &run, &mut machine, &signal);
     report(io, &run, machine.writes(), &stop)
+}
+
+/// The ramp as asked, the records' words, and consul; the identities
+/// checked.
+fn open(w: &Args, io: &Io<'_>, args: &[OsString]) -> Result<(Ramp, Recorder, Kv), String> {
+    let ramp = Ramp::of(w)?;
+    let recorder = Recorder::of(w, io.env, "ramp", args)?;
+    ramp.check_records(&w.positional, &recorder)?;
+    let kv = Kv::open(&w.daemon, io.env, w.value(RECORD_PREFIX))?;
+    w.positional
+        .iter()
+        .try_for_each(|i| plan::check_identity(i, Some(kv.max_line)))?;
+    plan::check_distinct(&w.positional)?;
+    Ok((ramp, recorder, kv))
+}
+
+/// `-dry-run`: the schedule, a line a write.
+fn dry_run(io: &mut Io<'_>, ids: &[String], ramp: &Ramp, writes: &[Write1]) {
+    for (k, write) in writes.iter().enumerate() {
+        let _ = writeln!(
+            io.out,
+            "+{} {}: {}",
+            secs(write.at),
+            label(k, ramp),
+            targets(ids, &write.targets)
+        );
+    }
+    let _ = writeln!(io.out, "dry run: nothing written");
 }
 
 /// The ramp as asked.

@@ -2,6 +2,7 @@
 //! word first, read the keys, print each change, write them in guarded
 //! transactions of [`BATCH`] operations, print the undo line.
 
+use std::collections::HashMap;
 use std::ffi::OsString;
 use std::io::Read;
 
@@ -15,6 +16,7 @@ use super::{
 use crate::cli::Args;
 use crate::cli::{usage_error, Io, FINDING, OK, USAGE};
 use crate::config::daemon_flag;
+use crate::consul::kv::KvPair;
 use crate::contract::Desired;
 
 const SET_HELP: &str = "\
@@ -89,24 +91,8 @@ fn run(args: &[OsString], io: &mut Io<'_>, command: &str) -> u8 {
         Ok(w) => w,
         Err(e) => return usage_error(io, command, &e),
     };
-    if command == "unset" && w.value("for").is_some() {
-        return usage_error(
-            io,
-            command,
-            "-for is refused on unset: a deleted key has nothing to expire",
-        );
-    }
-    let recorder = match Recorder::of(&w, io.env, command, args) {
-        Ok(r) => r,
-        Err(e) => return usage_error(io, command, &e),
-    };
-    let mut kv = match Kv::open(&w.daemon, io.env, w.value(RECORD_PREFIX)) {
-        Ok(kv) => kv,
-        Err(e) => return usage_error(io, command, &e),
-    };
-    let now = unix_now();
-    let expiry = match recorder.expiry(now) {
-        Ok(e) => e,
+    let (recorder, mut kv, now, expiry) = match open(&w, io, command, args) {
+        Ok(opened) => opened,
         Err(e) => return usage_error(io, command, &e),
     };
     let wanted = match command {
@@ -128,25 +114,13 @@ fn run(args: &[OsString], io: &mut Io<'_>, command: &str) -> u8 {
         .filter(|(_, t)| matches!(t, Target::Set(d) if !matches!(d.weight_pct(), 0 | 100)))
         .map(|(i, _)| i.as_str())
         .collect();
-    if let Err(e) = static_weights(&w, io, command, &weighted) {
-        return usage_error(io, command, &format!("nothing written: {e}"));
+    if let Err(e) = static_weights(&w, io, command, &weighted)
+        .map_err(|e| format!("nothing written: {e}"))
+        .and_then(|()| check_expiring(&wanted, expiry))
+    {
+        return usage_error(io, command, &e);
     }
-    let ready = wanted.iter().find(|(_, t)| {
-        *t == Target::Set(Desired::READY)
-            || *t == Target::Set(Desired::ready_pct(100).unwrap_or(Desired::READY))
-    });
-    if let (Some((identity, _)), true) = (ready, expiry != 0) {
-        return usage_error(
-            io,
-            command,
-            &format!("-for: {identity} is set to ready 100%, which has nothing to expire"),
-        );
-    }
-    let identities: Vec<String> = wanted.iter().map(|(i, _)| i.clone()).collect();
-    let read = kv
-        .read_expiring(&identities)
-        .and_then(|held| Ok((held, kv.records()?)));
-    let (held, records) = match read {
+    let (changes, records) = match read_changes(&mut kv, wanted, expiry) {
         Ok(read) => read,
         Err(e) => {
             let _ = writeln!(
@@ -156,33 +130,9 @@ fn run(args: &[OsString], io: &mut Io<'_>, command: &str) -> u8 {
             return FINDING;
         }
     };
-    let changes: Vec<Change> = wanted
-        .into_iter()
-        .zip(held)
-        .map(|((identity, after), (before, was))| Change {
-            identity,
-            before,
-            after,
-            expiry: [
-                was,
-                if matches!(after, Target::Set(_)) {
-                    expiry
-                } else {
-                    0
-                },
-            ],
-        })
-        .collect();
     let plan = Plan {
+        orphans: orphans(&changes, &records),
         changes: &changes,
-        orphans: changes
-            .iter()
-            .enumerate()
-            .filter(|(_, c)| {
-                c.is_noop() && c.before == Held::Absent && records.contains_key(&c.identity)
-            })
-            .map(|(i, _)| i)
-            .collect(),
         recorder: &recorder,
         now,
     };
@@ -191,6 +141,76 @@ fn run(args: &[OsString], io: &mut Io<'_>, command: &str) -> u8 {
         false => write(&mut kv, &plan),
     };
     report(io, &w, &changes, &outcome)
+}
+
+/// The records' words checked, consul opened, the time of the write and
+/// the expiry `-for` gives it.
+fn open(
+    w: &Args,
+    io: &Io<'_>,
+    command: &str,
+    args: &[OsString],
+) -> Result<(Recorder, Kv, u64, u32), String> {
+    if command == "unset" && w.value("for").is_some() {
+        return Err("-for is refused on unset: a deleted key has nothing to expire".into());
+    }
+    let recorder = Recorder::of(w, io.env, command, args)?;
+    let kv = Kv::open(&w.daemon, io.env, w.value(RECORD_PREFIX))?;
+    let now = unix_now();
+    let expiry = recorder.expiry(now)?;
+    Ok((recorder, kv, now, expiry))
+}
+
+/// `-for` on a key set to ready 100% expires nothing: refused.
+fn check_expiring(wanted: &[(String, Target)], expiry: u32) -> Result<(), String> {
+    let ready = |t: &Target| matches!(t, Target::Set(d) if d.reply() == Desired::READY.reply());
+    match wanted.iter().find(|(_, t)| ready(t)) {
+        Some((identity, _)) if expiry != 0 => Err(format!(
+            "-for: {identity} is set to ready 100%, which has nothing to expire"
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// The keys as held (with their expiries) and the change each makes; and
+/// the records, by identity.
+fn read_changes(
+    kv: &mut Kv,
+    wanted: Vec<(String, Target)>,
+    expiry: u32,
+) -> Result<(Vec<Change>, HashMap<String, KvPair>), String> {
+    let identities: Vec<String> = wanted.iter().map(|(i, _)| i.clone()).collect();
+    let held = kv.read_expiring(&identities)?;
+    let records = kv.records()?;
+    let changes = wanted
+        .into_iter()
+        .zip(held)
+        .map(|((identity, after), (before, was))| {
+            let after_expiry = match after {
+                Target::Set(_) => expiry,
+                Target::Unset => 0,
+            };
+            Change {
+                identity,
+                before,
+                after,
+                expiry: [was, after_expiry],
+            }
+        })
+        .collect();
+    Ok((changes, records))
+}
+
+/// The unchanged keys that are absent while a record of theirs is not.
+fn orphans(changes: &[Change], records: &HashMap<String, KvPair>) -> Vec<usize> {
+    changes
+        .iter()
+        .enumerate()
+        .filter(|(_, c)| {
+            c.is_noop() && c.before == Held::Absent && records.contains_key(&c.identity)
+        })
+        .map(|(i, _)| i)
+        .collect()
 }
 
 /// What `write` writes: the changes, the orphan records to delete (their
