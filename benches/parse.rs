@@ -87,6 +87,7 @@ fn main() {
                 key: format!("gitlab-haproxy-agent/state/be_{}/srv_{}", i / 10, i % 10),
                 value: b"ready".to_vec(),
                 modify_index: i as u64,
+                flags: 0,
             })
             .collect();
         let snap = Snapshot::build("gitlab-haproxy-agent/state", 1, pairs);

@@ -31,8 +31,18 @@ static ALLOC: Counting = Counting;
 
 const PREFIX: &str = "gitlab-haproxy-agent/state";
 
+/// `BENCH_FLAGS=N`: every key's consul Flags (an expiry, as `-for` writes
+/// it: e.g. 1800000000); 0 by default.
+fn flags() -> u64 {
+    std::env::var("BENCH_FLAGS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
 fn listing(n: usize) -> Vec<u8> {
     let b64 = base64::engine::general_purpose::STANDARD;
+    let flags = flags();
     let mut s = String::with_capacity(n * 200);
     s.push('[');
     for i in 0..n {
@@ -45,7 +55,7 @@ fn listing(n: usize) -> Vec<u8> {
             _ => "ready",
         };
         s.push_str(&format!(
-            "{{\"LockIndex\":0,\"Key\":\"{PREFIX}/be_{}/srv_{}\",\"Flags\":0,\"Value\":\"{}\",\"CreateIndex\":{},\"ModifyIndex\":{}}}",
+            "{{\"LockIndex\":0,\"Key\":\"{PREFIX}/be_{}/srv_{}\",\"Flags\":{flags},\"Value\":\"{}\",\"CreateIndex\":{},\"ModifyIndex\":{}}}",
             i / 10,
             i % 10,
             b64.encode(v),
@@ -57,10 +67,38 @@ fn listing(n: usize) -> Vec<u8> {
     s.into_bytes()
 }
 
-fn main() {
-    if std::env::args().any(|a| a == "--list") {
-        return;
+/// The expiry count after a swap of `n` keys with Flags (loop work, in
+/// 1 ms slices like the rest): its whole time and its number of slices.
+fn expiry_count(n: usize) {
+    use gitlab_haproxy_agent::slice::Slice;
+    use gitlab_haproxy_agent::state::expiry::Expiry;
+    use gitlab_haproxy_agent::state::{Clock, Swapper};
+    let pairs = decode_list(&listing(n)).expect("decode");
+    let t0 = Instant::now();
+    let mut state = Swapper::new(PREFIX, Clock::new(t0, std::time::SystemTime::now()), 10);
+    state.swap(Snapshot::build(PREFIX, 1, pairs), t0);
+    let mut e = Expiry::default();
+    e.soon(t0);
+    let unix = flags() + 1;
+    let (start, mut slices) = (Instant::now(), 1);
+    while !e.step(
+        &state,
+        Instant::now(),
+        unix,
+        &mut Slice::of_turn(Instant::now()),
+    ) {
+        slices += 1;
     }
+    let took = start.elapsed();
+    println!(
+        "expiry count of {n} keys with Flags (all expired): {:.2} ms in {slices} slices of the loop, {} expired",
+        took.as_secs_f64() * 1e3,
+        e.expired()
+    );
+}
+
+/// decode + build + change scan + drop, at 1k, 10k and 100k keys.
+fn swap_table() {
     COUNT_ALL.store(true, std::sync::atomic::Ordering::Relaxed);
     let mut t = Table::new(
         "swap",
@@ -133,6 +171,20 @@ fn main() {
     }
     t.finish();
     COUNT_ALL.store(false, std::sync::atomic::Ordering::Relaxed);
+}
+
+fn main() {
+    if std::env::args().any(|a| a == "--list") {
+        return;
+    }
+    swap_table();
+    if flags() != 0 {
+        expiry_count(100_000);
+    }
+    // `BENCH_SWAP_ONLY=1`: the decode/build/swap table alone.
+    if std::env::var_os("BENCH_SWAP_ONLY").is_some() {
+        return;
+    }
 
     state_file_writes();
     let dir = std::env::temp_dir().join(format!("gha-bench-swap-{}", std::process::id()));

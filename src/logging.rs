@@ -226,6 +226,12 @@ fn push_json_value(out: &mut String, value: &Value<'_>) {
     }
 }
 
+/// `2026-12-02T15:04:05Z`: Unix seconds, for operators.
+pub fn utc_seconds(secs: u64) -> String {
+    let ms = rfc3339_millis(UNIX_EPOCH + std::time::Duration::from_secs(secs));
+    format!("{}Z", &ms[..ms.len() - 5])
+}
+
 /// `2026-12-02T15:04:05.123Z`. A clock before 1970 prints the epoch.
 fn rfc3339_millis(t: SystemTime) -> String {
     let since = t.duration_since(UNIX_EPOCH).unwrap_or_default();
@@ -398,6 +404,7 @@ mod tests {
 
     #[test]
     fn rfc3339_time() {
+        assert_eq!(utc_seconds(1_767_225_599), "2025-12-31T23:59:59Z");
         assert_eq!(rfc3339_millis(t0()), "2026-12-02T15:04:05.123Z");
         assert_eq!(rfc3339_millis(UNIX_EPOCH), "1970-01-01T00:00:00.000Z");
         // Leap day, and the last millisecond of a year.

@@ -404,6 +404,7 @@ mod tests {
             key: "p/be/s1".into(),
             value: value.as_bytes().to_vec(),
             modify_index: index,
+            flags: 0,
         }];
         Arc::new(Snapshot::build(PREFIX, index, pairs))
     }
@@ -474,6 +475,7 @@ mod tests {
                     key: format!("p/be/s{k}"),
                     value: b"drain".to_vec(),
                     modify_index: i,
+                    flags: 0,
                 })
                 .collect();
             Arc::new(Snapshot::build(PREFIX, i, pairs))

@@ -15,6 +15,7 @@ use crate::contract::{parse_identity, parse_value, Desired, InvalidValue};
 use crate::slice::Slice;
 
 mod asked;
+pub mod expiry;
 pub mod file;
 mod held;
 mod swap;
@@ -77,6 +78,9 @@ impl From<InvalidValue> for InvalidReason {
 pub struct Entry {
     pub desired: Desired,
     pub modify_index: u64,
+    /// The expiry its consul `Flags` carry (Unix seconds), 0 for none
+    /// ([`expiry::of_flags`]): shown, never acted on.
+    pub expires: u32,
 }
 
 /// One dropped key, kept for logs and `/debug/state`.
@@ -121,6 +125,9 @@ pub struct Snapshot {
     /// When this snapshot began answering (its swap, or the state file's
     /// load): since when an entry new in it is as it is.
     born: Tick,
+    /// Diverted entries with an expiry (counted at build: a state without
+    /// one costs [`expiry::Expiry`] no scan).
+    expiring: usize,
 }
 
 /// A map value: the entry and its reply bytes, looked up once at build time
@@ -231,6 +238,25 @@ impl Snapshot {
         })
     }
 
+    /// Diverted entries with an expiry (see [`Entry::expires`]).
+    pub fn expiring(&self) -> usize {
+        self.expiring
+    }
+
+    /// Every entry, from the `pos`-th on, counting every entry passed in
+    /// `pos` (see [`Snapshot::diverted_from`]).
+    pub fn entries_from<'a>(
+        &'a self,
+        pos: &'a mut usize,
+    ) -> impl Iterator<Item = (&'a str, Entry)> {
+        let start = *pos;
+        self.entries
+            .iter()
+            .skip(start)
+            .inspect(move |_| *pos += 1)
+            .map(|(k, slot)| (identity_str(k), slot.entry))
+    }
+
     /// Every entry's identity and last ask, from the `pos`-th entry on,
     /// counting every entry passed in `pos` (see
     /// [`Snapshot::diverted_from`]).
@@ -268,13 +294,14 @@ impl Snapshot {
         &self.invalid
     }
 
-    /// Every key as consul listed it (full key, raw value, ModifyIndex):
-    /// the valid ones (named under `prefix`), then the dropped ones. Building
-    /// a snapshot from these pairs gives this snapshot again.
+    /// Every key as consul listed it (full key, raw value, ModifyIndex,
+    /// Flags as far as kept: the expiry, 0 for a dropped key): the valid
+    /// ones (named under `prefix`), then the dropped ones. Building a
+    /// snapshot from these pairs gives this snapshot again.
     pub fn raw_pairs<'a>(
         &'a self,
         prefix: &'a str,
-    ) -> impl Iterator<Item = (String, &'a [u8], u64)> + 'a {
+    ) -> impl Iterator<Item = (String, &'a [u8], u64, u64)> + 'a {
         let raw = |r: RawRef| &self.raw[r.start..r.start + r.len];
         let valid = self.entries.iter().map(move |(k, slot)| {
             let identity = identity_str(k);
@@ -283,12 +310,13 @@ impl Snapshot {
             } else {
                 format!("{prefix}/{identity}")
             };
-            (key, raw(slot.raw), slot.entry.modify_index)
+            let e = slot.entry;
+            (key, raw(slot.raw), e.modify_index, u64::from(e.expires))
         });
         let invalid = self
             .invalid
             .iter()
-            .map(move |k| (k.key.clone(), raw(k.raw), k.modify_index));
+            .map(move |k| (k.key.clone(), raw(k.raw), k.modify_index, 0));
         valid.chain(invalid)
     }
 
@@ -446,6 +474,7 @@ impl SnapshotBuilder {
                 invalid: Vec::new(),
                 raw: Vec::new(),
                 born: Tick::NEVER,
+                expiring: 0,
             },
         }
     }
@@ -467,7 +496,10 @@ impl SnapshotBuilder {
                 let entry = Entry {
                     desired,
                     modify_index: pair.modify_index,
+                    expires: expiry::of_flags(pair.flags),
                 };
+                let diverted = desired.reply() != Desired::READY.reply();
+                s.expiring += usize::from(diverted && entry.expires != 0);
                 let slot = Slot {
                     entry,
                     reply: desired.reply(),
@@ -643,6 +675,7 @@ mod tests {
             key: key.to_owned(),
             value: value.to_vec(),
             modify_index,
+            flags: 0,
         }
     }
 
@@ -659,6 +692,7 @@ mod tests {
         Entry {
             desired: parse_value(value.as_bytes()).unwrap(),
             modify_index,
+            expires: 0,
         }
     }
 

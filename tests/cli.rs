@@ -627,3 +627,146 @@ fn status_counts_an_ask_in_the_second_of_the_write_as_asked() {
         assert_eq!(code, Some(0), "{value}: {out}");
     }
 }
+
+/// SPEC §13, the whole loop an incident runs: `set ... -reason INC-123
+/// -for 2s` (the record and the expiry in Flags), `status` (BY, REASON,
+/// UNTIL), the expiry passing (the metric, one warning, `/debug/state`,
+/// `status` exit 1 with EXPIRED, and still answered `drain`: the agent
+/// never acts on it), a raw put without `-flags` (clears it, as consul's
+/// `api/kv.go` Put sends Flags 0 when unset: "changed outside the
+/// writers"), a raw put with `?flags=` (counts the same), and `unset`.
+#[test]
+fn the_incident_loop_set_with_a_reason_and_an_expiry_status_the_alert_metric_and_unset() {
+    let (a, kv) = dev_agent();
+    let consul = format!("http://{}", kv.addr);
+    let pprof = a.pprof.unwrap().to_string();
+    let id = "be/s1";
+    let writer = |args: &[&str]| {
+        let mut all = args.to_vec();
+        all.extend(["-consul-addr", consul.as_str()]);
+        run(&all, &[("USER", "alice")])
+    };
+    let status = |json: bool| {
+        let mut args = vec![
+            "status",
+            "-pprof-addr",
+            pprof.as_str(),
+            "-consul-addr",
+            consul.as_str(),
+        ];
+        if json {
+            args.push("-json");
+        }
+        run(&args, &[])
+    };
+    let (code, out, err) = writer(&["set", "be/s1=drain", "-reason", "INC-123", "-for", "3s"]);
+    assert_eq!(code, Some(0), "{out}{err}");
+    a.wait_reply(id, "drain 100%", Duration::from_secs(5));
+    a.check("be/s1\n");
+    let (_, out, _) = status(false);
+    let row = out
+        .lines()
+        .find(|l| l.starts_with(id))
+        .unwrap_or_else(|| panic!("{out}"));
+    assert!(
+        row.contains("alice@") && row.contains("INC-123") && row.contains(" in "),
+        "{out}"
+    );
+    assert_eq!(a.metric("gitlab_haproxy_agent_state_expired_keys"), 0.0);
+    // Past it: counted on the one deadline, warned once, still drain.
+    let warned = a.proc.wait_log("past its expiry", Duration::from_secs(10));
+    assert!(
+        warned.contains("\"level\":\"warn\"") && warned.contains("be/s1"),
+        "{warned}"
+    );
+    assert_eq!(a.metric("gitlab_haproxy_agent_state_expired_keys"), 1.0);
+    assert_eq!(
+        a.check("be/s1\n").as_deref(),
+        Some("drain 100%"),
+        "never acted on"
+    );
+    let (code, out, _) = status(false);
+    assert_eq!(code, Some(1), "{out}");
+    assert!(
+        out.contains("EXPIRED ") && out.contains("1 past its expiry"),
+        "{out}"
+    );
+    let (code, out, _) = status(true);
+    assert_eq!(code, Some(1));
+    let doc: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let row = &doc["diverted"][0];
+    assert_eq!(
+        (row["expired"].as_bool(), row["record"].as_str()),
+        (Some(true), Some("written"))
+    );
+    assert_eq!(row["reason"], "INC-123");
+    assert!(row["until_unix_seconds"].as_u64().is_some(), "{row}");
+    std::thread::sleep(Duration::from_millis(1100));
+    let warnings = a
+        .proc
+        .log()
+        .iter()
+        .filter(|l| l.contains("past its expiry"))
+        .count();
+    assert_eq!(warnings, 1, "one warning per key");
+}
+
+/// Raw writes after a writer's (SPEC §13): a put without `-flags` clears
+/// the expiry (consul's `api/kv.go` Put sends the pair's Flags, 0 when
+/// unset) and leaves the record older than the key; a put with `?flags=`
+/// counts as `-for` does; `unset` deletes the key and its record.
+#[test]
+fn raw_puts_clear_or_set_the_expiry_and_status_says_the_key_changed_outside_the_writers() {
+    let (a, kv) = dev_agent();
+    let consul = format!("http://{}", kv.addr);
+    let pprof = a.pprof.unwrap().to_string();
+    let (id, key) = ("be/s1", "gitlab-haproxy-agent/state/be/s1");
+    let writer = |args: &[&str]| {
+        let mut all = args.to_vec();
+        all.extend(["-consul-addr", consul.as_str()]);
+        run(&all, &[("USER", "alice")])
+    };
+    let (code, out, err) = writer(&["set", "be/s1=drain", "-reason", "INC-123", "-for", "1h"]);
+    assert_eq!(code, Some(0), "{out}{err}");
+    a.wait_reply(id, "drain 100%", Duration::from_secs(5));
+    // A raw put without -flags clears the expiry and outdates the record.
+    kv.put(key, "maint");
+    a.wait_reply(id, "maint 100%", Duration::from_secs(5));
+    wait_for(Duration::from_secs(5), "the count after the swap", || {
+        (a.metric("gitlab_haproxy_agent_state_expired_keys") == 0.0).then_some(())
+    });
+    let (_, out, _) = run(
+        &["status", "-pprof-addr", &pprof, "-consul-addr", &consul],
+        &[],
+    );
+    assert!(out.contains("changed outside the writers"), "{out}");
+    assert!(out.contains("the record says until"), "{out}");
+    // A raw put with -flags (an expiry already past) counts the same.
+    let past = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+        - 60;
+    let (st, _) = support::http(
+        kv.addr,
+        "PUT",
+        &format!("/v1/kv/{key}?flags={past}"),
+        b"drain",
+    )
+    .unwrap();
+    assert_eq!(st, 200);
+    wait_for(Duration::from_secs(5), "expired again", || {
+        (a.metric("gitlab_haproxy_agent_state_expired_keys") == 1.0).then_some(())
+    });
+    let (_, body) = support::http(a.pprof.unwrap(), "GET", "/debug/state?diverted", b"").unwrap();
+    let doc: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(doc["state"]["identities"][id]["expires_unix_seconds"], past);
+    assert_eq!(doc["expiry"]["expired_keys"], 1);
+    // unset: the key and its record go; nothing expired remains.
+    let (code, out, err) = writer(&["unset", id]);
+    assert_eq!(code, Some(0), "{out}{err}");
+    wait_for(Duration::from_secs(5), "no expired key", || {
+        (a.metric("gitlab_haproxy_agent_state_expired_keys") == 0.0).then_some(())
+    });
+    assert_eq!(kv.get("gitlab-haproxy-agent/meta/be/s1"), None);
+}

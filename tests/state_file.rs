@@ -107,6 +107,7 @@ fn valid_file(prefix: &str, written: SystemTime) -> Vec<u8> {
         key: format!("{prefix}/be/s1"),
         value: b"drain".to_vec(),
         modify_index: 5,
+        flags: 0,
     }];
     file::encode(&Snapshot::build(prefix, 5, pairs), prefix, written)
 }
@@ -161,6 +162,7 @@ fn a_file_that_cannot_be_used_is_one_line_and_no_answers() {
                     key: format!("{prefix}/be/s{i}"),
                     value: b"drain".to_vec(),
                     modify_index: 5,
+                    flags: 0,
                 })
                 .collect();
             let s = Snapshot::build(&prefix, 5, pairs);

@@ -63,6 +63,16 @@ fn get(addr: SocketAddr, key: &str) -> Option<(String, u64)> {
     ))
 }
 
+/// The records' prefix for a state prefix `p` (a single segment: `meta`
+/// is a sibling only when there is a parent, so the tests' prefixes get
+/// one).
+fn meta(p: &str) -> String {
+    match p.rsplit_once('/') {
+        Some((parent, _)) => format!("{parent}/meta"),
+        None => "meta".to_owned(),
+    }
+}
+
 fn value(addr: SocketAddr, key: &str) -> Option<String> {
     get(addr, key).map(|(v, _)| v)
 }
@@ -266,7 +276,9 @@ fn one_hundred_thirty_keys_go_in_three_transactions() {
     }
     drop(file.1);
     let path = file.0.to_str().unwrap().to_owned();
-    for n in [1usize, 64, 130] {
+    // A key and its record go in the same transaction: 64 operations are
+    // 32 keys.
+    for n in [1usize, 32, 130] {
         kv.delete_tree(&p);
         let ids: Vec<String> = (0..n).map(|i| format!("be/s{i}=maint")).collect();
         let mut args = vec!["set"];
@@ -278,7 +290,7 @@ fn one_hundred_thirty_keys_go_in_three_transactions() {
         assert!(
             out.contains(&format!(
                 "written: {n} key(s) in {} transaction(s)",
-                n.div_ceil(64)
+                n.div_ceil(32)
             )),
             "{out}"
         );
@@ -288,7 +300,7 @@ fn one_hundred_thirty_keys_go_in_three_transactions() {
     let (code, out, err) = run(proxy.addr, &p, &["set", "-f", &path]);
     assert_eq!(code, 0, "{err}");
     assert!(
-        out.contains("written: 130 key(s) in 3 transaction(s)"),
+        out.contains("written: 130 key(s) in 5 transaction(s)"),
         "{out}"
     );
     let puts: Vec<String> = proxy
@@ -296,11 +308,16 @@ fn one_hundred_thirty_keys_go_in_three_transactions() {
         .into_iter()
         .filter(|h| h.starts_with("PUT /v1/txn"))
         .collect();
-    assert_eq!(puts.len(), 3);
+    assert_eq!(puts.len(), 5);
     let indexes: std::collections::BTreeSet<u64> = (0..130)
-        .map(|i| get(kv.addr, &format!("{p}/be/s{i}")).unwrap().1)
+        .map(|i| {
+            let (_, index) = get(kv.addr, &format!("{p}/be/s{i}")).unwrap();
+            let record = get(kv.addr, &format!("{}/be/s{i}", meta(&p))).expect("a record");
+            assert_eq!(record.1, index, "be/s{i} and its record: one transaction");
+            index
+        })
         .collect();
-    assert_eq!(indexes.len(), 3, "three transactions, three indexes");
+    assert_eq!(indexes.len(), 5, "five transactions, five indexes");
 }
 
 /// A file under the target dir for `-f`.
@@ -446,7 +463,7 @@ fn sigint_and_sigterm_stop_a_ramp_after_a_whole_step_and_print_the_resume() {
 fn sigkill_mid_ramp_leaves_one_whole_step_in_every_key() {
     let kv = Kv::dev();
     let p = unique_prefix("ramp_kill");
-    let n = 40;
+    let n = 32;
     let schedule = ["-from", "0%", "-to", "100%", "-over", "5s", "-steps", "5"];
     for kill_after in [1500u64, 2700] {
         kv.delete_tree(&p);
@@ -556,7 +573,7 @@ fn transactions_answer_as_consul_does() {
 /// A failure in the second of three transactions: the first stays written,
 /// the rest is not, and the command says which keys are which.
 #[test]
-fn a_conflict_in_the_second_batch_says_which_keys_were_written() {
+fn a_conflict_in_a_later_batch_says_which_keys_were_written() {
     let kv = Kv::dev();
     let proxy = Proxy::start(kv.addr);
     let p = unique_prefix("batch_conflict");
@@ -576,8 +593,9 @@ fn a_conflict_in_the_second_batch_says_which_keys_were_written() {
     proxy.set_mode(Mode::Pass);
     let (code, out, err) = triple(child.wait_with_output().unwrap());
     assert_eq!(code, 1, "{out}{err}");
-    let written: Vec<String> = (0..64).map(|i| format!("be/s{i}")).collect();
-    let not: Vec<String> = (64..130).map(|i| format!("be/s{i}")).collect();
+    // 32 keys and their records a transaction: be/s100 is in the fourth.
+    let written: Vec<String> = (0..96).map(|i| format!("be/s{i}")).collect();
+    let not: Vec<String> = (96..130).map(|i| format!("be/s{i}")).collect();
     assert!(
         err.contains(&format!("written before it: {}\n", written.join(" "))),
         "{err}"
@@ -588,10 +606,15 @@ fn a_conflict_in_the_second_batch_says_which_keys_were_written() {
     );
     assert!(err.contains("be/s100 was changed by someone else"), "{err}");
     assert_eq!(
-        value(kv.addr, &format!("{p}/be/s63")).as_deref(),
+        value(kv.addr, &format!("{p}/be/s95")).as_deref(),
         Some("drain")
     );
-    assert_eq!(value(kv.addr, &format!("{p}/be/s64")), None);
+    assert_eq!(value(kv.addr, &format!("{p}/be/s96")), None);
+    assert_eq!(
+        value(kv.addr, &format!("{}/be/s96", meta(&p))),
+        None,
+        "nor its record"
+    );
     assert_eq!(value(kv.addr, &format!("{p}/be/s129")), None);
     // The undo line covers what was written, and only that.
     let undo = out
@@ -599,7 +622,7 @@ fn a_conflict_in_the_second_batch_says_which_keys_were_written() {
         .find_map(|l| l.strip_prefix("undo: "))
         .expect("undo");
     assert!(
-        undo.ends_with(" be/s63") && !undo.contains("be/s64 "),
+        undo.ends_with(" be/s95") && !undo.contains("be/s96 "),
         "{undo}"
     );
 }
@@ -653,6 +676,242 @@ fn sh(line: &str) -> (i32, String, String) {
             .output()
             .unwrap(),
     )
+}
+
+/// A key's raw entry as consul lists it (`Flags`, `ModifyIndex`, the
+/// value decoded).
+fn entry(addr: SocketAddr, key: &str) -> Option<serde_json::Value> {
+    let (status, body) = http(addr, "GET", &format!("/v1/kv/{key}"), b"").expect("KV answers");
+    (status == 200).then(|| serde_json::from_slice::<serde_json::Value>(&body).unwrap()[0].clone())
+}
+
+/// A record as KV holds it.
+fn record(addr: SocketAddr, key: &str) -> Option<(serde_json::Value, u64)> {
+    let (text, index) = get(addr, key)?;
+    Some((
+        serde_json::from_str(&text).expect("a record is JSON"),
+        index,
+    ))
+}
+
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+}
+
+/// SPEC §13: every write by `set`, `unset`, `ramp` writes its record in
+/// the same transaction as its state key (one ModifyIndex for both, read
+/// back from the KV), `-for` puts the expiry in the key's Flags (consul's
+/// opaque application integer: `api/kv.go` `KVPair.Flags`, set by a txn
+/// op's `Flags` as `agent/txn_endpoint.go` `convertOps` copies it), and
+/// `unset` and a ramp ending by deleting delete the record with the key.
+#[test]
+fn every_write_carries_its_record_in_the_same_transaction() {
+    let kv = Kv::dev();
+    let p = format!("{}/state", unique_prefix("records"));
+    let m = meta(&p);
+    let before = unix_now();
+    let (code, out, err) = run(
+        kv.addr,
+        &p,
+        &[
+            "set",
+            "be/a=drain",
+            "be/b=50%",
+            "-reason",
+            "INC-123 db failover",
+            "-for",
+            "2h",
+            "-by",
+            "alice",
+        ],
+    );
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(
+        out.contains("be/a: ready 100% (absent) -> drain 100% until "),
+        "{out}"
+    );
+    let a = entry(kv.addr, &format!("{p}/be/a")).unwrap();
+    let (rec, rec_index) = record(kv.addr, &format!("{m}/be/a")).expect("a record");
+    assert_eq!(
+        a["ModifyIndex"].as_u64(),
+        Some(rec_index),
+        "one transaction, one index"
+    );
+    let until = a["Flags"].as_u64().unwrap();
+    assert!(
+        (before + 7200..=unix_now() + 7200).contains(&until),
+        "{until}"
+    );
+    assert_eq!(rec["until"].as_u64(), Some(until));
+    assert!(rec["by"].as_str().unwrap().starts_with("alice@"), "{rec}");
+    assert_eq!(rec["reason"], "INC-123 db failover");
+    assert_eq!(rec["value"], "drain");
+    assert!((before..=unix_now()).contains(&rec["when"].as_u64().unwrap()));
+    let command = rec["command"].as_str().unwrap();
+    assert!(
+        command.starts_with("gitlab-haproxy-agent set be/a=drain be/b=50%"),
+        "{command}"
+    );
+    assert!(rec.to_string().len() <= 4096);
+    // The same value again without -for clears the expiry: written.
+    let (code, out, _) = run(kv.addr, &p, &["set", "be/a=drain"]);
+    assert_eq!(code, 0);
+    assert!(
+        out.contains("be/a: drain 100% until ") && out.contains("-> drain 100%\n"),
+        "{out}"
+    );
+    assert_eq!(entry(kv.addr, &format!("{p}/be/a")).unwrap()["Flags"], 0);
+    let (rec, _) = record(kv.addr, &format!("{m}/be/a")).unwrap();
+    assert!(
+        rec.get("until").is_none() && rec.get("reason").is_none(),
+        "{rec}"
+    );
+    // unset deletes the key and its record together.
+    let (code, _, err) = run(kv.addr, &p, &["unset", "be/a", "be/b"]);
+    assert_eq!(code, 0, "{err}");
+    for id in ["be/a", "be/b"] {
+        assert_eq!(get(kv.addr, &format!("{p}/{id}")), None);
+        assert_eq!(get(kv.addr, &format!("{m}/{id}")), None, "{id}'s record");
+    }
+}
+
+/// `ramp` writes a record with each step in the step's transaction,
+/// deletes it with the key when it ends at 100%, and `-then drain -for`
+/// puts the expiry (counted from the `-then` write) in Flags and record.
+#[test]
+fn a_ramp_carries_its_records_and_its_expiry_with_the_last_write() {
+    let kv = Kv::dev();
+    let p = format!("{}/state", unique_prefix("ramp_records"));
+    let m = meta(&p);
+    // A ramp writes a record each step, with the key; ending at 100% it
+    // deletes both.
+    let schedule = [
+        "ramp", "be/r", "-from", "50%", "-to", "100%", "-over", "2s", "-steps", "2", "-reason",
+        "canary",
+    ];
+    let (code, out, err) = run(kv.addr, &p, &schedule);
+    assert_eq!(code, 0, "{out}{err}");
+    assert_eq!(get(kv.addr, &format!("{p}/be/r")), None);
+    assert_eq!(
+        get(kv.addr, &format!("{m}/be/r")),
+        None,
+        "deleted with the key"
+    );
+    // -then drain -for: the expiry comes with the last write.
+    let schedule = [
+        "ramp", "be/r", "-from", "100%", "-to", "50%", "-over", "1s", "-steps", "1", "-then",
+        "drain", "-for", "30m",
+    ];
+    let (code, out, err) = run(kv.addr, &p, &schedule);
+    assert_eq!(code, 0, "{out}{err}");
+    let r = entry(kv.addr, &format!("{p}/be/r")).unwrap();
+    let (rec, index) = record(kv.addr, &format!("{m}/be/r")).unwrap();
+    assert_eq!(r["ModifyIndex"].as_u64(), Some(index));
+    assert_eq!(rec["value"], "drain");
+    let until = r["Flags"].as_u64().unwrap();
+    assert!(
+        until >= unix_now() + 1790 && rec["until"].as_u64() == Some(until),
+        "{r} {rec}"
+    );
+}
+
+/// What the records refuse (exit 2, nothing written): `-reason`/`-by`
+/// over 512 bytes or with control characters or bidi overrides, `-for`
+/// of 0 or negative, on `unset`, on a ramp without `-then drain|maint`,
+/// on a key set to ready 100%; and a ramp of more than 32 keys (64
+/// operations with their records).
+#[test]
+fn what_a_record_cannot_hold_is_exit_2_and_nothing_written() {
+    let kv = Kv::dev();
+    let p = format!("{}/state", unique_prefix("records_bad"));
+    let long = "x".repeat(513);
+    let many: Vec<String> = (0..33).map(|i| format!("be/s{i}")).collect();
+    let mut ramp_many = vec!["ramp", "-to", "50%", "-over", "10s"];
+    ramp_many.extend(many.iter().map(String::as_str));
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (vec!["set", "be/a=drain", "-reason", &long], "513 bytes"),
+        (
+            vec!["set", "be/a=drain", "-reason", "INC\u{202E}321"],
+            "U+202E",
+        ),
+        (vec!["set", "be/a=drain", "-by", "eve\x1b[2J"], "U+001B"),
+        (vec!["set", "be/a=drain", "-reason", "a\u{85}b"], "U+0085"),
+        (
+            vec!["set", "be/a=drain", "-for", "0s"],
+            "not a positive duration",
+        ),
+        (
+            vec!["set", "be/a=drain", "-for", "-1h"],
+            "not a positive duration",
+        ),
+        (vec!["set", "be/a=ready", "-for", "1h"], "nothing to expire"),
+        (
+            vec!["unset", "be/a", "-for", "1h"],
+            "-for is refused on unset",
+        ),
+        (
+            vec!["ramp", "be/a", "-to", "50%", "-over", "10s", "-for", "1h"],
+            "-then drain or -then maint",
+        ),
+        (ramp_many, "at most 32 keys"),
+    ];
+    for (args, why) in cases {
+        let (code, out, err) = run(kv.addr, &p, &args);
+        assert_eq!(code, 2, "{args:?}: {out}{err}");
+        assert!(err.contains(why), "{args:?}: {err}");
+    }
+    assert_eq!(get(kv.addr, &format!("{p}/be/a")), None);
+}
+
+/// A token that may write the state keys but not the records: consul
+/// denies the record's operation inside the transaction (409, `What`
+/// "Permission denied": `agent/consul/txn_endpoint.go` `preCheck`), so
+/// nothing is written, and the message names the record and the policy.
+#[test]
+fn a_token_that_cannot_write_the_records_is_told_so_and_nothing_is_written() {
+    let kv = Kv::dev();
+    let consul = Standin::start(kv.addr);
+    let p = format!("{}/state", unique_prefix("records_denied"));
+    let m = meta(&p);
+    consul.with(|r| r.deny_write = vec![format!("{m}/")]);
+    let (code, out, err) = run(consul.addr, &p, &["set", "be/a=drain"]);
+    assert_eq!(code, 1, "{out}{err}");
+    let parent = p.rsplit_once('/').unwrap().0;
+    assert!(
+        err.contains(&format!("permission denied for the record {m}/be/a"))
+            && err.contains(&format!(r#"key_prefix "{parent}/" {{ policy = "write" }}"#)),
+        "{err}"
+    );
+    assert!(!err.contains("changed by someone else"), "{err}");
+    assert_eq!(get(kv.addr, &format!("{p}/be/a")), None, "both or neither");
+}
+
+/// A record whose key is gone (a raw `consul kv delete`) is deleted when
+/// a writer next writes that identity, even when the write itself is
+/// unchanged; a raw put over a written key leaves the record older than
+/// the key (status says so).
+#[test]
+fn an_orphan_record_is_deleted_on_the_next_write_of_its_identity() {
+    let kv = Kv::dev();
+    let p = format!("{}/state", unique_prefix("orphans"));
+    let m = meta(&p);
+    assert_eq!(run(kv.addr, &p, &["set", "be/a=drain", "be/b=maint"]).0, 0);
+    kv.delete_tree(&format!("{p}/be/a"));
+    kv.delete_tree(&format!("{p}/be/b"));
+    let (code, out, err) = run(kv.addr, &p, &["unset", "be/a"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("deleted 1 orphan record(s)"), "{out}");
+    assert_eq!(get(kv.addr, &format!("{m}/be/a")), None);
+    let (code, out, _) = run(kv.addr, &p, &["set", "be/b=ready"]);
+    assert_eq!(code, 0);
+    assert!(
+        out.contains("be/b: ready 100% (absent) (unchanged)") && out.contains("deleted 1 orphan"),
+        "{out}"
+    );
+    assert_eq!(get(kv.addr, &format!("{m}/be/b")), None);
 }
 
 /// Consul answers an ACL denial inside a transaction with the same 409 as
@@ -884,8 +1143,9 @@ fn transactions_are_cut_by_bytes_as_well_as_operations() {
         ],
     );
     assert_eq!(code, 0, "{err}");
+    // Each key is about 20 KB with its record's key: 25 fit in 512 KiB.
     assert!(
-        out.contains("written: 60 key(s) in 2 transaction(s)"),
+        out.contains("written: 60 key(s) in 3 transaction(s)"),
         "{}",
         &out[out.len().saturating_sub(300)..]
     );
@@ -894,7 +1154,7 @@ fn transactions_are_cut_by_bytes_as_well_as_operations() {
         .into_iter()
         .filter(|h| h.starts_with("PUT /v1/txn"))
         .collect();
-    assert_eq!(puts.len(), 2);
+    assert_eq!(puts.len(), 3);
     for h in &puts {
         let len: usize = h
             .lines()

@@ -63,6 +63,7 @@ fuzz_target!(|data: &[u8]| {
         key: key.clone(),
         value: b"drain".to_vec(),
         modify_index: 7,
+        flags: 0,
     };
     let snap = Snapshot::build(prefix, 1, vec![pair]);
     assert_eq!(snap.get(suffix.as_bytes()).is_some(), got.is_some());
@@ -82,6 +83,7 @@ fuzz_target!(|data: &[u8]| {
                 key: outside,
                 value: b"drain".to_vec(),
                 modify_index: 7,
+                flags: 0,
             }],
         );
         assert!(snap.is_empty());

@@ -18,9 +18,9 @@ fuzz_target!(|data: &[u8]| {
             assert_eq!(status, 200);
             assert!(written.len() <= body.len());
         }
-        Ok(TxnAnswer::Conflict(_, what)) => {
+        Ok(TxnAnswer::Failed(errors)) => {
             assert_eq!(status, 409);
-            assert!(what.len() <= body.len());
+            assert!(errors.iter().all(|(_, what)| what.len() <= body.len()));
         }
         Err(_) => {}
     }

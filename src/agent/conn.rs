@@ -195,6 +195,7 @@ mod tests {
             key: "p/be/s1".into(),
             value: b"drain".to_vec(),
             modify_index: 3,
+            flags: 0,
         };
         Snapshot::build("p", 3, vec![pair])
     }

@@ -1,10 +1,13 @@
 //! `status`: the running agent's diverted keys, for humans (a table) or
-//! scripts (`-json`), read from its `/debug/state`.
+//! scripts (`-json`), read from its `/debug/state`, joined with the
+//! writers' records (SPEC §13) read from consul with the daemon's flags.
 //!
-//! In: the pprof address. Out: one row per diverted key (value, reply,
-//! when this haproxy last asked, unasked ones marked with the identity
-//! probably meant); exit 1 when a key is unasked or the agent does not
-//! answer from consul's state. The rendering is pure over the document.
+//! In: the pprof address, the consul flags. Out: one row per diverted key
+//! (value, reply, when this haproxy last asked, unasked ones marked with
+//! the identity probably meant; who, since when, why and until when, from
+//! its record and its Flags); exit 1 when a key is unasked or past its
+//! expiry, or the agent does not answer from consul's state. The
+//! rendering is pure over the document and the records.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -13,7 +16,10 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 
 use super::fetch::http_get;
-use super::{begin, target, usage_error, Io, FINDING, OK};
+use super::write::record::{self, Record};
+use super::write::{Kv, RECORD_PREFIX};
+use super::{target, usage_error, Args, Io, FINDING, OK};
+use crate::consul::kv::KvPair;
 
 /// The whole request, connect to last byte.
 const DEADLINE: Duration = Duration::from_secs(30);
@@ -22,19 +28,35 @@ const MAX_BODY: usize = 256 << 20;
 
 const HELP: &str = "\
 usage: gitlab-haproxy-agent status [-pprof-addr ADDR] [-json]
+       [-record-prefix PREFIX] [consul flags]
 
 Lists every diverted key (reply not ready 100%) of the running agent: value,
 reply, when this haproxy last asked for it, and the unasked ones (no check
-asked within -unasked-after) with the identity probably meant. Reads
-/debug/state on ADDR (default GITLAB_HAPROXY_AGENT_PPROF_ADDR, else
-127.0.0.1:9779). -json prints the same for scripts. Exits 1 when a key is
-unasked or the agent is not answering from consul's state.
+asked within -unasked-after) with the identity probably meant; and from the
+writers' records (read from consul with the daemon's flags and variables, as
+set does), who wrote it, since when, why, and until when (the expiry in its
+Flags, as the agent reads it: EXPIRED 20m ago once past). A key written
+without a record says no record; one written after its record (consul kv
+put) says changed outside the writers. Reads /debug/state on ADDR (default
+GITLAB_HAPROXY_AGENT_PPROF_ADDR, else 127.0.0.1:9779). -json prints the same
+for scripts. Exits 1 when a key is unasked or past its expiry, or the agent
+is not answering from consul's state.
 ";
 
 pub(super) fn run(args: &[std::ffi::OsString], io: &mut Io<'_>) -> u8 {
-    let a = match begin(io, "status", HELP, args, (&["pprof-addr"], &["json"])) {
+    let parsed = Args::parse_with(
+        args,
+        &["pprof-addr", RECORD_PREFIX],
+        &["json"],
+        crate::config::daemon_flag,
+    );
+    let a = match parsed {
+        Ok(a) if a.help => {
+            let _ = io.out.write_all(HELP.as_bytes());
+            return OK;
+        }
         Ok(a) => a,
-        Err(code) => return code,
+        Err(e) => return usage_error(io, "status", &e),
     };
     if !a.positional.is_empty() {
         return usage_error(io, "status", "takes no arguments");
@@ -43,9 +65,17 @@ pub(super) fn run(args: &[std::ffi::OsString], io: &mut Io<'_>) -> u8 {
         Ok(addr) => addr,
         Err(e) => return usage_error(io, "status", &e),
     };
+    let mut kv = match Kv::open(&a.daemon, io.env, a.value(RECORD_PREFIX)) {
+        Ok(kv) => kv,
+        Err(e) => return usage_error(io, "status", &e),
+    };
     let report = fetch(addr).and_then(|body| {
         let doc = serde_json::from_slice::<Value>(&body);
-        Report::of(&doc.map_err(|e| format!("/debug/state is not JSON: {e}"))?)
+        let doc = doc.map_err(|e| format!("/debug/state is not JSON: {e}"))?;
+        let records = kv
+            .records()
+            .map_err(|e| format!("the records under {}/: {e}", kv.meta()));
+        Report::of(&doc, records)
     });
     let report = match report {
         Ok(report) => report,
@@ -115,6 +145,92 @@ struct Row {
     last_asked: Option<(u64, u64)>,
     standing: Standing,
     did_you_mean: Option<String>,
+    /// The expiry its Flags carry, as the agent read it (Unix seconds).
+    expires: Option<u64>,
+    record: Written,
+}
+
+/// What the records say of a key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Written {
+    /// Its record, written with it (the key's ModifyIndex is the record's).
+    Record(Record),
+    /// Its record, and the key was written after it (its ModifyIndex is
+    /// above the record's): `consul kv put` since.
+    Outside(Record),
+    /// Its record was written after the key (its ModifyIndex is above the
+    /// key's): not by the writers, which write both at one index.
+    Rewritten(Record),
+    /// No record: written without the writers.
+    None,
+    /// A record that is not one (a raw write), or the records could not be
+    /// read.
+    Unreadable(String),
+}
+
+impl Written {
+    fn of(index: u64, pair: Option<&KvPair>) -> Written {
+        let Some(pair) = pair else {
+            return Written::None;
+        };
+        match record::decode(&pair.value) {
+            Ok(r) if index > pair.modify_index => Written::Outside(r),
+            Ok(r) if index < pair.modify_index => Written::Rewritten(r),
+            Ok(r) => Written::Record(r),
+            Err(e) => Written::Unreadable(format!("record unreadable: {e}")),
+        }
+    }
+
+    fn record(&self) -> Option<&Record> {
+        match self {
+            Written::Record(r) | Written::Outside(r) | Written::Rewritten(r) => Some(r),
+            Written::None | Written::Unreadable(_) => None,
+        }
+    }
+
+    fn label(&self) -> &'static str {
+        match self {
+            Written::Record(_) => "written",
+            Written::Outside(_) => "changed_outside",
+            Written::Rewritten(_) => "record_changed_outside",
+            Written::None => "none",
+            Written::Unreadable(_) => "unreadable",
+        }
+    }
+}
+
+/// `45s`, `20m`, `2h10m`, `3d4h`.
+fn span(secs: u64) -> String {
+    match secs {
+        s if s < 60 => format!("{s}s"),
+        s if s < 3600 => format!("{}m", s / 60),
+        s if s < 86_400 => format!("{}h{}m", s / 3600, s / 60 % 60),
+        s => format!("{}d{}h", s / 86_400, s / 3600 % 24),
+    }
+}
+
+/// A record's `when` against the agent's clock: `2h10m ago`, or how far
+/// ahead the writer's clock was.
+fn since(when: u64, now: u64) -> String {
+    match when <= now {
+        true => format!("{} ago", span(now - when)),
+        false => format!("{} ahead (writer's clock)", span(when - now)),
+    }
+}
+
+/// Text from a record as a terminal may show it: controls and bidi
+/// overrides (a raw write may hold them) replaced, cut to `max` bytes.
+fn shown(text: &str, max: usize) -> String {
+    let clean: String = text
+        .chars()
+        .map(
+            |c| match record::check_text("x", c.encode_utf8(&mut [0; 4])) {
+                Ok(()) => c,
+                Err(_) => '\u{FFFD}',
+            },
+        )
+        .collect();
+    super::write::plan::cut(&clean, max)
 }
 
 /// What `/debug/state` says, reduced to what an operator checks.
@@ -129,11 +245,17 @@ struct Report {
     failures: u64,
     last_error: Option<String>,
     rows: Vec<Row>,
+    /// The agent's clock, Unix seconds (expiries are counted on it).
+    now: u64,
+    /// Why the records could not be read.
+    records_error: Option<String>,
 }
 
 impl Report {
-    /// `Err` when the document is not the agent's `/debug/state`.
-    fn of(doc: &Value) -> Result<Report, String> {
+    /// `Err` when the document is not the agent's `/debug/state`;
+    /// `records`: the writers' records by identity, or why they could not
+    /// be read.
+    fn of(doc: &Value, records: Result<HashMap<String, KvPair>, String>) -> Result<Report, String> {
         if !doc["watcher"].is_object()
             || !doc
                 .get("state")
@@ -157,8 +279,18 @@ impl Report {
             .into_iter()
             .flatten()
             .filter(|(_, e)| e["reply"] != "ready 100%")
-            .map(|(id, e)| Row::of(id, e, &unasked, after))
+            .map(|(id, e)| {
+                let mut row = Row::of(id, e, &unasked, after);
+                row.record = match &records {
+                    Ok(r) => Written::of(row.modify_index, r.get(id)),
+                    Err(e) => Written::Unreadable(e.clone()),
+                };
+                row
+            })
             .collect();
+        let now = doc["expiry"]["now_unix_seconds"]
+            .as_u64()
+            .unwrap_or_else(crate::cli::write::unix_now);
         Ok(Report {
             source: doc["source"].as_str().map(str::to_owned),
             index: doc["state"]["index"].as_u64().unwrap_or(0),
@@ -169,7 +301,14 @@ impl Report {
             last_error: doc["watcher"]["last_error"].as_str().map(str::to_owned),
             unknown_identities: asking["unknown_identities_count"].as_u64().unwrap_or(0),
             rows,
+            now,
+            records_error: records.err(),
         })
+    }
+
+    /// Diverted keys past their expiry.
+    fn expired(&self) -> usize {
+        self.rows.iter().filter(|r| r.expired(self.now)).count()
     }
 
     fn count(&self, standing: Standing) -> usize {
@@ -182,6 +321,7 @@ impl Report {
         self.source.as_deref() == Some("consul")
             && self.failures == 0
             && self.rows.iter().all(|r| r.standing == Standing::Asked)
+            && self.expired() == 0
     }
 
     fn headline(&self) -> String {
@@ -207,24 +347,34 @@ impl Report {
 
     fn table(&self) -> String {
         let mut lines = vec![self.headline()];
-        let header = ["IDENTITY", "VALUE", "REPLY", "LAST ASKED", ""].map(str::to_owned);
-        let mut cells: Vec<[String; 5]> = vec![header];
+        let header = [
+            "IDENTITY",
+            "VALUE",
+            "REPLY",
+            "LAST ASKED",
+            "BY",
+            "SINCE",
+            "REASON",
+            "UNTIL",
+            "",
+        ];
+        let mut cells: Vec<[String; 9]> = vec![header.map(str::to_owned)];
         for r in &self.rows {
             let asked = r
                 .last_asked
                 .map_or("never".into(), |(_, ago)| format!("{ago}s ago"));
-            let note = match (r.standing, &r.did_you_mean) {
-                (Standing::Asked, _) => String::new(),
-                (Standing::Waiting, _) => "WAITING: not asked since its write yet".into(),
-                (Standing::Unasked, Some(id)) => format!("UNASKED: did you mean {id}?"),
-                (Standing::Unasked, None) => "UNASKED: no close identity is asked for".into(),
-            };
+            let rec = r.record.record();
             cells.push([
                 r.identity.clone(),
                 r.value.clone(),
                 r.reply.clone(),
                 asked,
-                note,
+                rec.map_or("-".into(), |x| shown(&x.by, 40)),
+                rec.map_or("-".into(), |x| since(x.when, self.now)),
+                rec.and_then(|x| x.reason.as_deref())
+                    .map_or("-".into(), |x| shown(x, 60)),
+                r.until(self.now),
+                r.notes().join("; "),
             ]);
         }
         if !self.rows.is_empty() {
@@ -233,14 +383,18 @@ impl Report {
         let plural =
             |n: u64, one: &str, many: &str| format!("{n} {}", if n == 1 { one } else { many });
         lines.push(format!(
-            "{} diverted of {}; {} (no check within {}s), {} for a first check since the write; {} asked without a key",
+            "{} diverted of {}; {} (no check within {}s), {} for a first check since the write; {} past its expiry; {} asked without a key",
             self.rows.len(),
             plural(self.keys, "key", "keys"),
             plural(self.count(Standing::Unasked) as u64, "unasked", "unasked"),
             self.unasked_after,
             plural(self.count(Standing::Waiting) as u64, "waiting", "waiting"),
+            self.expired(),
             plural(self.unknown_identities, "identity", "identities"),
         ));
+        if let Some(e) = &self.records_error {
+            lines.push(format!("records not read: {e}"));
+        }
         lines.join("\n") + "\n"
     }
 
@@ -258,6 +412,14 @@ impl Report {
                     "last_asked_seconds_ago": r.last_asked.map(|(_, ago)| ago),
                     "standing": r.standing.label(),
                     "did_you_mean": r.did_you_mean,
+                    "until_unix_seconds": r.expires,
+                    "expired": r.expired(self.now),
+                    "record": r.record.label(),
+                    "by": r.record.record().map(|x| &x.by),
+                    "since_unix_seconds": r.record.record().map(|x| x.when),
+                    "reason": r.record.record().and_then(|x| x.reason.as_ref()),
+                    "record_until_unix_seconds": r.record.record().and_then(|x| x.until),
+                    "notes": r.notes(),
                 })
             })
             .collect();
@@ -270,12 +432,54 @@ impl Report {
             "diverted": rows,
             "unasked": self.count(Standing::Unasked),
             "waiting": self.count(Standing::Waiting),
+            "expired": self.expired(),
+            "records_error": self.records_error,
             "unknown_identities": self.unknown_identities,
         })
     }
 }
 
 impl Row {
+    fn expired(&self, now: u64) -> bool {
+        self.expires.is_some_and(|t| t <= now)
+    }
+
+    /// `EXPIRED 20m ago`, `in 1h40m`, or `-`.
+    fn until(&self, now: u64) -> String {
+        match self.expires {
+            None => "-".into(),
+            Some(t) if t <= now => format!("EXPIRED {} ago", span(now - t)),
+            Some(t) => format!("in {}", span(t - now)),
+        }
+    }
+
+    /// What the operator should know beyond the columns.
+    fn notes(&self) -> Vec<String> {
+        let mut notes = match (self.standing, &self.did_you_mean) {
+            (Standing::Asked, _) => vec![],
+            (Standing::Waiting, _) => vec!["WAITING: not asked since its write yet".to_owned()],
+            (Standing::Unasked, Some(id)) => vec![format!("UNASKED: did you mean {id}?")],
+            (Standing::Unasked, None) => vec!["UNASKED: no close identity is asked for".to_owned()],
+        };
+        match &self.record {
+            Written::None => notes.push("no record".into()),
+            Written::Outside(_) => {
+                notes.push("changed outside the writers (after its record)".into())
+            }
+            Written::Rewritten(_) => notes.push(
+                "record changed outside the writers (after its key): not to be trusted".into(),
+            ),
+            Written::Unreadable(e) => notes.push(e.clone()),
+            Written::Record(_) => {}
+        }
+        let said = self.record.record().and_then(|r| r.until);
+        if self.record.record().is_some() && said != self.expires {
+            let said = said.map_or("none".into(), crate::logging::utc_seconds);
+            notes.push(format!("the record says until {said}"));
+        }
+        notes
+    }
+
     /// `after`: `-unasked-after` in seconds (a key asked within it is
     /// asked, even if the agent's last sweep, up to 5 s ago, said unasked).
     fn of(id: &str, e: &Value, unasked: &HashMap<&str, Option<String>>, after: u64) -> Row {
@@ -306,6 +510,8 @@ impl Row {
                 Standing::Unasked => unasked.get(id).cloned().flatten(),
                 _ => None,
             },
+            expires: e["expires_unix_seconds"].as_u64(),
+            record: Written::None,
         }
     }
 }
@@ -331,19 +537,56 @@ mod tests {
         })
     }
 
+    /// be_web/srv2 written by `set` with its record (same index), past
+    /// its expiry; be_web/srv4 written with one, then by `consul kv put`.
+    fn records() -> HashMap<String, KvPair> {
+        let rec = |id: &str, index: u64, until: Option<u64>| {
+            let r = Record {
+                by: "alice@lb1".into(),
+                when: 10_000 - 7_800,
+                reason: Some("INC-123 db failover".into()),
+                until,
+                value: "50%".into(),
+                command: "gitlab-haproxy-agent set be_web/srv2=50%".into(),
+            };
+            let pair = KvPair {
+                key: format!("m/{id}"),
+                value: r.encode().into_bytes(),
+                modify_index: index,
+                flags: 0,
+            };
+            (id.to_owned(), pair)
+        };
+        HashMap::from([
+            rec("be_web/srv2", 41, Some(8_800)),
+            rec("be_web/srv4", 40, None),
+        ])
+    }
+
     #[test]
     fn the_table_shows_diverted_keys_and_marks_the_unasked_with_the_identity_meant() {
-        let r = Report::of(&doc()).unwrap();
+        let mut d = doc();
+        d["expiry"] = json!({"expired_keys": 1, "now_unix_seconds": 10_000});
+        d["state"]["identities"]["be_web/srv2"]["expires_unix_seconds"] = json!(8_800);
+        let r = Report::of(&d, Ok(records())).unwrap();
         assert!(!r.ok());
         assert_eq!(
             r.table(),
             "answering from consul: index 42, last read 2s ago\n\
-             IDENTITY      VALUE  REPLY       LAST ASKED\n\
-             be_web/srv01  drain  drain 100%  never       UNASKED: did you mean be_web/srv1?\n\
-             be_web/srv2   50%    ready 50%   1s ago\n\
-             be_web/srv4   maint  maint 100%  1s ago      WAITING: not asked since its write yet\n\
-             3 diverted of 4 keys; 1 unasked (no check within 60s), 1 waiting for a first check since the write; 1 identity asked without a key\n"
+             IDENTITY      VALUE  REPLY       LAST ASKED  BY         SINCE      REASON               UNTIL\n\
+             be_web/srv01  drain  drain 100%  never       -          -          -                    -                UNASKED: did you mean be_web/srv1?; no record\n\
+             be_web/srv2   50%    ready 50%   1s ago      alice@lb1  2h10m ago  INC-123 db failover  EXPIRED 20m ago\n\
+             be_web/srv4   maint  maint 100%  1s ago      alice@lb1  2h10m ago  INC-123 db failover  -                WAITING: not asked since its write yet; changed outside the writers (after its record)\n\
+             3 diverted of 4 keys; 1 unasked (no check within 60s), 1 waiting for a first check since the write; 1 past its expiry; 1 identity asked without a key\n"
         );
+        let j = r.json();
+        assert_eq!(j["expired"], 1);
+        assert_eq!(j["diverted"][1]["expired"], true);
+        assert_eq!(j["diverted"][1]["until_unix_seconds"], 8_800);
+        assert_eq!(j["diverted"][1]["by"], "alice@lb1");
+        assert_eq!(j["diverted"][1]["reason"], "INC-123 db failover");
+        assert_eq!(j["diverted"][0]["record"], "none");
+        assert_eq!(j["diverted"][2]["record"], "changed_outside");
         let j = r.json();
         assert_eq!(
             (j["unasked"].as_u64(), j["waiting"].as_u64()),
@@ -357,6 +600,52 @@ mod tests {
     }
 
     #[test]
+    fn a_record_whose_until_differs_from_the_flags_says_so_and_an_expiry_ahead_is_ok() {
+        let mut d = doc();
+        d["asking"]["unasked"] = json!([]);
+        for id in ["be_web/srv01", "be_web/srv4"] {
+            d["state"]["identities"][id]["last_asked"] =
+                json!({"unix_seconds": 1001, "seconds_ago": 0});
+        }
+        d["expiry"] = json!({"now_unix_seconds": 10_000});
+        d["state"]["identities"]["be_web/srv2"]["expires_unix_seconds"] = json!(16_000);
+        let r = Report::of(&d, Ok(records())).unwrap();
+        assert!(r.ok(), "an expiry ahead is no finding");
+        assert_eq!(r.rows[1].until(r.now), "in 1h40m");
+        let notes = r.rows[1].notes();
+        assert_eq!(
+            notes,
+            ["the record says until 1970-01-01T02:26:40Z"],
+            "{notes:?}"
+        );
+        let r = Report::of(&d, Err("GET /v1/kv/m/: consul unreachable".into())).unwrap();
+        assert!(r
+            .table()
+            .ends_with("records not read: GET /v1/kv/m/: consul unreachable\n"));
+        assert!(r.ok(), "records not read: the agent's own state still says");
+    }
+
+    /// The writers write a key and its record at one index: a record
+    /// rewritten after its key (a raw put, a forgery) is not trusted, and a
+    /// writer's clock ahead of the agent's is said, not shown as 0s ago.
+    #[test]
+    fn a_record_written_after_its_key_or_from_a_clock_ahead_is_said_so() {
+        let mut d = doc();
+        d["expiry"] = json!({"now_unix_seconds": 10_000});
+        let mut recs = records();
+        recs.get_mut("be_web/srv2").unwrap().modify_index = 99;
+        let r = Report::of(&d, Ok(recs)).unwrap();
+        assert_eq!(r.rows[1].record.label(), "record_changed_outside");
+        assert!(
+            r.rows[1].notes()[0].contains("not to be trusted"),
+            "{:?}",
+            r.rows[1].notes()
+        );
+        assert_eq!(since(10_300, 10_000), "5m ahead (writer's clock)");
+        assert_eq!(since(9_940, 10_000), "1m ago");
+    }
+
+    #[test]
     fn all_asked_is_ok_and_no_state_or_the_file_is_a_finding() {
         let mut d = doc();
         d["asking"]["unasked"] = json!([]);
@@ -364,16 +653,20 @@ mod tests {
             json!({"unix_seconds": 1000, "seconds_ago": 1});
         d["state"]["identities"]["be_web/srv4"]["last_asked"] =
             json!({"unix_seconds": 1001, "seconds_ago": 0});
-        assert!(Report::of(&d).unwrap().ok());
+        assert!(Report::of(&d, Ok(HashMap::new())).unwrap().ok());
         d["source"] = json!("state_file");
-        let r = Report::of(&d).unwrap();
+        let r = Report::of(&d, Ok(HashMap::new())).unwrap();
         assert!(!r.ok());
         assert!(r.table().starts_with("answering from the state file"));
-        let r = Report::of(&json!({"source": null, "state": null, "watcher": {}})).unwrap();
+        let r = Report::of(
+            &json!({"source": null, "state": null, "watcher": {}}),
+            Ok(HashMap::new()),
+        )
+        .unwrap();
         assert!(!r.ok());
         assert!(r.table().starts_with("NOT ANSWERING"), "{}", r.table());
         assert!(
-            Report::of(&json!({"hello": 1})).is_err(),
+            Report::of(&json!({"hello": 1}), Ok(HashMap::new())).is_err(),
             "not the agent's document"
         );
     }
@@ -386,10 +679,10 @@ mod tests {
             d["state"]["identities"][id]["last_asked"] =
                 json!({"unix_seconds": 1001, "seconds_ago": 0});
         }
-        assert!(Report::of(&d).unwrap().ok());
+        assert!(Report::of(&d, Ok(HashMap::new())).unwrap().ok());
         d["watcher"]["consecutive_failures"] = json!(3);
         d["watcher"]["last_error"] = json!("connection refused");
-        let r = Report::of(&d).unwrap();
+        let r = Report::of(&d, Ok(HashMap::new())).unwrap();
         assert!(!r.ok());
         assert!(
             r.table()
@@ -404,9 +697,15 @@ mod tests {
         let mut d = doc();
         // be_web/srv4: written and asked in second 1000.
         d["state"]["identities"]["be_web/srv4"]["asked_since_write"] = json!(true);
-        assert_eq!(Report::of(&d).unwrap().rows[2].standing, Standing::Asked);
+        assert_eq!(
+            Report::of(&d, Ok(HashMap::new())).unwrap().rows[2].standing,
+            Standing::Asked
+        );
         d["state"]["identities"]["be_web/srv4"]["asked_since_write"] = json!(false);
-        assert_eq!(Report::of(&d).unwrap().rows[2].standing, Standing::Waiting);
+        assert_eq!(
+            Report::of(&d, Ok(HashMap::new())).unwrap().rows[2].standing,
+            Standing::Waiting
+        );
     }
 
     #[test]
@@ -415,7 +714,7 @@ mod tests {
         // The sweep said unasked; a check asked since, after the write.
         d["state"]["identities"]["be_web/srv01"]["last_asked"] =
             json!({"unix_seconds": 1001, "seconds_ago": 0});
-        let r = Report::of(&d).unwrap();
+        let r = Report::of(&d, Ok(HashMap::new())).unwrap();
         assert_eq!(r.rows[0].standing, Standing::Asked);
         assert_eq!(r.rows[0].did_you_mean, None);
     }

@@ -8,8 +8,9 @@
 //!
 //! Fields: `Key` is required; a missing `Value` is an empty value like
 //! `null`; a missing `ModifyIndex` is 0 (consul always sends it; it only feeds
-//! logs and change detection). Every other field is skipped without being
-//! decoded. Entries are decoded straight into [`KvPair`]s as the array is
+//! logs and change detection); a missing `Flags` is 0 (the application's
+//! opaque integer: the writers' expiry, see [`crate::expiry`]). Every other
+//! field is skipped without being decoded. Entries are decoded straight into [`KvPair`]s as the array is
 //! read, with no intermediate document.
 
 use std::fmt;
@@ -27,6 +28,8 @@ pub struct KvPair {
     /// The decoded value; empty for `Value: null`.
     pub value: Vec<u8>,
     pub modify_index: u64,
+    /// consul's `Flags`, as sent (0 when absent).
+    pub flags: u64,
 }
 
 /// Why a body could not be decoded (metric reason `bad_body`).
@@ -119,6 +122,7 @@ impl ListDecoder {
                 key: entry.key,
                 value: entry.value.0,
                 modify_index: entry.modify_index,
+                flags: entry.flags,
             });
             self.any = true;
             self.pos = end;
@@ -178,6 +182,8 @@ struct Entry {
     value: Base64Value,
     #[serde(rename = "ModifyIndex", default)]
     modify_index: u64,
+    #[serde(rename = "Flags", default)]
+    flags: u64,
 }
 
 /// A `Value` field: standard base64 with padding, or `null` for empty.
@@ -229,6 +235,7 @@ mod tests {
             key: key.to_owned(),
             value: value.to_vec(),
             modify_index,
+            flags: 0,
         }
     }
 
@@ -334,12 +341,32 @@ mod tests {
         assert_eq!(decode(" [ ]\n"), vec![]);
     }
 
+    /// consul sends `Flags` as a uint64 in every `DirEntry`
+    /// (`api/kv.go` `KVPair.Flags`); a lock or semaphore key carries its
+    /// magic value there (`api/lock.go` `LockFlagValue`,
+    /// `api/semaphore.go` `SemaphoreFlagValue`).
+    #[test]
+    fn flags_are_read_as_sent() {
+        let body = r#"[{"Key":"a","Flags":1767225600,"Value":null},{"Key":"b","Flags":16210313421097356768},{"Key":"c"}]"#;
+        let flags: Vec<u64> = decode(body).iter().map(|p| p.flags).collect();
+        assert_eq!(flags, [1_767_225_600, 0xe0f6_9a2b_aa41_4de0, 0]);
+        error(br#"[{"Key":"k","Flags":-1}]"#);
+        error(br#"[{"Key":"k","Flags":"1"}]"#);
+    }
+
     #[test]
     fn unknown_fields_are_ignored() {
         let body = r#"[{"LockIndex":2,"Key":"s/x","Flags":18446744073709551615,"Value":"ZHJhaW4=",
             "Session":"adf4238a-882b-9ddc-4a9d-5b6758e4159e","Namespace":"default","Partition":"default",
             "Nested":{"a":[1,2,{"b":null}]},"CreateIndex":10,"ModifyIndex":99}]"#;
-        assert_eq!(decode(body), vec![pair("s/x", b"drain", 99)]);
+        let flags = u64::MAX;
+        assert_eq!(
+            decode(body),
+            vec![KvPair {
+                flags,
+                ..pair("s/x", b"drain", 99)
+            }]
+        );
     }
 
     #[test]

@@ -76,6 +76,7 @@ impl EventLoop {
                 self.metrics.count_consul_error(f.reason);
                 if let Some(l) = self.held_file.consul_failed() {
                     persist::answer_from(l, "the first consul read failed", &mut self.state, now);
+                    self.expiry.soon(now);
                 }
                 let answering = self.state.current().is_some();
                 self.health.failed(f, now, answering);
@@ -93,6 +94,7 @@ impl EventLoop {
     fn swap_in(&mut self, new: Snapshot, now: Instant) {
         let swapped = self.state.swap(new, now);
         self.unasked.soon(now);
+        self.expiry.soon(now);
         if let (Some(f), Some(s)) = (&mut self.state_file, self.state.shared()) {
             f.save(s);
         }

@@ -64,6 +64,7 @@ use crate::monitoring::server::Role;
 use crate::monitoring::{StateFileStatus, Status, WatchStatus};
 use crate::persist::{self, StateFile};
 use crate::slice::Slice;
+use crate::state::expiry::Expiry;
 use crate::state::file::Loaded;
 use crate::state::unasked::{Asking, Unasked};
 use crate::state::{Clock, HeldFile, Swapper};
@@ -147,6 +148,9 @@ pub struct EventLoop {
     state: Swapper,
     /// Diverted keys no check asks for, swept every few seconds.
     unasked: Unasked,
+    /// Diverted keys past their expiry, counted on each swap and on the
+    /// nearest expiry.
+    expiry: Expiry,
     devkv: Option<DevKv>,
     parking: Parking,
     /// `-state-file`: written after every swap, off the loop.
@@ -201,9 +205,8 @@ impl EventLoop {
         ])?;
         reg.register(&mut signals, SIGNALS, Interest::READABLE)?;
         let seed = jitter_seed();
-        let devkv = http_listeners[Role::DevKv.index()]
-            .as_ref()
-            .map(|_| DevKv::new(true));
+        let devkv = http_listeners[Role::DevKv.index()].as_ref();
+        let devkv = devkv.map(|_| DevKv::new(true));
         let consul = &config.consul;
         let (start, started) = (Instant::now(), SystemTime::now());
         let clock = Clock::new(start, started);
@@ -241,6 +244,7 @@ impl EventLoop {
             health: Health::new(consul.endpoint.to_string()),
             state,
             unasked: Unasked::new(config.unasked_after, start),
+            expiry: Expiry::default(),
             devkv,
             parking: Parking::default(),
             state_file,
@@ -375,6 +379,7 @@ impl EventLoop {
             self.https.next_deadline(),
             self.parking.next_deadline(),
             Some(self.unasked.due()),
+            self.expiry.due(),
             self.hints.due(),
             self.held_file.deadline(),
             self.agent_gate.deadline(now),
@@ -411,10 +416,19 @@ impl EventLoop {
         }
         if let Some(l) = self.held_file.due(now) {
             persist::answer_from(l, "no consul read within the grace", &mut self.state, now);
+            self.expiry.soon(now);
         }
         if self.unasked.due() <= now {
             self.unasked
                 .step(&mut self.state, now, &mut Slice::of_turn(now));
+        }
+        if self.expiry.due().is_some_and(|t| t <= now) {
+            let unix = self
+                .state
+                .clock()
+                .unix_seconds(self.state.clock().tick(now));
+            self.expiry
+                .step(&self.state, now, unix, &mut Slice::of_turn(now));
         }
         if self.renders.busy() {
             self.render_slice(now);
@@ -498,6 +512,7 @@ impl EventLoop {
                 unasked: &self.unasked,
                 previous: self.state.carrying_from(),
             }),
+            expiry: self.expiry.shown(),
         }
     }
 

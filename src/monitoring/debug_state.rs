@@ -416,6 +416,14 @@ fn head(st: &Status<'_>) -> Vec<(&'static str, Value)> {
         ("last_change_unix_seconds", json!(last_change)),
         ("absent_reply", json!("ready 100%")),
         (
+            "expiry",
+            json!({
+                "expired_keys": st.expiry.expired,
+                "next_unix_seconds": st.expiry.next,
+                "now_unix_seconds": SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| d.as_secs()),
+            }),
+        ),
+        (
             "watcher",
             json!({
                 "phase": st.watch.phase,
@@ -440,7 +448,8 @@ fn identity_row(s: &Snapshot, id: &str, asking: Option<Asking<'_>>, now: Instant
     let since = asks.map(|(a, (_, since, _))| a.clock.unix_seconds(since));
     let last = asks.and_then(|(a, (last, _, _))| asked_json(a, last, now));
     let asked_since = asks.map(|(_, (_, _, asked_since))| asked_since);
-    json!({"value": e.desired.to_string(), "reply": reply_text(e.desired), "modify_index": e.modify_index, "last_asked": last, "unchanged_since_unix_seconds": since, "asked_since_write": asked_since, "unasked": unasked}).to_string()
+    let expires = (e.expires != 0).then_some(e.expires);
+    json!({"value": e.desired.to_string(), "reply": reply_text(e.desired), "modify_index": e.modify_index, "expires_unix_seconds": expires, "last_asked": last, "unchanged_since_unix_seconds": since, "asked_since_write": asked_since, "unasked": unasked}).to_string()
 }
 
 fn unasked_row(a: Asking<'_>, id: &str, f: &Finding, now: Instant) -> Value {

@@ -154,6 +154,8 @@ pub struct View<'a> {
     pub state_file_write_errors: u64,
     /// Who asks for what (`None` in tests that do not look).
     pub asking: Option<Asking<'a>>,
+    /// Diverted keys past their expiry.
+    pub expiry: crate::state::expiry::Shown,
 }
 
 /// At most this many `diverted_key_last_asked_timestamp_seconds` series
@@ -398,6 +400,11 @@ fn asks(o: &mut Exposition, v: &View<'_>) {
         "state_unasked_keys",
         "Diverted keys (reply not ready 100%) no check asked for within -unasked-after: the write changes nothing here (see /debug/state for the identity meant).",
         a.map_or(0, |a| a.unasked.len()) as f64,
+    );
+    o.gauge(
+        "state_expired_keys",
+        "Diverted keys past the expiry a writer's -for put in their consul Flags: still answered as KV says (the agent never acts on it); undo them or set them again with a new -for.",
+        v.expiry.expired as f64,
     );
     o.gauge(
         "unknown_identities",
@@ -740,6 +747,7 @@ mod tests {
             state_file_writes: 0,
             state_file_write_errors: 0,
             asking: None,
+            expiry: Default::default(),
         }
     }
 
@@ -860,12 +868,14 @@ mod tests {
                 key: format!("p/b/k{i:04}"),
                 value: b"drain".to_vec(),
                 modify_index: 1,
+                flags: 0,
             })
             .collect();
         pairs.push(KvPair {
             key: "p/b/ready".into(),
             value: b"ready".to_vec(),
             modify_index: 1,
+            flags: 0,
         });
         state.swap(Snapshot::build("p", 1, pairs), t0);
         // k0000..k0997 asked at 30 s, k1000 and k1001 at 50 s (the last in

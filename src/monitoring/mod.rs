@@ -64,6 +64,8 @@ pub struct Status<'a> {
     pub state_file: Option<StateFileStatus<'a>>,
     /// Who asks for what.
     pub asking: Option<Asking<'a>>,
+    /// Diverted keys past their expiry, and the nearest ahead.
+    pub expiry: crate::state::expiry::Shown,
 }
 
 /// The state file's side of the status.
@@ -114,6 +116,7 @@ pub fn metrics_view<'a>(st: &Status<'a>) -> View<'a> {
         state_file_writes: st.state_file.as_ref().map_or(0, |f| f.writes),
         state_file_write_errors: st.state_file.as_ref().map_or(0, |f| f.write_errors),
         asking: st.asking,
+        expiry: st.expiry,
     }
 }
 
@@ -190,6 +193,7 @@ mod tests {
             key: key.to_owned(),
             value: value.as_bytes().to_vec(),
             modify_index,
+            flags: 0,
         }
     }
 
@@ -218,6 +222,7 @@ mod tests {
             kv_prefix: "p",
             source: snapshot.map(|_| Source::Consul),
             state_file: None,
+            expiry: Default::default(),
             asking: None,
         }
     }

@@ -226,6 +226,7 @@ mod tests {
                     b"ready".to_vec()
                 },
                 modify_index: i as u64,
+                flags: 0,
             })
             .collect();
         state.swap(Snapshot::build("p", 9, pairs), t0);
@@ -257,6 +258,7 @@ mod tests {
             kv_prefix: "p",
             source: Some(Source::Consul),
             state_file: None,
+            expiry: Default::default(),
             asking: Some(Asking {
                 clock: state.clock(),
                 strangers: state.strangers(),

@@ -48,6 +48,14 @@ struct Key {
     /// Base64, as consul sends it: values may be any bytes.
     value: String,
     modify_index: u64,
+    /// The expiry consul's `Flags` carried (absent: none; a file of an
+    /// earlier build has none).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    flags: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// A state file read back.
@@ -94,10 +102,11 @@ pub fn encode(snapshot: &Snapshot, prefix: &str, now: SystemTime) -> Vec<u8> {
     let b64 = base64::engine::general_purpose::STANDARD;
     let keys = snapshot
         .raw_pairs(prefix)
-        .map(|(key, value, modify_index)| Key {
+        .map(|(key, value, modify_index, flags)| Key {
             key,
             value: b64.encode(value),
             modify_index,
+            flags,
         })
         .collect();
     let doc = Document {
@@ -148,6 +157,7 @@ pub fn decode(
                 key: k.key,
                 value,
                 modify_index: k.modify_index,
+                flags: k.flags,
             })
         })
         .collect::<Result<Vec<_>, Refused>>()?;
@@ -203,6 +213,7 @@ mod tests {
             key: key.to_owned(),
             value: value.to_vec(),
             modify_index,
+            flags: 0,
         }
     }
 
@@ -215,6 +226,11 @@ mod tests {
                 pair(&format!("{PREFIX}/be/drained"), b" Drain\n", 7),
                 pair(&format!("{PREFIX}/be/half"), b"050%", 8),
                 pair(&format!("{PREFIX}/be/maint"), b"maint", 9),
+                // An expiry in Flags survives the file.
+                KvPair {
+                    flags: 1_900_000_000,
+                    ..pair(&format!("{PREFIX}/be/until"), b"drain", 9)
+                },
                 pair(&format!("{PREFIX}/be/health"), b"up", 10),
                 pair(&format!("{PREFIX}/be/binary"), b"\xff\x00drain", 11),
                 pair(&format!("{PREFIX}/trailing/"), b"drain", 12),
@@ -222,10 +238,10 @@ mod tests {
         )
     }
 
-    fn sorted_pairs(s: &Snapshot) -> Vec<(String, Vec<u8>, u64)> {
+    fn sorted_pairs(s: &Snapshot) -> Vec<(String, Vec<u8>, u64, u64)> {
         let mut v: Vec<_> = s
             .raw_pairs(PREFIX)
-            .map(|(k, v, i)| (k, v.to_vec(), i))
+            .map(|(k, v, i, f)| (k, v.to_vec(), i, f))
             .collect();
         v.sort();
         v
@@ -247,7 +263,9 @@ mod tests {
         }
         assert_eq!(loaded.age.as_secs(), 90);
         // Raw, not canonical: what consul said.
-        assert!(sorted_pairs(back).iter().any(|(_, v, _)| v == b" Drain\n"));
+        assert!(sorted_pairs(back)
+            .iter()
+            .any(|(_, v, _, _)| v == b" Drain\n"));
     }
 
     #[test]

@@ -343,6 +343,7 @@ mod tests {
                 key: format!("{PREFIX}/{k}"),
                 value: v.as_bytes().to_vec(),
                 modify_index: index,
+                flags: 0,
             })
             .collect();
         Snapshot::build(PREFIX, index, pairs)

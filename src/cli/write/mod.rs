@@ -12,6 +12,7 @@
 mod machine;
 pub mod plan;
 mod ramp;
+pub mod record;
 pub mod schedule;
 mod set;
 
@@ -21,7 +22,7 @@ use std::ffi::OsString;
 use crate::cli::{Args, Io};
 use crate::config::Command;
 use crate::consul::exchange::Exchange;
-use crate::consul::kv::decode_list;
+use crate::consul::kv::{decode_list, KvPair};
 use crate::consul::watch::ErrorReason;
 use crate::http::{percent_encode, EncodeSet};
 use plan::{Held, TxnAnswer};
@@ -29,19 +30,145 @@ use plan::{Held, TxnAnswer};
 pub use ramp::run as ramp;
 pub use set::{run_set as set, run_unset as unset};
 
-/// Consul, as the daemon would reach it, the KV prefix, and the longest
-/// request line the daemon reads (`-max-line-bytes`: longer identities
-/// can never be asked for).
-struct Kv {
+/// The flag naming the records' prefix (default: [`meta_prefix`]).
+pub const RECORD_PREFIX: &str = "record-prefix";
+
+/// Consul, as the daemon would reach it, the KV prefix, the records'
+/// prefix, and the longest request line the daemon reads
+/// (`-max-line-bytes`: longer identities can never be asked for).
+pub(crate) struct Kv {
     exchange: Exchange,
     prefix: String,
+    /// Where the records are ([`meta_prefix`]).
+    meta: String,
     max_line: usize,
+}
+
+/// The records' prefix for a state prefix: its last segment replaced by
+/// `meta` (`gitlab-haproxy-agent/state` -> `gitlab-haproxy-agent/meta`), so
+/// one policy on the parent covers both; or `given`. Refused when the
+/// records would be inside the watched listing, or the state inside the
+/// records (a record's key could then be a state key).
+pub fn meta_prefix(prefix: &str, given: Option<&str>) -> Result<String, String> {
+    let meta = match given {
+        Some(g) => g.trim_matches('/').to_owned(),
+        None => match prefix.rsplit_once('/') {
+            Some((parent, _)) => format!("{parent}/meta"),
+            None if prefix.is_empty() => String::new(),
+            None => "meta".to_owned(),
+        },
+    };
+    let inside = |a: &str, b: &str| a == b || b.is_empty() || a.starts_with(&format!("{b}/"));
+    if meta.is_empty() || inside(&meta, prefix) || inside(prefix, &meta) {
+        return Err(format!(
+            "the records' prefix {meta:?} must be outside -kv-prefix {prefix:?} (and not hold it): give -{RECORD_PREFIX}"
+        ));
+    }
+    Ok(meta)
+}
+
+/// The writer's words for its records: `-by`, `-reason`, `-for` and the
+/// command line, checked (exit 2 otherwise).
+pub(crate) struct Recorder {
+    by: String,
+    reason: Option<String>,
+    /// `-for`.
+    pub(crate) hold: Option<std::time::Duration>,
+    command: String,
+}
+
+/// The writers' flags for the records.
+pub(crate) const RECORD_FLAGS: [&str; 4] = ["by", "reason", "for", RECORD_PREFIX];
+
+impl Recorder {
+    pub(crate) fn of(
+        w: &Args,
+        env: &dyn Fn(&str) -> Option<String>,
+        verb: &str,
+        args: &[OsString],
+    ) -> Result<Recorder, String> {
+        for flag in ["by", "reason"] {
+            if let Some(text) = w.value(flag) {
+                record::check_text(flag, text)?;
+            }
+        }
+        let hold = match w.value("for") {
+            None => None,
+            Some(text) => match crate::gocompat::parse_go_duration(text) {
+                Some(Some(d)) if d.as_secs() > 0 => Some(d),
+                _ => {
+                    return Err(format!(
+                    "-for {text:?} is not a positive duration of a second or more (2h, 30m, 1h30m)"
+                ))
+                }
+            },
+        };
+        let mut words = vec!["gitlab-haproxy-agent".to_owned(), verb.to_owned()];
+        words.extend(args.iter().map(|a| a.to_string_lossy().into_owned()));
+        Ok(Recorder {
+            by: record::who(w.value("by"), env, &host_name()),
+            reason: w.value("reason").map(str::to_owned),
+            hold,
+            command: record::command_line(&words),
+        })
+    }
+
+    /// The expiry of a write at `now` (Unix seconds): refused when it is
+    /// not one the daemon would read as such (2020..2100).
+    pub(crate) fn expiry(&self, now: u64) -> Result<u32, String> {
+        let Some(d) = self.hold else { return Ok(0) };
+        let until = now.saturating_add(d.as_secs());
+        match crate::state::expiry::of_flags(until) {
+            0 => Err(format!(
+                "-for {}s from now ends past 2100-01-01, which consul Flags cannot say here",
+                d.as_secs()
+            )),
+            e => Ok(e),
+        }
+    }
+
+    /// The record of writing `value` at `now` until `expiry` (0: none).
+    pub(crate) fn record(&self, value: &crate::contract::Desired, now: u64, expiry: u32) -> String {
+        record::Record {
+            by: self.by.clone(),
+            when: now,
+            reason: self.reason.clone(),
+            until: (expiry != 0).then_some(u64::from(expiry)),
+            value: value.to_string(),
+            command: self.command.clone(),
+        }
+        .encode()
+    }
+}
+
+/// Now, in Unix seconds, on this host's clock.
+pub(crate) fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// This host's name, for the records' `by`.
+fn host_name() -> String {
+    let mut buf = [0u8; 256];
+    // SAFETY: the buffer is valid for its length; gethostname writes at
+    // most that many bytes.
+    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
+    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    match rc {
+        0 => String::from_utf8_lossy(&buf[..end]).into_owned(),
+        _ => String::new(),
+    }
 }
 
 impl Kv {
     /// From the daemon's flags and the environment, with the daemon's
-    /// precedence.
-    fn open(daemon: &[String], env: &dyn Fn(&str) -> Option<String>) -> Result<Kv, String> {
+    /// precedence; `records`: `-record-prefix`, if given.
+    pub(crate) fn open(
+        daemon: &[String],
+        env: &dyn Fn(&str) -> Option<String>,
+        records: Option<&str>,
+    ) -> Result<Kv, String> {
         let args: Vec<OsString> = daemon.iter().map(OsString::from).collect();
         let config = match crate::config::parse(args, env).map_err(|e| e.0)? {
             Command::Run(c) => c,
@@ -49,10 +176,12 @@ impl Kv {
                 return Err("-version takes no command".into())
             }
         };
+        let meta = meta_prefix(&config.kv_prefix, records)?;
         let exchange = Exchange::new(&config.consul).map_err(|e| format!("cannot poll: {e}"))?;
         Ok(Kv {
             exchange,
             prefix: config.kv_prefix,
+            meta,
             max_line: config.max_line_bytes,
         })
     }
@@ -62,6 +191,26 @@ impl Kv {
             true => identity.to_owned(),
             false => format!("{}/{identity}", self.prefix),
         }
+    }
+
+    /// The key of `identity`'s record.
+    fn record_key(&self, identity: &str) -> String {
+        format!("{}/{identity}", self.meta)
+    }
+
+    pub(crate) fn meta(&self) -> &str {
+        &self.meta
+    }
+
+    /// Every record, by identity (one listing of the records' prefix).
+    pub(crate) fn records(&mut self) -> Result<HashMap<String, KvPair>, String> {
+        let meta = self.meta.clone();
+        let under = format!("{meta}/");
+        Ok(self
+            .list(&meta)?
+            .into_iter()
+            .filter_map(|p| Some((p.key.strip_prefix(&under)?.to_owned(), p)))
+            .collect())
     }
 
     /// `/v1/...` under the address's path prefix, with the namespace and
@@ -107,30 +256,48 @@ impl Kv {
         }
     }
 
-    /// The keys of `identities` as held now (one listing of the prefix).
-    fn read(&mut self, identities: &[String]) -> Result<Vec<Held>, String> {
-        let path = format!(
-            "/v1/kv/{}",
-            percent_encode(&format!("{}/", self.prefix), EncodeSet::KV_PATH)
-        );
-        let path = if self.prefix.is_empty() {
-            "/v1/kv/".to_owned()
-        } else {
-            path
+    /// Every key under `prefix/` (the whole store for an empty prefix).
+    fn list(&mut self, prefix: &str) -> Result<Vec<KvPair>, String> {
+        let path = match prefix.is_empty() {
+            true => "/v1/kv/".to_owned(),
+            false => format!(
+                "/v1/kv/{}",
+                percent_encode(&format!("{prefix}/"), EncodeSet::KV_PATH)
+            ),
         };
         let target = self.target(&path, "recurse=");
         let (status, body) = self.request("GET", &target, b"", &[200, 404])?;
-        let pairs = match status {
-            404 => Vec::new(),
-            _ => decode_list(&body).map_err(|e| format!("GET {path}: {e}"))?,
-        };
-        let held: HashMap<&str, (&[u8], u64)> = pairs
-            .iter()
-            .map(|p| (p.key.as_str(), (p.value.as_slice(), p.modify_index)))
-            .collect();
+        match status {
+            404 => Ok(Vec::new()),
+            _ => decode_list(&body).map_err(|e| format!("GET {path}: {e}")),
+        }
+    }
+
+    /// The keys of `identities` as held now (one listing of the prefix).
+    fn read(&mut self, identities: &[String]) -> Result<Vec<Held>, String> {
+        Ok(self
+            .read_expiring(identities)?
+            .into_iter()
+            .map(|(h, _)| h)
+            .collect())
+    }
+
+    /// The keys of `identities` as held now, each with the expiry its
+    /// Flags carry (0: none).
+    fn read_expiring(&mut self, identities: &[String]) -> Result<Vec<(Held, u32)>, String> {
+        let prefix = self.prefix.clone();
+        let pairs = self.list(&prefix)?;
+        let held: HashMap<&str, &KvPair> = pairs.iter().map(|p| (p.key.as_str(), p)).collect();
         Ok(identities
             .iter()
-            .map(|i| Held::of(held.get(self.key(i).as_str()).copied()))
+            .map(|i| {
+                let p = held.get(self.key(i).as_str());
+                let expiry = p.map_or(0, |p| crate::state::expiry::of_flags(p.flags));
+                (
+                    Held::of(p.map(|p| (p.value.as_slice(), p.modify_index))),
+                    expiry,
+                )
+            })
             .collect())
     }
 
@@ -203,11 +370,32 @@ enum Delivery {
     Lost(String),
 }
 
-/// A key of a guarded transaction: its identity and the ModifyIndex the
-/// write was guarded by (0: it was absent, or unseen).
+/// An operation of a guarded transaction: its key's identity and the
+/// ModifyIndex the write was guarded by (0: it was absent, or unseen), and
+/// for the operation on its record, the record's key.
 struct Guarded<'a> {
     identity: &'a str,
     guard: u64,
+    record: Option<String>,
+}
+
+impl<'a> Guarded<'a> {
+    /// The two operations of a key's write: its state key's, its record's.
+    fn pair(kv: &Kv, identity: &'a str, guard: u64) -> [Guarded<'a>; 2] {
+        let record = Some(kv.record_key(identity));
+        [
+            Guarded {
+                identity,
+                guard,
+                record: None,
+            },
+            Guarded {
+                identity,
+                guard,
+                record,
+            },
+        ]
+    }
 }
 
 /// Why consul answered 409 to a transaction (nothing of it applied).
@@ -246,12 +434,16 @@ fn refusal(kv: &mut Kv, keys: &[Guarded<'_>], errors: &[(usize, String)]) -> Ref
     let denied: Vec<String> = errors
         .iter()
         .filter(|(_, what)| what.starts_with(plan::PERMISSION_DENIED))
-        .map(|(at, what)| {
-            let unseen = unseen(*at);
-            format!(
-                "consul refused: permission denied for {}: the token cannot write it{unseen} (consul: {what})",
-                name(*at)
-            )
+        .map(|(at, what)| match keys.get(*at).and_then(|k| k.record.as_deref()) {
+            Some(record) => format!(
+                "consul refused: permission denied for the record {record}: the token cannot write the records of the keys it writes (nothing of that transaction was written); give it the README's policy: {} (consul: {what})",
+                plan::policy_line(&kv.prefix, &kv.meta)
+            ),
+            None => format!(
+                "consul refused: permission denied for {}: the token cannot write it{} (consul: {what})",
+                name(*at),
+                unseen(*at)
+            ),
         })
         .collect();
     if !denied.is_empty() {

@@ -157,18 +157,30 @@ pub struct Change {
     pub identity: String,
     pub before: Held,
     pub after: Target,
+    /// The expiry its Flags carry before and after (Unix seconds, 0: none).
+    pub expiry: [u32; 2],
 }
 
 impl Change {
+    /// Nothing to write: the reply and the expiry stay as they are.
+    pub fn is_noop(&self) -> bool {
+        self.after.is_noop(&self.before) && self.expiry[0] == self.expiry[1]
+    }
+
     /// `IDENTITY: before -> after`, or that it is unchanged.
     pub fn line(&self) -> String {
-        match self.after.is_noop(&self.before) {
-            true => format!("{}: {} (unchanged)", self.identity, self.before.render()),
+        let until = |e: u32| match e {
+            0 => String::new(),
+            e => format!(" until {}", crate::logging::utc_seconds(u64::from(e))),
+        };
+        let before = format!("{}{}", self.before.render(), until(self.expiry[0]));
+        match self.is_noop() {
+            true => format!("{}: {before} (unchanged)", self.identity),
             false => format!(
-                "{}: {} -> {}",
+                "{}: {before} -> {}{}",
                 self.identity,
-                self.before.render(),
-                self.after.render()
+                self.after.render(),
+                until(self.expiry[1])
             ),
         }
     }
@@ -284,40 +296,80 @@ pub fn check_distinct(identities: &[String]) -> Result<(), String> {
 }
 
 /// One operation of a guarded transaction: `cas` (index 0 for a key that
-/// must be absent) or `delete-cas`.
-pub fn op(key: &str, target: Target, index: u64) -> serde_json::Value {
+/// must be absent) with `expires` in its Flags (0: cleared), or
+/// `delete-cas`.
+pub fn op(key: &str, target: Target, index: u64, expires: u32) -> serde_json::Value {
     match target {
         Target::Set(d) => {
             let value = base64::engine::general_purpose::STANDARD.encode(d.to_string());
-            json!({"KV": {"Verb": "cas", "Key": key, "Value": value, "Index": index}})
+            json!({"KV": {"Verb": "cas", "Key": key, "Value": value, "Flags": expires, "Index": index}})
         }
         Target::Unset => json!({"KV": {"Verb": "delete-cas", "Key": key, "Index": index}}),
     }
 }
 
-/// Splits operations (their serialized lengths, in order) into
-/// transactions of at most [`BATCH`] operations and at most
-/// [`MAX_TXN_BYTES`] of body (`[`, the operations, `,` between, `]`),
-/// in order. An operation too large alone is a transaction alone (consul
-/// answers it 413, which is reported).
-pub fn batches(sizes: &[usize]) -> Vec<std::ops::Range<usize>> {
+/// The operation on a key's record, beside its state key's in the same
+/// transaction: `set` the record (`Some`), or `delete` it. Unguarded: the
+/// state key's check-and-set guards the whole transaction.
+pub fn record_op(key: &str, record: Option<&str>) -> serde_json::Value {
+    match record {
+        Some(r) => {
+            let value = base64::engine::general_purpose::STANDARD.encode(r);
+            json!({"KV": {"Verb": "set", "Key": key, "Value": value}})
+        }
+        None => json!({"KV": {"Verb": "delete", "Key": key}}),
+    }
+}
+
+/// Deletes an orphan record (its state key gone) only while the key is
+/// still absent.
+pub fn orphan_ops(key: &str, record_key: &str) -> [serde_json::Value; 2] {
+    [
+        json!({"KV": {"Verb": "check-not-exists", "Key": key}}),
+        record_op(record_key, None),
+    ]
+}
+
+/// Splits groups of operations (each a key's: its operation count and
+/// serialized length, in order) into transactions of at most [`BATCH`]
+/// operations and at most [`MAX_TXN_BYTES`] of body (`[`, the operations,
+/// `,` between, `]`), in order, never splitting a group (a key and its
+/// record land together or not at all). A group too large alone is a
+/// transaction alone (consul answers it 413, which is reported).
+pub fn batches(groups: &[(usize, usize)]) -> Vec<std::ops::Range<usize>> {
     let mut out = Vec::new();
-    let mut start = 0;
-    let mut bytes = 2;
-    for (i, &size) in sizes.iter().enumerate() {
-        let more = size + usize::from(i > start);
-        if i > start && (i - start == BATCH || bytes + more > MAX_TXN_BYTES) {
+    let (mut start, mut ops, mut bytes) = (0, 0, 2);
+    for (i, &(n, size)) in groups.iter().enumerate() {
+        // Each operation after the transaction's first follows a `,`.
+        let more = size + n - 1 + usize::from(i > start);
+        if i > start && (ops + n > BATCH || bytes + more > MAX_TXN_BYTES) {
             out.push(start..i);
-            start = i;
-            bytes = 2 + size;
+            (start, ops, bytes) = (i, n, 2 + size + n - 1);
         } else {
+            ops += n;
             bytes += more;
         }
     }
-    if start < sizes.len() {
-        out.push(start..sizes.len());
+    if start < groups.len() {
+        out.push(start..groups.len());
     }
     out
+}
+
+/// The ACL policy that lets the writers write both the state keys and
+/// their records: one rule on the two prefixes' common parent.
+pub fn policy_line(prefix: &str, meta: &str) -> String {
+    let common: Vec<&str> = prefix
+        .split('/')
+        .zip(meta.split('/'))
+        .take_while(|(a, b)| a == b)
+        .map(|(a, _)| a)
+        .collect();
+    let rule = |p: &str| format!("key_prefix \"{p}/\" {{ policy = \"write\" }}");
+    match common.is_empty() {
+        true => format!("{} {}", rule(prefix), rule(meta)),
+        false => rule(&common.join("/")),
+    }
 }
 
 /// What consul said to a transaction.
@@ -558,6 +610,7 @@ mod tests {
                 identity: "be/s1".into(),
                 before,
                 after,
+                expiry: [0, 0],
             }
             .line()
         };
@@ -590,11 +643,11 @@ mod tests {
     #[test]
     fn transactions_are_guarded_and_answers_read() {
         assert_eq!(
-            op("p/a", Target::Set(pct(50)), 0),
-            json!({"KV": {"Verb": "cas", "Key": "p/a", "Value": "NTAl", "Index": 0}})
+            op("p/a", Target::Set(pct(50)), 0, 0),
+            json!({"KV": {"Verb": "cas", "Key": "p/a", "Value": "NTAl", "Flags": 0, "Index": 0}})
         );
         assert_eq!(
-            op("p/a", Target::Unset, 9),
+            op("p/a", Target::Unset, 9, 0),
             json!({"KV": {"Verb": "delete-cas", "Key": "p/a", "Index": 9}})
         );
         let ok = br#"{"Results":[{"KV":{"LockIndex":0,"Key":"p/a","Flags":0,"Value":null,"CreateIndex":5,"ModifyIndex":12}}],"Errors":null}"#;
@@ -618,16 +671,19 @@ mod tests {
             identity: "be/a".into(),
             before: Held::Valid(pct(50), 3),
             after: Target::Set(Desired::DRAIN),
+            expiry: [0, 0],
         };
         let b = Change {
             identity: "be/b b".into(),
             before: Held::Absent,
             after: Target::Set(Desired::DRAIN),
+            expiry: [0, 0],
         };
         let c = Change {
             identity: "be/c".into(),
             before: Held::Valid(Desired::MAINT, 3),
             after: Target::Unset,
+            expiry: [0, 0],
         };
         let common = ["-kv-prefix".to_owned(), "x y".to_owned()];
         assert_eq!(
@@ -675,17 +731,84 @@ mod tests {
     /// bytes as well as by count, in order.
     #[test]
     fn transactions_are_cut_by_operations_and_by_bytes_in_order() {
-        assert_eq!(batches(&[10; 130]), [0..64, 64..128, 128..130]);
-        assert_eq!(batches(&[]), [] as [std::ops::Range<usize>; 0]);
+        let one = |sizes: &[usize]| batches(&sizes.iter().map(|&s| (1, s)).collect::<Vec<_>>());
+        assert_eq!(one(&[10; 130]), [0..64, 64..128, 128..130]);
+        assert_eq!(one(&[]), [] as [std::ops::Range<usize>; 0]);
         // Three operations of 200 KiB: two fit (with `[`, `,`, `]`), not three.
         let big = 200 * 1024;
-        assert_eq!(batches(&[big; 3]), [0..2, 2..3]);
+        assert_eq!(one(&[big; 3]), [0..2, 2..3]);
         // `[`, a, `,`, b, `]`: exactly the limit fits, a byte more does not.
         let (a, b) = (262_142, 262_143);
         assert_eq!(a + b + 3, MAX_TXN_BYTES);
-        assert_eq!(batches(&[a, b, 1]), [0..2, 2..3], "the limit itself fits");
-        assert_eq!(batches(&[a, b + 1]), [0..1, 1..2]);
-        assert_eq!(batches(&[MAX_TXN_BYTES * 2, 5]), [0..1, 1..2]);
+        assert_eq!(one(&[a, b, 1]), [0..2, 2..3], "the limit itself fits");
+        assert_eq!(one(&[a, b + 1]), [0..1, 1..2]);
+        // A key and its record: 64 operations are 32 keys, never split.
+        assert_eq!(batches(&[(2, 10); 65]), [0..32, 32..64, 64..65]);
+        assert_eq!(
+            batches(&[(2, 10); 33])[0],
+            0..32,
+            "33 keys: 66 operations, not in one"
+        );
+        // Their bytes count with the `,` between them: `[`, a, `,`, b, `]`.
+        let fits = batches(&[(2, MAX_TXN_BYTES - 5), (1, 1)]);
+        assert_eq!(
+            (fits.len(), fits[0].clone()),
+            (1, 0..2),
+            "the limit itself fits"
+        );
+        assert_eq!(batches(&[(2, MAX_TXN_BYTES - 4), (1, 1)]), [0..1, 1..2]);
+        assert_eq!(one(&[MAX_TXN_BYTES * 2, 5]), [0..1, 1..2]);
+    }
+
+    #[test]
+    fn records_ride_with_their_key_and_one_policy_covers_both() {
+        assert_eq!(
+            record_op("m/a", Some("{}")),
+            json!({"KV": {"Verb": "set", "Key": "m/a", "Value": "e30="}})
+        );
+        assert_eq!(
+            record_op("m/a", None),
+            json!({"KV": {"Verb": "delete", "Key": "m/a"}})
+        );
+        assert_eq!(
+            op("p/a", Target::Set(Desired::DRAIN), 3, 1_800_000_000)["KV"]["Flags"],
+            1_800_000_000
+        );
+        assert_eq!(
+            orphan_ops("p/a", "m/a")[0]["KV"]["Verb"],
+            "check-not-exists"
+        );
+        assert_eq!(
+            policy_line("gitlab-haproxy-agent/state", "gitlab-haproxy-agent/meta"),
+            r#"key_prefix "gitlab-haproxy-agent/" { policy = "write" }"#
+        );
+        assert_eq!(
+            policy_line("state", "meta"),
+            r#"key_prefix "state/" { policy = "write" } key_prefix "meta/" { policy = "write" }"#
+        );
+    }
+
+    #[test]
+    fn a_change_of_expiry_alone_is_written_and_shown() {
+        let c = Change {
+            identity: "be/a".into(),
+            before: Held::Valid(Desired::DRAIN, 3),
+            after: Target::Set(Desired::DRAIN),
+            expiry: [0, 1_800_000_000],
+        };
+        assert!(!c.is_noop());
+        assert_eq!(
+            c.line(),
+            "be/a: drain 100% -> drain 100% until 2027-01-15T08:00:00Z"
+        );
+        let same = Change {
+            expiry: [1_800_000_000; 2],
+            ..c
+        };
+        assert_eq!(
+            same.line(),
+            "be/a: drain 100% until 2027-01-15T08:00:00Z (unchanged)"
+        );
     }
 
     #[test]
@@ -748,6 +871,7 @@ mod tests {
             identity: identity.into(),
             before,
             after: Target::Set(Desired::DRAIN),
+            expiry: [0, 0],
         };
         let a = change("-x/a", Held::Valid(pct(50), 3));
         let b = change("be/a=b", Held::Valid(Desired::MAINT, 3));

@@ -16,7 +16,10 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use super::machine::{Answer, Machine, Next, Stop, Write1};
 use super::plan::{self, Held, Target, TxnAnswer};
 use super::schedule::{check_rate, offset, parse_pct, secs, Steps};
-use super::{refusal, static_weights, Delivery, Guarded, Kv, HAPROXY_CONFIG};
+use super::{
+    refusal, static_weights, unix_now, Delivery, Guarded, Kv, Recorder, HAPROXY_CONFIG,
+    RECORD_FLAGS, RECORD_PREFIX,
+};
 use crate::cli::Args;
 use crate::cli::{usage_error, Io, FINDING, OK};
 use crate::config::daemon_flag;
@@ -24,7 +27,8 @@ use crate::contract::Desired;
 
 const HELP: &str = "\
 usage: gitlab-haproxy-agent ramp IDENTITY... -to PCT -over DURATION [-from PCT]
-       [-steps N | -steps P1,P2,...] [-then drain|maint|unset] [-dry-run]
+       [-steps N | -steps P1,P2,...] [-then drain|maint|unset [-for DURATION]]
+       [-reason TEXT] [-by WHO] [-record-prefix PREFIX] [-dry-run]
        [-haproxy-config FILE]... [consul flags]
 
 Writes intermediate weights (N% values) on a schedule, every named key in one
@@ -43,13 +47,27 @@ set checks them, each named once. A server that -haproxy-config FILE shows in
 a backend with a static algorithm (static-rr, map-based hashing) cannot ramp:
 haproxy ignores weights other than 0% and 100% there, so the ramp is refused
 (exit 2); without -haproxy-config a warning says so. -dry-run prints the
-schedule and writes nothing.
+schedule and writes nothing. Every write also writes each key's record in its
+transaction (as set; at most 32 keys: 64 operations with their records), and
+the last deletes it with the key; -for (with -then drain|maint only) puts the
+expiry, counted from the -then write, in the keys' Flags.
 ";
 
 pub fn run(args: &[OsString], io: &mut Io<'_>) -> u8 {
     let w = match Args::parse_with(
         args,
-        &["to", "over", "from", "steps", "then", HAPROXY_CONFIG],
+        &[
+            "to",
+            "over",
+            "from",
+            "steps",
+            "then",
+            HAPROXY_CONFIG,
+            "by",
+            "reason",
+            "for",
+            RECORD_PREFIX,
+        ],
         &["dry-run"],
         daemon_flag,
     ) {
@@ -60,21 +78,10 @@ pub fn run(args: &[OsString], io: &mut Io<'_>) -> u8 {
         Ok(w) => w,
         Err(e) => return usage_error(io, "ramp", &e),
     };
-    let ramp = match Ramp::of(&w) {
-        Ok(r) => r,
+    let (ramp, recorder, mut kv) = match open(&w, io, args) {
+        Ok(opened) => opened,
         Err(e) => return usage_error(io, "ramp", &e),
     };
-    let mut kv = match Kv::open(&w.daemon, io.env) {
-        Ok(kv) => kv,
-        Err(e) => return usage_error(io, "ramp", &e),
-    };
-    let checked = w
-        .positional
-        .iter()
-        .try_for_each(|i| plan::check_identity(i, Some(kv.max_line)));
-    if let Err(e) = checked.and_then(|()| plan::check_distinct(&w.positional)) {
-        return usage_error(io, "ramp", &e);
-    }
     let held = match kv.read(&w.positional) {
         Ok(h) => h,
         Err(e) => {
@@ -90,16 +97,7 @@ pub fn run(args: &[OsString], io: &mut Io<'_>) -> u8 {
         return usage_error(io, "ramp", &format!("nothing written: {e}"));
     }
     if w.flag("dry-run") {
-        for (k, write) in writes.iter().enumerate() {
-            let _ = writeln!(
-                io.out,
-                "+{} {}: {}",
-                secs(write.at),
-                label(k, &ramp),
-                targets(&w.positional, &write.targets)
-            );
-        }
-        let _ = writeln!(io.out, "dry run: nothing written");
+        dry_run(io, &w.positional, &ramp, &writes);
         return OK;
     }
     let signal = Arc::new(AtomicUsize::new(0));
@@ -115,7 +113,9 @@ pub fn run(args: &[OsString], io: &mut Io<'_>) -> u8 {
     let run = Run {
         ids: &w.positional,
         daemon: &w.daemon,
+        records: record_words(&w),
         ramp: &ramp,
+        recorder: &recorder,
         live: std::io::stdout().is_terminal(),
     };
     let mut machine = Machine::new(writes, &held);
@@ -126,13 +126,39 @@ pub fn run(args: &[OsString], io: &mut Io<'_>) -> u8 {
 /// The identities that some write gives a weight other than 0% and 100%
 /// (which a static-algorithm backend ignores).
 fn weighted<'a>(ids: &'a [String], writes: &[Write1]) -> Vec<&'a str> {
-    let intermediate =
-        |t: &Target| matches!(t, Target::Set(d) if !matches!(d.weight_pct(), 0 | 100));
     ids.iter()
         .enumerate()
-        .filter(|&(k, _)| writes.iter().any(|w| intermediate(&w.targets[k])))
+        .filter(|&(k, _)| writes.iter().any(|w| w.targets[k].intermediate()))
         .map(|(_, i)| i.as_str())
         .collect()
+}
+
+/// The ramp as asked, the records' words, and consul; the identities
+/// checked.
+fn open(w: &Args, io: &Io<'_>, args: &[OsString]) -> Result<(Ramp, Recorder, Kv), String> {
+    let ramp = Ramp::of(w)?;
+    let recorder = Recorder::of(w, io.env, "ramp", args)?;
+    ramp.check_records(&w.positional, &recorder)?;
+    let kv = Kv::open(&w.daemon, io.env, w.value(RECORD_PREFIX))?;
+    w.positional
+        .iter()
+        .try_for_each(|i| plan::check_identity(i, Some(kv.max_line)))?;
+    plan::check_distinct(&w.positional)?;
+    Ok((ramp, recorder, kv))
+}
+
+/// `-dry-run`: the schedule, a line a write.
+fn dry_run(io: &mut Io<'_>, ids: &[String], ramp: &Ramp, writes: &[Write1]) {
+    for (k, write) in writes.iter().enumerate() {
+        let _ = writeln!(
+            io.out,
+            "+{} {}: {}",
+            secs(write.at),
+            label(k, ramp),
+            targets(ids, &write.targets)
+        );
+    }
+    let _ = writeln!(io.out, "dry run: nothing written");
 }
 
 /// The ramp as asked.
@@ -186,6 +212,28 @@ impl Ramp {
             steps,
             then,
         })
+    }
+
+    /// What the records ask of the ramp: `-for` only with `-then drain` or
+    /// `maint` (the divert that expires), and a transaction per step: at
+    /// most [`plan::BATCH`] operations, two per key (its record).
+    fn check_records(&self, ids: &[String], recorder: &Recorder) -> Result<(), String> {
+        if recorder.hold.is_some() && !matches!(self.then, Some(Target::Set(_))) {
+            return Err(
+                "-for needs -then drain or -then maint: it is the expiry of that divert".into(),
+            );
+        }
+        if ids.len() > plan::BATCH / 2 {
+            return Err(format!(
+                "{} identities: a ramp writes every key and its record in one transaction per step, at most {} keys ({} operations); ramp them in groups",
+                ids.len(),
+                plan::BATCH / 2,
+                plan::BATCH
+            ));
+        }
+        recorder
+            .expiry(unix_now() + self.over.as_secs())
+            .map(|_| ())
     }
 
     /// Every write, each key's value at each.
@@ -252,7 +300,10 @@ struct Run<'a> {
     ids: &'a [String],
     /// The consul words the ramp was given, repeated in the resume line.
     daemon: &'a [String],
+    /// The record words it was given (`-reason`, `-by`, ...), repeated too.
+    records: Vec<String>,
     ramp: &'a Ramp,
+    recorder: &'a Recorder,
     /// Standard output is a terminal: one live progress line.
     live: bool,
 }
@@ -322,11 +373,28 @@ fn step_line(io: &mut Io<'_>, run: &Run<'_>, k: usize, write: &Write1, written_a
 fn send(kv: &mut Kv, run: &Run<'_>, m: &Machine, k: usize) -> Answer {
     let write = &m.writes()[k];
     let keys: Vec<String> = run.ids.iter().map(|i| kv.key(i)).collect();
-    let ops: Vec<serde_json::Value> = keys
+    let now = unix_now();
+    // The -then write carries the expiry, counted from it.
+    let expiry = match k + 1 == m.writes().len() && run.ramp.then.is_some() {
+        true => run.recorder.expiry(now).unwrap_or(0),
+        false => 0,
+    };
+    let ops: Vec<serde_json::Value> = run
+        .ids
         .iter()
+        .zip(&keys)
         .zip(&write.targets)
         .zip(m.guards())
-        .map(|((key, t), &guard)| plan::op(key, *t, guard))
+        .flat_map(|(((id, key), t), &guard)| {
+            let record = match t {
+                Target::Set(d) => Some(run.recorder.record(d, now, expiry)),
+                Target::Unset => None,
+            };
+            [
+                plan::op(key, *t, guard, expiry),
+                plan::record_op(&kv.record_key(id), record.as_deref()),
+            ]
+        })
         .collect();
     match kv.txn(&ops) {
         Delivery::Answered(TxnAnswer::Applied(results)) => {
@@ -346,7 +414,7 @@ fn send(kv: &mut Kv, run: &Run<'_>, m: &Machine, k: usize) -> Answer {
                 .ids
                 .iter()
                 .zip(m.guards())
-                .map(|(identity, &guard)| Guarded { identity, guard })
+                .flat_map(|(identity, &guard)| Guarded::pair(kv, identity, guard))
                 .collect();
             match refusal(kv, &keys, &errors) {
                 super::Refusal::Conflict(line) => Answer::Conflict(line),
@@ -494,9 +562,13 @@ fn resume_lines(run: &Run<'_>, writes: &[Write1], k: usize) -> Vec<String> {
         return match ramp.then {
             Some(Target::Set(d)) if k == n => {
                 let words: Vec<String> = ids.iter().map(|i| format!("{i}={d}")).collect();
-                vec![plan::command_line("set", run.daemon, &words)]
+                let common = [run.daemon, &run.records].concat();
+                vec![plan::command_line("set", &common, &words)]
             }
-            Some(Target::Unset) if k == n => vec![plan::command_line("unset", run.daemon, &ids)],
+            Some(Target::Unset) if k == n => {
+                let common = [run.daemon, &run.records].concat();
+                vec![plan::command_line("unset", &common, &ids)]
+            }
             _ => Vec::new(),
         };
     }
@@ -525,7 +597,7 @@ fn resume_lines(run: &Run<'_>, writes: &[Write1], k: usize) -> Vec<String> {
         .into_iter()
         .map(|(rest, group)| {
             let list: Vec<String> = rest.iter().map(u16::to_string).collect();
-            let mut words = run.daemon.to_vec();
+            let mut words = [run.daemon, &run.records].concat();
             words.extend([
                 "-to".to_owned(),
                 format!("{}%", ramp.to),
@@ -537,5 +609,14 @@ fn resume_lines(run: &Run<'_>, writes: &[Write1], k: usize) -> Vec<String> {
             words.extend(then.iter().map(|w| w.to_string()));
             plan::command_line("ramp", &words, &group)
         })
+        .collect()
+}
+
+/// The record words a ramp was given, to repeat in its resume lines.
+fn record_words(w: &Args) -> Vec<String> {
+    RECORD_FLAGS
+        .iter()
+        .filter_map(|f| Some([format!("-{f}"), w.value(f)?.to_owned()]))
+        .flatten()
         .collect()
 }

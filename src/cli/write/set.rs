@@ -2,19 +2,26 @@
 //! word first, read the keys, print each change, write them in guarded
 //! transactions of [`BATCH`] operations, print the undo line.
 
+use std::collections::HashMap;
 use std::ffi::OsString;
 use std::io::Read;
 
 use serde_json::json;
 
 use super::plan::{self, Change, Held, Target, TxnAnswer};
-use super::{refusal, static_weights, Delivery, Guarded, Kv, HAPROXY_CONFIG};
+use super::{
+    refusal, static_weights, unix_now, Delivery, Guarded, Kv, Recorder, HAPROXY_CONFIG,
+    RECORD_FLAGS, RECORD_PREFIX,
+};
 use crate::cli::Args;
 use crate::cli::{usage_error, Io, FINDING, OK, USAGE};
 use crate::config::daemon_flag;
+use crate::consul::kv::KvPair;
+use crate::contract::Desired;
 
 const SET_HELP: &str = "\
-usage: gitlab-haproxy-agent set [-f FILE|-] [-dry-run] [-json] [-haproxy-config FILE]...
+usage: gitlab-haproxy-agent set [-f FILE|-] [-reason TEXT] [-for DURATION] [-by WHO]
+       [-record-prefix PREFIX] [-dry-run] [-json] [-haproxy-config FILE]...
        [consul flags] IDENTITY=VALUE...
 
 Writes the desired state of servers: VALUE is ready, drain, maint or N% (0 to
@@ -34,17 +41,27 @@ document. N% other than 0% and 100% is refused (exit 2) for a server that
 map-based hashing: haproxy ignores such weights); without -haproxy-config, a
 warning says so. Consul is reached with the daemon's flags and variables
 (-consul-addr, CONSUL_HTTP_ADDR, the token and TLS settings, -kv-prefix).
-Exit 0 written or nothing to change, 1 conflict, refused, unknown or
-unreachable, 2 usage or a bad value or identity.
+Every key written gets a record in the same transaction (a JSON value under
+-record-prefix, default -kv-prefix's last segment replaced by meta): who (-by,
+default $SUDO_USER or $USER, @host), when, why (-reason), until when (-for),
+the value and this command line; -reason and -by are at most 512 bytes without
+control characters or bidi overrides. -for DURATION also puts the expiry (Unix
+seconds) in the key's consul Flags: the agent counts and warns about a divert
+past it, and never acts on it; a value written again with another -for (or
+without one) is written. Exit 0 written or nothing to change, 1 conflict,
+refused, unknown or unreachable, 2 usage or a bad value or identity.
 ";
 
 const UNSET_HELP: &str = "\
-usage: gitlab-haproxy-agent unset [-dry-run] [-json] [consul flags] IDENTITY...
+usage: gitlab-haproxy-agent unset [-record-prefix PREFIX] [-dry-run] [-json]
+       [consul flags] IDENTITY...
 
 Deletes the keys of servers: back to the default, ready 100% (any key under
-the prefix, even one no haproxy can ask for). As set: reads, prints each
-change, deletes in guarded transactions (delete-cas), prints the command that
-undoes it. Exit 0, 1 conflict, refused, unknown or unreachable, 2 usage.
+the prefix, even one no haproxy can ask for), and their records in the same
+transaction (an orphan record, its key already gone, is deleted too). As set:
+reads, prints each change, deletes in guarded transactions (delete-cas),
+prints the command that undoes it. -for is refused. Exit 0, 1 conflict,
+refused, unknown or unreachable, 2 usage.
 ";
 
 /// The largest `-f` file read.
@@ -60,8 +77,11 @@ pub fn run_unset(args: &[OsString], io: &mut Io<'_>) -> u8 {
 
 fn run(args: &[OsString], io: &mut Io<'_>, command: &str) -> u8 {
     let (help, values): (&str, &[&'static str]) = match command {
-        "set" => (SET_HELP, &["f", HAPROXY_CONFIG]),
-        _ => (UNSET_HELP, &[]),
+        "set" => (
+            SET_HELP,
+            &["f", HAPROXY_CONFIG, "by", "reason", "for", RECORD_PREFIX],
+        ),
+        _ => (UNSET_HELP, &RECORD_FLAGS),
     };
     let w = match Args::parse_with(args, values, &["dry-run", "json"], daemon_flag) {
         Ok(w) if w.help => {
@@ -71,8 +91,8 @@ fn run(args: &[OsString], io: &mut Io<'_>, command: &str) -> u8 {
         Ok(w) => w,
         Err(e) => return usage_error(io, command, &e),
     };
-    let mut kv = match Kv::open(&w.daemon, io.env) {
-        Ok(kv) => kv,
+    let (recorder, mut kv, now, expiry) = match open(&w, io, command, args) {
+        Ok(opened) => opened,
         Err(e) => return usage_error(io, command, &e),
     };
     let wanted = match command {
@@ -94,12 +114,14 @@ fn run(args: &[OsString], io: &mut Io<'_>, command: &str) -> u8 {
         .filter(|(_, t)| t.intermediate())
         .map(|(i, _)| i.as_str())
         .collect();
-    if let Err(e) = static_weights(&w, io, command, &weighted) {
-        return usage_error(io, command, &format!("nothing written: {e}"));
+    if let Err(e) = static_weights(&w, io, command, &weighted)
+        .map_err(|e| format!("nothing written: {e}"))
+        .and_then(|()| check_expiring(&wanted, expiry))
+    {
+        return usage_error(io, command, &e);
     }
-    let identities: Vec<String> = wanted.iter().map(|(i, _)| i.clone()).collect();
-    let held = match kv.read(&identities) {
-        Ok(held) => held,
+    let (changes, records) = match read_changes(&mut kv, wanted, expiry) {
+        Ok(read) => read,
         Err(e) => {
             let _ = writeln!(
                 io.err,
@@ -108,20 +130,127 @@ fn run(args: &[OsString], io: &mut Io<'_>, command: &str) -> u8 {
             return FINDING;
         }
     };
-    let changes: Vec<Change> = wanted
-        .into_iter()
-        .zip(held)
-        .map(|((identity, after), before)| Change {
-            identity,
-            before,
-            after,
-        })
-        .collect();
+    let plan = Plan {
+        orphans: orphans(&changes, &records),
+        changes: &changes,
+        recorder: &recorder,
+        now,
+    };
     let outcome = match w.flag("dry-run") {
         true => Outcome::default(),
-        false => write(&mut kv, &changes),
+        false => write(&mut kv, &plan),
     };
     report(io, &w, &changes, &outcome)
+}
+
+/// The records' words checked, consul opened, the time of the write and
+/// the expiry `-for` gives it.
+fn open(
+    w: &Args,
+    io: &Io<'_>,
+    command: &str,
+    args: &[OsString],
+) -> Result<(Recorder, Kv, u64, u32), String> {
+    if command == "unset" && w.value("for").is_some() {
+        return Err("-for is refused on unset: a deleted key has nothing to expire".into());
+    }
+    let recorder = Recorder::of(w, io.env, command, args)?;
+    let kv = Kv::open(&w.daemon, io.env, w.value(RECORD_PREFIX))?;
+    let now = unix_now();
+    let expiry = recorder.expiry(now)?;
+    Ok((recorder, kv, now, expiry))
+}
+
+/// `-for` on a key set to ready 100% expires nothing: refused.
+fn check_expiring(wanted: &[(String, Target)], expiry: u32) -> Result<(), String> {
+    let ready = |t: &Target| matches!(t, Target::Set(d) if d.reply() == Desired::READY.reply());
+    match wanted.iter().find(|(_, t)| ready(t)) {
+        Some((identity, _)) if expiry != 0 => Err(format!(
+            "-for: {identity} is set to ready 100%, which has nothing to expire"
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// The keys as held (with their expiries) and the change each makes; and
+/// the records, by identity.
+fn read_changes(
+    kv: &mut Kv,
+    wanted: Vec<(String, Target)>,
+    expiry: u32,
+) -> Result<(Vec<Change>, HashMap<String, KvPair>), String> {
+    let identities: Vec<String> = wanted.iter().map(|(i, _)| i.clone()).collect();
+    let held = kv.read_expiring(&identities)?;
+    let records = kv.records()?;
+    let changes = wanted
+        .into_iter()
+        .zip(held)
+        .map(|((identity, after), (before, was))| {
+            let after_expiry = match after {
+                Target::Set(_) => expiry,
+                Target::Unset => 0,
+            };
+            Change {
+                identity,
+                before,
+                after,
+                expiry: [was, after_expiry],
+            }
+        })
+        .collect();
+    Ok((changes, records))
+}
+
+/// The unchanged keys that are absent while a record of theirs is not.
+fn orphans(changes: &[Change], records: &HashMap<String, KvPair>) -> Vec<usize> {
+    changes
+        .iter()
+        .enumerate()
+        .filter(|(_, c)| {
+            c.is_noop() && c.before == Held::Absent && records.contains_key(&c.identity)
+        })
+        .map(|(i, _)| i)
+        .collect()
+}
+
+/// What `write` writes: the changes, the orphan records to delete (their
+/// keys are absent and stay so), and what goes in each record.
+struct Plan<'a> {
+    changes: &'a [Change],
+    orphans: Vec<usize>,
+    recorder: &'a Recorder,
+    now: u64,
+}
+
+impl Plan<'_> {
+    /// Each change's group of operations (its state key's and its
+    /// record's), then each orphan's; with the change each is for.
+    fn groups(&self, kv: &Kv) -> Vec<(usize, Vec<serde_json::Value>)> {
+        let mut groups = Vec::new();
+        for (i, c) in self
+            .changes
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| !c.is_noop())
+        {
+            let (key, record_key) = (kv.key(&c.identity), kv.record_key(&c.identity));
+            let record = match c.after {
+                Target::Set(d) => Some(self.recorder.record(&d, self.now, c.expiry[1])),
+                Target::Unset => None,
+            };
+            let ops = vec![
+                plan::op(&key, c.after, c.before.index(), c.expiry[1]),
+                plan::record_op(&record_key, record.as_deref()),
+            ];
+            groups.push((i, ops));
+        }
+        for &i in &self.orphans {
+            let c = &self.changes[i];
+            let ops = plan::orphan_ops(&kv.key(&c.identity), &kv.record_key(&c.identity));
+            groups.push((i, ops.to_vec()));
+        }
+        groups
+    }
 }
 
 /// `set`'s words, or the lines of `-f`.
@@ -158,46 +287,52 @@ struct Outcome {
     /// find applied: consul may still commit them.
     unknown: Vec<usize>,
     transactions: usize,
+    /// Orphan records deleted (their keys were already gone).
+    orphans: usize,
     /// Why it stopped (exit 1), one line each.
     failed: Vec<String>,
 }
 
-/// Writes the changes that change something in transactions of at most
-/// [`plan::BATCH`] operations and [`plan::MAX_TXN_BYTES`], in order,
-/// stopping at the first that fails.
-fn write(kv: &mut Kv, changes: &[Change]) -> Outcome {
-    let todo: Vec<usize> = (0..changes.len())
-        .filter(|&i| !changes[i].after.is_noop(&changes[i].before))
-        .collect();
-    let ops: Vec<serde_json::Value> = todo
+/// Writes the changes that change something, each with its record, in
+/// transactions of at most [`plan::BATCH`] operations and
+/// [`plan::MAX_TXN_BYTES`], in order (a key and its record never split),
+/// stopping at the first that fails; then the orphan records.
+fn write(kv: &mut Kv, plan: &Plan<'_>) -> Outcome {
+    let changes = plan.changes;
+    let groups = plan.groups(kv);
+    let sizes: Vec<(usize, usize)> = groups
         .iter()
-        .map(|&i| {
-            let c = &changes[i];
-            plan::op(&kv.key(&c.identity), c.after, c.before.index())
-        })
+        .map(|(_, ops)| (ops.len(), ops.iter().map(|o| o.to_string().len()).sum()))
         .collect();
-    let sizes: Vec<usize> = ops.iter().map(|o| o.to_string().len()).collect();
     let mut outcome = Outcome::default();
     for range in plan::batches(&sizes) {
-        let batch = &todo[range.clone()];
-        match kv.txn(&ops[range]) {
+        let group = &groups[range];
+        let ops: Vec<serde_json::Value> = group.iter().flat_map(|(_, o)| o.clone()).collect();
+        // Orphans come last: the changes of this batch are the rest.
+        let batch: Vec<usize> = group
+            .iter()
+            .filter(|(i, _)| !changes[*i].is_noop())
+            .map(|(i, _)| *i)
+            .collect();
+        let orphans = group.len() - batch.len();
+        match kv.txn(&ops) {
             Delivery::Answered(TxnAnswer::Applied(_)) => {
-                outcome.written.extend_from_slice(batch);
+                outcome.written.extend_from_slice(&batch);
+                outcome.orphans += orphans;
                 outcome.transactions += 1;
                 continue;
             }
             Delivery::Answered(TxnAnswer::Failed(errors)) => {
-                let keys: Vec<Guarded<'_>> = batch
+                let keys: Vec<Guarded<'_>> = group
                     .iter()
-                    .map(|&i| Guarded {
-                        identity: &changes[i].identity,
-                        guard: changes[i].before.index(),
+                    .flat_map(|(i, _)| {
+                        Guarded::pair(kv, &changes[*i].identity, changes[*i].before.index())
                     })
                     .collect();
                 outcome.failed = refusal(kv, &keys, &errors).lines();
             }
             Delivery::Refused(e) | Delivery::NotSent(e) => outcome.failed = vec![e],
-            Delivery::Lost(e) => settle_lost(kv, changes, batch, e, &mut outcome),
+            Delivery::Lost(e) => settle_lost(kv, changes, &batch, e, &mut outcome),
         }
         break;
     }
@@ -284,6 +419,13 @@ fn report(io: &mut Io<'_>, w: &Args, changes: &[Change], outcome: &Outcome) -> u
     } else if outcome.failed.is_empty() {
         let _ = writeln!(io.out, "nothing to change");
     }
+    if outcome.orphans > 0 {
+        let _ = writeln!(
+            io.out,
+            "deleted {} orphan record(s): their keys were already gone",
+            outcome.orphans
+        );
+    }
     if !outcome.failed.is_empty() {
         for line in &outcome.failed {
             let _ = writeln!(io.err, "{line}");
@@ -324,9 +466,7 @@ fn not_written<'a>(
     outcome: &'a Outcome,
 ) -> impl Iterator<Item = &'a Change> {
     changes.iter().enumerate().filter_map(move |(i, c)| {
-        let left = !c.after.is_noop(&c.before)
-            && !outcome.written.contains(&i)
-            && !outcome.unknown.contains(&i);
+        let left = !c.is_noop() && !outcome.written.contains(&i) && !outcome.unknown.contains(&i);
         left.then_some(c)
     })
 }
@@ -345,7 +485,8 @@ fn report_json(
             "identity": c.identity,
             "before": c.before.render(),
             "after": c.after.render(),
-            "unchanged": c.after.is_noop(&c.before),
+            "unchanged": c.is_noop(),
+            "expires_unix_seconds": (c.expiry[1] != 0).then_some(c.expiry[1]),
             "written": outcome.written.contains(&i),
             "unknown": outcome.unknown.contains(&i),
         })).collect::<Vec<_>>(),

@@ -48,6 +48,7 @@ impl World {
                 key: format!("{PREFIX}/{k}"),
                 value: v.as_bytes().to_vec(),
                 modify_index: *i,
+                flags: 0,
             })
             .collect();
         let at = self.at(secs);
@@ -267,6 +268,7 @@ fn a_key_never_asked_since_the_start_counts_from_the_start_not_its_write() {
             key: "p/b/a".into(),
             value: b"maint".to_vec(),
             modify_index: 1,
+            flags: 0,
         }],
     );
     let t0 = w.t0;

@@ -1,0 +1,244 @@
+//! The record a writer keeps with every write (SPEC §13): who, when, why,
+//! until when, the value, the command line: a JSON value under the
+//! metadata prefix, written in the same transaction as its state key.
+//!
+//! In: the writer's words (`-by`, `-reason`, `-for`), the environment, the
+//! command line; or a record's bytes as KV holds them ([`decode`], the one
+//! parser of them: any bytes, anyone may `consul kv put` there). Out: the
+//! record's JSON ([`Record::encode`]) or the record read back. Always
+//! holds: pure; `by` and `reason` are at most [`MAX_TEXT`] bytes of UTF-8
+//! without control characters or bidi overrides, so a terminal shows what
+//! was written; the command line is cut to [`MAX_COMMAND`] bytes and the
+//! whole record to [`MAX_RECORD`]; no token and no environment variable is
+//! ever in it (the token only comes from the environment or a file, and a
+//! consul address's user and password are masked).
+
+use serde::{Deserialize, Serialize};
+
+use super::plan::cut;
+
+/// The longest `-by` or `-reason`, in bytes.
+pub const MAX_TEXT: usize = 512;
+/// The longest command line kept, in bytes.
+pub const MAX_COMMAND: usize = 1024;
+/// The longest record, in bytes.
+pub const MAX_RECORD: usize = 4096;
+/// The longest record [`decode`] reads (a raw write may put anything there).
+const MAX_READ: usize = 64 * 1024;
+
+/// One record.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Record {
+    /// `user@host`.
+    pub by: String,
+    /// Unix seconds of the write, on the writer's clock.
+    pub when: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// Unix seconds, the expiry also written in the key's Flags.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub until: Option<u64>,
+    /// The value written, in its canonical spelling.
+    pub value: String,
+    pub command: String,
+}
+
+/// Refuses text an operator could not read as written in a terminal:
+/// over [`MAX_TEXT`] bytes, C0 or C1 control characters (and DEL), or
+/// the bidi overrides and isolates U+202A–U+202E, U+2066–U+2069.
+pub fn check_text(flag: &str, text: &str) -> Result<(), String> {
+    if text.len() > MAX_TEXT {
+        return Err(format!(
+            "-{flag} is {} bytes, more than {MAX_TEXT}",
+            text.len()
+        ));
+    }
+    let bad = text.chars().find(|&c| {
+        c.is_control() || matches!(c, '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}')
+    });
+    match bad {
+        Some(c) => Err(format!(
+            "-{flag} holds U+{:04X}, a control character or bidi override: a terminal would not show what was written",
+            u32::from(c)
+        )),
+        None => Ok(()),
+    }
+}
+
+/// Who writes: `-by`, else `$SUDO_USER`, else `$USER`; then `@host`
+/// unless it already names one.
+pub fn who(by: Option<&str>, env: &dyn Fn(&str) -> Option<String>, host: &str) -> String {
+    let user = by
+        .map(str::to_owned)
+        .or_else(|| env("SUDO_USER").filter(|u| !u.is_empty()))
+        .or_else(|| env("USER").filter(|u| !u.is_empty()))
+        .unwrap_or_else(|| "unknown".to_owned());
+    match user.contains('@') || host.is_empty() {
+        true => user,
+        false => format!("{user}@{host}"),
+    }
+}
+
+/// A word of the command line as kept: a URL's `user:password@` masked.
+fn masked(word: &str) -> String {
+    let Some(scheme) = word.find("://") else {
+        return word.to_owned();
+    };
+    let rest = &word[scheme + 3..];
+    let authority = rest.split('/').next().unwrap_or(rest);
+    match authority.rfind('@') {
+        Some(at) => format!("{}***{}", &word[..scheme + 3], &rest[at..]),
+        None => word.to_owned(),
+    }
+}
+
+/// The command line as kept: words quoted for a shell, URLs masked, cut to
+/// [`MAX_COMMAND`] bytes.
+pub fn command_line(words: &[String]) -> String {
+    let line: Vec<String> = words
+        .iter()
+        .map(|w| super::plan::shell_word(&masked(w)))
+        .collect();
+    cut(&line.join(" "), MAX_COMMAND)
+}
+
+impl Record {
+    /// The JSON written: at most [`MAX_RECORD`] bytes (the command line is
+    /// cut further if escaping made it longer).
+    pub fn encode(&self) -> String {
+        let mut r = self.clone();
+        loop {
+            let text = serde_json::to_string(&r).unwrap_or_default();
+            if text.len() <= MAX_RECORD || r.command.is_empty() {
+                return text;
+            }
+            let keep = r.command.len().saturating_sub(text.len() - MAX_RECORD + 8);
+            r.command = cut(&r.command, keep);
+        }
+    }
+}
+
+/// A record read back from KV: `Err` says why it is not one (too long, not
+/// JSON, a field missing or of another type).
+pub fn decode(bytes: &[u8]) -> Result<Record, String> {
+    if bytes.len() > MAX_READ {
+        return Err(format!("{} bytes, not a record", bytes.len()));
+    }
+    serde_json::from_slice(bytes).map_err(|e| format!("not a record: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record() -> Record {
+        Record {
+            by: "alice@lb1".into(),
+            when: 1_800_000_000,
+            reason: Some("INC-123".into()),
+            until: Some(1_800_007_200),
+            value: "drain".into(),
+            command: "gitlab-haproxy-agent set be/a=drain -reason INC-123 -for 2h".into(),
+        }
+    }
+
+    #[test]
+    fn a_record_reads_back_as_written() {
+        let r = record();
+        let text = r.encode();
+        assert_eq!(
+            text,
+            r#"{"by":"alice@lb1","when":1800000000,"reason":"INC-123","until":1800007200,"value":"drain","command":"gitlab-haproxy-agent set be/a=drain -reason INC-123 -for 2h"}"#
+        );
+        assert_eq!(decode(text.as_bytes()), Ok(r));
+        let bare = Record {
+            reason: None,
+            until: None,
+            ..record()
+        };
+        assert!(!bare.encode().contains("\"reason\""));
+        assert_eq!(decode(bare.encode().as_bytes()), Ok(bare));
+    }
+
+    #[test]
+    fn text_an_operator_reads_is_bounded_and_free_of_controls_and_bidi_overrides() {
+        assert!(check_text("reason", "INC-123: db failover, 5xx spike — ask @bob").is_ok());
+        assert!(check_text("reason", &"é".repeat(256)).is_ok(), "512 bytes");
+        assert!(check_text("reason", &"x".repeat(513))
+            .unwrap_err()
+            .contains("513 bytes"));
+        for bad in [
+            "a\nb",
+            "a\tb",
+            "\x1b[31mred",
+            "a\u{7f}",
+            "a\u{85}",
+            "a\u{9b}1m",
+        ] {
+            assert!(check_text("by", bad).is_err(), "{bad:?}");
+        }
+        for c in ['\u{202A}', '\u{202E}', '\u{2066}', '\u{2069}'] {
+            let e = check_text("reason", &format!("INC{c}321")).unwrap_err();
+            assert!(e.contains(&format!("U+{:04X}", u32::from(c))), "{e}");
+        }
+        assert!(
+            check_text("reason", "a\u{2065}b\u{202F}").is_ok(),
+            "neighbours are fine"
+        );
+    }
+
+    #[test]
+    fn who_is_by_else_sudo_user_else_user_at_the_host() {
+        let env = |k: &str| match k {
+            "SUDO_USER" => Some("alice".to_owned()),
+            "USER" => Some("root".to_owned()),
+            _ => None,
+        };
+        assert_eq!(who(None, &env, "lb1"), "alice@lb1");
+        assert_eq!(who(Some("bob"), &env, "lb1"), "bob@lb1");
+        assert_eq!(who(Some("bob@ops"), &env, "lb1"), "bob@ops");
+        let user = |k: &str| (k == "USER").then(|| "root".to_owned());
+        assert_eq!(who(None, &user, "lb1"), "root@lb1");
+        assert_eq!(who(None, &|_| None, "lb1"), "unknown@lb1");
+    }
+
+    #[test]
+    fn the_command_line_is_cut_masked_and_the_record_bounded() {
+        let words: Vec<String> = [
+            "set",
+            "-consul-addr",
+            "https://u:s3cret@consul:8501/x",
+            "be/a=drain",
+        ]
+        .map(String::from)
+        .to_vec();
+        let line = command_line(&words);
+        assert_eq!(
+            line,
+            "set -consul-addr 'https://***@consul:8501/x' be/a=drain"
+        );
+        assert!(!line.contains("s3cret"));
+        let long = command_line(&["x".repeat(5000)]);
+        assert!(long.len() <= MAX_COMMAND + 3, "{}", long.len());
+        // Quotes double when escaped: the record still fits.
+        let r = Record {
+            by: "\"".repeat(MAX_TEXT),
+            reason: Some("\"".repeat(MAX_TEXT)),
+            command: "\"".repeat(MAX_COMMAND),
+            ..record()
+        };
+        let text = r.encode();
+        assert!(text.len() <= MAX_RECORD, "{}", text.len());
+        assert_eq!(decode(text.as_bytes()).unwrap().by, r.by);
+    }
+
+    #[test]
+    fn anything_else_is_not_a_record() {
+        for bad in [&b""[..], b"drain", b"{}", b"{\"by\":1}", b"\xff", b"[]"] {
+            assert!(decode(bad).is_err(), "{:?}", String::from_utf8_lossy(bad));
+        }
+        assert!(decode(&vec![b' '; MAX_READ + 1])
+            .unwrap_err()
+            .contains("bytes"));
+    }
+}
