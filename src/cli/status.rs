@@ -163,9 +163,10 @@ enum Written {
     Rewritten(Record),
     /// No record: written without the writers.
     None,
-    /// A record that is not one (a raw write), or the records could not be
-    /// read.
+    /// A record that is not one (a raw write).
     Unreadable(String),
+    /// The records could not be read (said once, under the table).
+    NotRead,
 }
 
 impl Written {
@@ -184,7 +185,7 @@ impl Written {
     fn record(&self) -> Option<&Record> {
         match self {
             Written::Record(r) | Written::Outside(r) | Written::Rewritten(r) => Some(r),
-            Written::None | Written::Unreadable(_) => None,
+            Written::None | Written::Unreadable(_) | Written::NotRead => None,
         }
     }
 
@@ -195,6 +196,7 @@ impl Written {
             Written::Rewritten(_) => "record_changed_outside",
             Written::None => "none",
             Written::Unreadable(_) => "unreadable",
+            Written::NotRead => "not_read",
         }
     }
 }
@@ -283,7 +285,7 @@ impl Report {
                 let mut row = Row::of(id, e, &unasked, after);
                 row.record = match &records {
                     Ok(r) => Written::of(row.modify_index, r.get(id)),
-                    Err(e) => Written::Unreadable(e.clone()),
+                    Err(_) => Written::NotRead,
                 };
                 row
             })
@@ -470,7 +472,7 @@ impl Row {
                 "record changed outside the writers (after its key): not to be trusted".into(),
             ),
             Written::Unreadable(e) => notes.push(e.clone()),
-            Written::Record(_) => {}
+            Written::Record(_) | Written::NotRead => {}
         }
         let said = self.record.record().and_then(|r| r.until);
         if self.record.record().is_some() && said != self.expires {
