@@ -453,7 +453,7 @@ fn sigint_and_sigterm_stop_a_ramp_after_a_whole_step_and_print_the_resume() {
             .expect("resume line");
         assert_eq!(
             resume,
-            format!("gitlab-haproxy-agent ramp -consul-addr http://{} -kv-prefix {p} -to 100% -over 16s -steps 40,60,80,100 be/s0 be/s1", kv.addr)
+            format!("gitlab-haproxy-agent ramp -consul-addr http://{} -kv-prefix {p} -to 100% -over 16s -steps 40%,60%,80%,100% be/s0 be/s1", kv.addr)
         );
         assert_eq!(one_step(kv.addr, &p, 2).as_deref(), Some("20%"));
     }
@@ -1004,7 +1004,7 @@ fn a_ramp_refused_mid_way_prints_a_resume_line_that_runs() {
         "{err}"
     );
     let resume = line_after(&out, "resume: ");
-    assert!(resume.contains("-steps 67,100 be/s0 be/s1"), "{resume}");
+    assert!(resume.contains("-steps 67%,100% be/s0 be/s1"), "{resume}");
     consul.with(|r| r.deny_write.clear());
     let (code, out, err) = sh(resume);
     assert_eq!(code, 0, "{resume}: {out}{err}");
@@ -1092,6 +1092,46 @@ fn an_answer_lost_before_apply_is_unknown_never_not_written() {
     assert!(!out.contains("undo:"), "{out}");
 }
 
+/// A transaction applies whole or not at all (consul's `TxnRW` commits
+/// only without errors): a lost answer while another writer changed one of
+/// its keys is "not written" for every key of it, never "applied" for the
+/// keys that happen to hold their targets.
+#[test]
+fn a_lost_answer_over_another_writer_is_not_written_for_every_key() {
+    let kv = Kv::dev();
+    let consul = Standin::start(kv.addr);
+    let p = unique_prefix("lost_race");
+    kv.put(&format!("{p}/be/b"), "50%");
+    let (addr, key) = (kv.addr, format!("{p}/be/a"));
+    consul.with(|r| {
+        r.losses.push_back(Loss::Unsent);
+        r.before_loss = Some(Box::new(move || {
+            support::http(addr, "PUT", &format!("/v1/kv/{key}"), b"drain").unwrap();
+        }));
+    });
+    let (code, out, err) = run(
+        consul.addr,
+        &p,
+        &["set", "be/a=maint", "be/b=25%", "be/c=drain", "-json"],
+    );
+    assert_eq!(code, 1, "{out}{err}");
+    let doc: serde_json::Value = serde_json::from_str(&out).unwrap();
+    for change in doc["changes"].as_array().unwrap() {
+        assert_eq!(change["written"], false, "{out}");
+        assert_eq!(change["unknown"], false, "{out}");
+    }
+    assert!(
+        err.contains("be/a was changed by someone else meanwhile"),
+        "{err}"
+    );
+    assert_eq!(
+        value(kv.addr, &format!("{p}/be/c")),
+        None,
+        "nothing of it written"
+    );
+    assert_eq!(value(kv.addr, &format!("{p}/be/b")).as_deref(), Some("50%"));
+}
+
 /// A ramp whose step's answer is lost after consul applied it stops (exit
 /// 1), says the keys hold that step (not the one before), and resumes
 /// from there.
@@ -1113,8 +1153,42 @@ fn a_ramp_that_loses_a_steps_answer_stops_at_what_the_keys_hold() {
         "{err}"
     );
     let resume = line_after(&out, "resume: ");
-    assert!(resume.contains("-steps 100 be/s0 be/s1"), "{resume}");
+    // One step left: a weight, not a count of steps (`-steps 100` would
+    // ask for a hundred writes over 1 s and be refused).
+    assert!(
+        resume.contains("-over 1s -steps 100% be/s0 be/s1"),
+        "{resume}"
+    );
     assert_eq!(one_step(kv.addr, &p, 2).as_deref(), Some("67%"));
+    let (code, out, err) = sh(resume);
+    assert_eq!(code, 0, "{resume}: {out}{err}");
+    assert_eq!(one_step(kv.addr, &p, 2), None, "ended at 100%: deleted");
+}
+
+/// A step's answer lost while an operator changed a key: the step's
+/// check-and-set can never commit (consul's `kvsSetCASTxn` refuses a moved
+/// index), so it is a conflict (exit 1, no resume line: a ramp never
+/// fights an operator), not an unknown.
+#[test]
+fn a_lost_answer_over_an_operators_write_is_a_conflict() {
+    let kv = Kv::dev();
+    let consul = Standin::start(kv.addr);
+    let p = unique_prefix("ramp_lost_race");
+    let schedule = ["-from", "0%", "-to", "100%", "-over", "3s", "-steps", "3"];
+    let child = spawn_piped(ramp(consul.addr, &p, 2, &schedule));
+    wait_for(5 * SEC, "step 1", || {
+        (one_step(kv.addr, &p, 2).as_deref() == Some("33%")).then_some(())
+    });
+    consul.with(|r| r.losses.push_back(Loss::Unsent));
+    kv.put(&format!("{p}/be/s0"), "drain");
+    let (code, out, err) = triple(child.wait_with_output().unwrap());
+    assert_eq!(code, 1, "{out}{err}");
+    assert!(
+        err.contains("be/s0: changed by someone else while the answer was lost"),
+        "{err}"
+    );
+    assert!(!out.contains("resume: "), "{out}");
+    assert!(!err.contains("may still commit"), "{err}");
 }
 
 /// Consul refuses a transaction body over 512 KiB (`txn_max_req_len`,
@@ -1307,6 +1381,9 @@ mod standin {
         pub deny_read: Vec<String>,
         /// What happens to the next transactions' answers, in order.
         pub losses: VecDeque<Loss>,
+        /// Run when the next loss is taken, before it: another writer
+        /// racing the lost transaction.
+        pub before_loss: Option<Box<dyn FnOnce() + Send>>,
         /// Transactions received.
         pub txns: usize,
     }
@@ -1427,6 +1504,11 @@ mod standin {
                 true => r.losses.pop_front(),
                 false => None,
             };
+            if loss.is_some() {
+                if let Some(race) = r.before_loss.take() {
+                    race();
+                }
+            }
             (loss, denied)
         };
         if !denied.is_empty() {
@@ -1474,4 +1556,26 @@ mod standin {
             false => Some((200, serde_json::to_vec(&list).unwrap())),
         }
     }
+}
+
+/// A `-f` file saved with a UTF-8 byte-order mark: the mark is not part of
+/// the first identity (it would write a key no haproxy asks for).
+#[test]
+fn a_byte_order_mark_is_not_part_of_the_first_identity() {
+    let kv = Kv::dev();
+    let p = unique_prefix("bom");
+    let (path, mut file) = tempfile_in(&p);
+    file.write_all("\u{feff}be/a drain\nbe/b=maint\n".as_bytes())
+        .unwrap();
+    drop(file);
+    let (code, out, err) = run(kv.addr, &p, &["set", "-f", path.to_str().unwrap()]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert_eq!(
+        value(kv.addr, &format!("{p}/be/a")).as_deref(),
+        Some("drain")
+    );
+    assert_eq!(
+        value(kv.addr, &format!("{p}/be/b")).as_deref(),
+        Some("maint")
+    );
 }

@@ -151,6 +151,21 @@ impl Target {
     }
 }
 
+/// A key that a transaction's check-and-set can no longer match: its
+/// ModifyIndex moved from the one the write is guarded by, to something
+/// that is not the write's target. Consul never commits such a write
+/// (`agent/consul/state/kvs.go` `kvsSetCASTxn`: a cas whose index differs
+/// from the entry's "return false"; `txn.go` `TxnRW` applies all or
+/// nothing), so after a lost answer it is a conflict, not an unknown: the
+/// position of the first such key.
+pub fn moved(targets: &[Target], held: &[Held], guards: &[u64]) -> Option<usize> {
+    targets
+        .iter()
+        .zip(held)
+        .zip(guards)
+        .position(|((t, h), &g)| h.index() != g && !t.is_held_in(h, g))
+}
+
 /// One key's change.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Change {
@@ -485,11 +500,14 @@ pub fn shell_word(w: &str) -> String {
 /// [`unrestorable`]). `common`: the consul words the command was given,
 /// repeated. It runs as printed: words are quoted for a shell, and `--`
 /// comes before the identities when one starts with `-`.
-pub fn undo_line(changed: &[&Change], common: &[String]) -> Option<String> {
+pub fn undo_line(changed: &[&Change], common: &[String], max_line: usize) -> Option<String> {
     let mut sets = Vec::new();
     let mut unsets = Vec::new();
     for c in changed {
         match &c.before {
+            // `set` refuses an identity no haproxy can ask for:
+            // [`unrestorable`] names it.
+            Held::Valid(_, _) if check_identity(&c.identity, Some(max_line)).is_err() => {}
             Held::Valid(d, _) => sets.push(format!("{}={d}", c.identity)),
             Held::Absent | Held::Invalid(..) => unsets.push(c.identity.clone()),
         }
@@ -521,7 +539,7 @@ pub fn command_line(verb: &str, common: &[String], words: &[String]) -> String {
 
 /// The changed keys whose earlier value the undo cannot restore: a value
 /// the agent ignored (`set` refuses to write it), said with the value.
-pub fn unrestorable(changed: &[&Change]) -> Vec<String> {
+pub fn unrestorable(changed: &[&Change], max_line: usize) -> Vec<String> {
     changed
         .iter()
         .filter_map(|c| match &c.before {
@@ -530,7 +548,10 @@ pub fn unrestorable(changed: &[&Change]) -> Vec<String> {
                 c.identity,
                 cut(raw, SHOWN_VALUE_BYTES)
             )),
-            _ => None,
+            Held::Valid(d, _) => check_identity(&c.identity, Some(max_line)).err().map(|why| {
+                format!("{} held {d}, and set refuses it ({why}): the undo cannot write it back", cut(&c.identity, SHOWN_VALUE_BYTES))
+            }),
+            Held::Absent => None,
         })
         .collect()
 }
@@ -538,6 +559,57 @@ pub fn unrestorable(changed: &[&Change]) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `unset` may delete a key no haproxy can ask for (cleanup), but the
+    /// undo's `set` refuses its identity: the undo says it cannot restore
+    /// it, and leaves it out instead of printing a line that fails.
+    #[test]
+    fn the_undo_of_an_identity_set_refuses_says_so_instead_of_failing() {
+        let long = Change {
+            identity: "L".repeat(300),
+            before: Held::Valid(Desired::DRAIN, 7),
+            after: Target::Unset,
+            expiry: [0, 0],
+        };
+        let short = Change {
+            identity: "be/a".into(),
+            ..long.clone()
+        };
+        assert_eq!(
+            undo_line(&[&long, &short], &[], 256).as_deref(),
+            Some("gitlab-haproxy-agent set be/a=drain")
+        );
+        let note = unrestorable(&[&long, &short], 256);
+        assert_eq!(note.len(), 1, "{note:?}");
+        assert!(
+            note[0].contains("held drain, and set refuses it"),
+            "{note:?}"
+        );
+        assert_eq!(unrestorable(&[&long], 65536), Vec::<String>::new());
+    }
+
+    /// After a lost answer: a key moved elsewhere (another writer) is the
+    /// one named; a key at our target at a new index (applied), or as it
+    /// was (not applied yet), is not.
+    #[test]
+    fn a_key_moved_elsewhere_is_named_and_ours_or_unmoved_are_not() {
+        let ready = |pct| Target::Set(Desired::ready_pct(pct).unwrap());
+        let valid = |pct, i| Held::Valid(Desired::ready_pct(pct).unwrap(), i);
+        let targets = [ready(50), ready(50), Target::Unset];
+        let guards = [10, 11, 12];
+        let unmoved = [valid(25, 10), valid(25, 11), valid(25, 12)];
+        assert_eq!(moved(&targets, &unmoved, &guards), None);
+        let applied = [valid(50, 20), valid(50, 20), Held::Absent];
+        assert_eq!(moved(&targets, &applied, &guards), None);
+        let operator = [
+            valid(25, 10),
+            Held::Valid(Desired::DRAIN, 15),
+            valid(25, 12),
+        ];
+        assert_eq!(moved(&targets, &operator, &guards), Some(1));
+        let deleted = [Held::Absent, valid(25, 11), valid(25, 12)];
+        assert_eq!(moved(&targets, &deleted, &guards), Some(0));
+    }
 
     fn words(w: &[&str]) -> Result<Vec<(String, Target)>, Vec<String>> {
         parse_sets(
@@ -687,10 +759,10 @@ mod tests {
         };
         let common = ["-kv-prefix".to_owned(), "x y".to_owned()];
         assert_eq!(
-            undo_line(&[&a, &b, &c], &common).unwrap(),
+            undo_line(&[&a, &b, &c], &common, 256).unwrap(),
             "gitlab-haproxy-agent set -kv-prefix 'x y' be/a=50% be/c=maint && gitlab-haproxy-agent unset -kv-prefix 'x y' 'be/b b'"
         );
-        assert_eq!(undo_line(&[], &[]), None);
+        assert_eq!(undo_line(&[], &[], 256), None);
     }
 
     /// consul answers an ACL denial inside a transaction with the same 409
@@ -878,10 +950,10 @@ mod tests {
         let c = change("it's", Held::Absent);
         let d = change("be/d", Held::of(Some((b"drian", 3))));
         assert_eq!(
-            undo_line(&[&a, &b, &c, &d], &[]).unwrap(),
+            undo_line(&[&a, &b, &c, &d], &[], 256).unwrap(),
             r"gitlab-haproxy-agent set -- -x/a=50% be/a=b=maint && gitlab-haproxy-agent unset 'it'\''s' be/d"
         );
-        let note = unrestorable(&[&a, &d]);
+        let note = unrestorable(&[&a, &d], 256);
         assert_eq!(note.len(), 1);
         assert!(
             note[0].starts_with("be/d held \"drian\", a value the agent ignores"),

@@ -422,7 +422,23 @@ fn send(kv: &mut Kv, run: &Run<'_>, m: &Machine, k: usize) -> Answer {
             }
         }
         Delivery::Refused(e) | Delivery::NotSent(e) => Answer::Refused(vec![e]),
-        Delivery::Lost(e) => Answer::Lost(e, kv.read(run.ids).ok()),
+        Delivery::Lost(e) => {
+            let held = kv.read(run.ids).ok();
+            // A key that moved elsewhere meanwhile: the write can never
+            // commit, and someone else holds the key.
+            let moved = held
+                .as_ref()
+                .and_then(|h| Some((plan::moved(&write.targets, h, m.guards())?, h)));
+            match moved {
+                Some((k, h)) => Answer::Conflict(format!(
+                    "{}: changed by someone else while the answer was lost ({e}): it now holds {} (index {}); the step cannot commit",
+                    run.ids[k],
+                    h[k].render(),
+                    h[k].index()
+                )),
+                None => Answer::Lost(e, held),
+            }
+        }
     }
 }
 
@@ -547,7 +563,7 @@ fn stopped(signal: &AtomicUsize) -> Option<u8> {
 /// What the keys hold once `k` writes are done.
 fn current(ids: &[String], writes: &[Write1], k: usize) -> String {
     match k {
-        0 => "not started".to_owned(),
+        0 => "what they held before it (nothing written)".to_owned(),
         _ => targets(ids, &writes[k - 1].targets),
     }
 }
@@ -596,7 +612,8 @@ fn resume_lines(run: &Run<'_>, writes: &[Write1], k: usize) -> Vec<String> {
     groups
         .into_iter()
         .map(|(rest, group)| {
-            let list: Vec<String> = rest.iter().map(u16::to_string).collect();
+            // With `%`: a bare number is a count of steps to -steps.
+            let list: Vec<String> = rest.iter().map(|w| format!("{w}%")).collect();
             let mut words = [run.daemon, &run.records].concat();
             words.extend([
                 "-to".to_owned(),

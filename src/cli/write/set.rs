@@ -140,7 +140,7 @@ fn run(args: &[OsString], io: &mut Io<'_>, command: &str) -> u8 {
         true => Outcome::default(),
         false => write(&mut kv, &plan),
     };
-    report(io, &w, &changes, &outcome)
+    report(io, (&w, kv.max_line), &changes, &outcome)
 }
 
 /// The records' words checked, consul opened, the time of the write and
@@ -270,6 +270,8 @@ fn set_words(w: &Args, io: &mut Io<'_>, max_line: usize) -> Result<Vec<(String, 
     };
     read.map_err(|e| format!("cannot read {file}: {e}"))?;
     let text = String::from_utf8(text).map_err(|_| format!("{file} is not UTF-8"))?;
+    // An editor's byte-order mark is not part of the first identity.
+    let text = text.strip_prefix('\u{feff}').unwrap_or(&text);
     let lines = text.lines().enumerate().filter_map(|(i, l)| {
         let l = l.split('#').next().unwrap_or("");
         (!l.trim().is_empty()).then(|| (format!("line {}", i + 1), l))
@@ -351,46 +353,56 @@ fn settle_lost(
 ) {
     let ids: Vec<String> = batch.iter().map(|&i| changes[i].identity.clone()).collect();
     let reread = kv.read(&ids);
-    let held_in = |held: &[Held], set: bool| {
-        batch
+    let targets: Vec<Target> = batch.iter().map(|&i| changes[i].after).collect();
+    let guards: Vec<u64> = batch.iter().map(|&i| changes[i].before.index()).collect();
+    // A transaction applies whole or not at all (consul's `TxnRW`): every
+    // key at its target, at a new index, or it was not applied.
+    let applied = reread.as_ref().is_ok_and(|held| {
+        targets
             .iter()
             .zip(held)
-            .filter(|(&i, _)| !set || matches!(changes[i].after, Target::Set(_)))
-            .map(|(&i, h)| changes[i].after.is_held_in(h, changes[i].before.index()))
-            .collect::<Vec<bool>>()
+            .zip(&guards)
+            .all(|((t, h), &g)| t.is_held_in(h, g))
+    });
+    let moved = match (&reread, applied) {
+        (Ok(held), false) => plan::moved(&targets, held, &guards),
+        _ => None,
     };
-    let applied = match &reread {
-        Ok(held) => {
-            let sets = held_in(held, true);
-            sets.iter().any(|&b| b) || (sets.is_empty() && held_in(held, false).iter().all(|&b| b))
-        }
-        Err(_) => false,
-    };
-    outcome.failed.push(format!(
-        "{why}: consul did not say whether it applied the transaction; the keys were read again"
-    ));
+    outcome.failed.push(match moved {
+        Some(k) => format!("{why}: the answer was lost, and {} was changed by someone else meanwhile: the transaction cannot commit (nothing of it is written)", changes[batch[k]].identity),
+        None => format!("{why}: consul did not say whether it applied the transaction; the keys were read again"),
+    });
     for (n, &i) in batch.iter().enumerate() {
         let identity = &changes[i].identity;
-        let line = match (&reread, applied) {
-            (Ok(held), true) => format!("{identity}: applied: it now holds {} (index {})", held[n].render(), held[n].index()),
-            (Ok(held), false) => format!("{identity}: unknown: it still holds {} (index {}), and consul may still commit the write later", held[n].render(), held[n].index()),
-            (Err(e), _) => format!("{identity}: unknown: re-reading it failed ({e}), and consul may have committed the write or may still"),
+        let line = match (&reread, applied, moved) {
+            (Ok(held), true, _) => format!("{identity}: applied: it now holds {} (index {})", held[n].render(), held[n].index()),
+            (Ok(held), false, Some(_)) => format!("{identity}: not written: it holds {} (index {})", held[n].render(), held[n].index()),
+            (Ok(held), false, None) => format!("{identity}: unknown: it still holds {} (index {}), and consul may still commit the write later", held[n].render(), held[n].index()),
+            (Err(e), ..) => format!("{identity}: unknown: re-reading it failed ({e}), and consul may have committed the write or may still"),
         };
         outcome.failed.push(line);
     }
-    match applied {
-        true => {
+    match (applied, moved) {
+        (true, _) => {
             outcome.written.extend_from_slice(batch);
             outcome.transactions += 1;
         }
-        false => outcome.unknown.extend_from_slice(batch),
+        (false, Some(_)) => {}
+        (false, None) => outcome.unknown.extend_from_slice(batch),
     }
 }
 
-fn report(io: &mut Io<'_>, w: &Args, changes: &[Change], outcome: &Outcome) -> u8 {
+/// Prints what happened; `max_line` is the daemon's `-max-line-bytes`
+/// (the undo's `set` refuses longer identities).
+fn report(
+    io: &mut Io<'_>,
+    (w, max_line): (&Args, usize),
+    changes: &[Change],
+    outcome: &Outcome,
+) -> u8 {
     let written: Vec<&Change> = outcome.written.iter().map(|&i| &changes[i]).collect();
-    let undo = plan::undo_line(&written, &w.daemon);
-    let unrestorable = plan::unrestorable(&written);
+    let undo = plan::undo_line(&written, &w.daemon, max_line);
+    let unrestorable = plan::unrestorable(&written, max_line);
     let code = match outcome.failed.is_empty() {
         true => OK,
         false => FINDING,
