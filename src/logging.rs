@@ -228,7 +228,12 @@ fn push_json_value(out: &mut String, value: &Value<'_>) {
 
 /// `2026-12-02T15:04:05Z`: Unix seconds, for operators.
 pub fn utc_seconds(secs: u64) -> String {
-    let ms = rfc3339_millis(UNIX_EPOCH + std::time::Duration::from_secs(secs));
+    // A time no clock can hold (from outside bytes: a record's `until`)
+    // is shown as the number it is.
+    let Some(t) = UNIX_EPOCH.checked_add(std::time::Duration::from_secs(secs)) else {
+        return format!("{secs} (Unix seconds)");
+    };
+    let ms = rfc3339_millis(t);
     format!("{}Z", &ms[..ms.len() - 5])
 }
 

@@ -170,13 +170,26 @@ enum Written {
 }
 
 impl Written {
-    fn of(index: u64, pair: Option<&KvPair>) -> Written {
+    /// The record `pair` of the key `row`. The writers write both at one
+    /// index; but consul keeps an entry's ModifyIndex when a write leaves
+    /// it as it was (`kvsSetTxn`, `existing.Equal(entry)`), so a ramp step
+    /// repeating a weight moves only the record, and a record rewritten
+    /// byte for byte moves only the key. The indexes are read only when
+    /// the record does not say what the key holds (its value and expiry).
+    fn of(row: &Row, pair: Option<&KvPair>) -> Written {
         let Some(pair) = pair else {
             return Written::None;
         };
+        let says_the_key = |r: &Record| {
+            let desired = |v: &str| crate::contract::parse_value(v.as_bytes()).ok();
+            desired(&r.value).is_some()
+                && desired(&r.value) == desired(&row.value)
+                && r.until == row.expires
+        };
         match record::decode(&pair.value) {
-            Ok(r) if index > pair.modify_index => Written::Outside(r),
-            Ok(r) if index < pair.modify_index => Written::Rewritten(r),
+            Ok(r) if says_the_key(&r) => Written::Record(r),
+            Ok(r) if row.modify_index > pair.modify_index => Written::Outside(r),
+            Ok(r) if row.modify_index < pair.modify_index => Written::Rewritten(r),
             Ok(r) => Written::Record(r),
             Err(e) => Written::Unreadable(format!("record unreadable: {e}")),
         }
@@ -284,7 +297,7 @@ impl Report {
             .map(|(id, e)| {
                 let mut row = Row::of(id, e, &unasked, after);
                 row.record = match &records {
-                    Ok(r) => Written::of(row.modify_index, r.get(id)),
+                    Ok(r) => Written::of(&row, r.get(id)),
                     Err(_) => Written::NotRead,
                 };
                 row
@@ -645,6 +658,44 @@ mod tests {
         );
         assert_eq!(since(10_300, 10_000), "5m ahead (writer's clock)");
         assert_eq!(since(9_940, 10_000), "1m ago");
+    }
+
+    /// Consul keeps a ModifyIndex when a write leaves the entry as it was:
+    /// a ramp step repeating a weight moves only the record, a record
+    /// rewritten byte for byte only the key. A record that says what the
+    /// key holds (value and expiry) is the writers', whatever the indexes.
+    #[test]
+    fn a_record_saying_what_the_key_holds_is_trusted_whatever_the_indexes() {
+        let mut d = doc();
+        d["expiry"] = json!({"now_unix_seconds": 10_000});
+        d["state"]["identities"]["be_web/srv2"]["expires_unix_seconds"] = json!(8_800);
+        for index in [99, 3] {
+            let mut recs = records();
+            recs.get_mut("be_web/srv2").unwrap().modify_index = index;
+            let r = Report::of(&d, Ok(recs)).unwrap();
+            assert_eq!(r.rows[1].record.label(), "written", "record index {index}");
+        }
+    }
+
+    /// A record's `until` is outside bytes: one no clock can hold is shown
+    /// as a number, never a panic.
+    #[test]
+    fn an_until_no_clock_can_hold_is_shown_as_a_number() {
+        let mut d = doc();
+        d["expiry"] = json!({"now_unix_seconds": 10_000});
+        let mut recs = records();
+        let pair = recs.get_mut("be_web/srv2").unwrap();
+        let mut r = record::decode(&pair.value).unwrap();
+        r.until = Some(u64::MAX);
+        pair.value = r.encode().into_bytes();
+        let r = Report::of(&d, Ok(recs)).unwrap();
+        let notes = r.rows[1].notes().join("; ");
+        assert!(
+            notes.contains("18446744073709551615 (Unix seconds)"),
+            "{notes}"
+        );
+        assert!(r.table().contains("18446744073709551615"), "{}", r.table());
+        let _ = r.json();
     }
 
     #[test]

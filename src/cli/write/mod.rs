@@ -206,8 +206,11 @@ impl Kv {
     pub(crate) fn records(&mut self) -> Result<HashMap<String, KvPair>, String> {
         let meta = self.meta.clone();
         let under = format!("{meta}/");
-        Ok(self
-            .list(&meta)?
+        let (pairs, filtered) = self.list_filtered(&meta)?;
+        if filtered {
+            return Err(format!("consul left out records this token may not read (X-Consul-Results-Filtered-By-ACLs): give it key:read on {under}"));
+        }
+        Ok(pairs
             .into_iter()
             .filter_map(|p| Some((p.key.strip_prefix(&under)?.to_owned(), p)))
             .collect())
@@ -258,6 +261,15 @@ impl Kv {
 
     /// Every key under `prefix/` (the whole store for an empty prefix).
     fn list(&mut self, prefix: &str) -> Result<Vec<KvPair>, String> {
+        self.list_filtered(prefix).map(|(pairs, _)| pairs)
+    }
+
+    /// [`Kv::list`], and whether consul left out keys the token may not
+    /// read: it says so (`agent/http.go` sets
+    /// X-Consul-Results-Filtered-By-ACLs from
+    /// `QueryMeta.ResultsFilteredByACLs`, `api/api.go` reads it), and an
+    /// emptied listing is a 404 like an empty prefix.
+    fn list_filtered(&mut self, prefix: &str) -> Result<(Vec<KvPair>, bool), String> {
         let path = match prefix.is_empty() {
             true => "/v1/kv/".to_owned(),
             false => format!(
@@ -266,10 +278,30 @@ impl Kv {
             ),
         };
         let target = self.target(&path, "recurse=");
-        let (status, body) = self.request("GET", &target, b"", &[200, 404])?;
-        match status {
-            404 => Ok(Vec::new()),
-            _ => decode_list(&body).map_err(|e| format!("GET {path}: {e}")),
+        let shown = path.clone();
+        let r = self.exchange.send("GET", &target, b"").map_err(|f| {
+            format!(
+                "GET {shown}: consul unreachable: {} ({})",
+                f.detail,
+                f.reason.label()
+            )
+        })?;
+        let filtered = r
+            .head
+            .headers
+            .iter()
+            .any(|(k, v)| k == "x-consul-results-filtered-by-acls" && v == b"true");
+        match r.head.status {
+            404 => Ok((Vec::new(), filtered)),
+            200 => decode_list(&r.body)
+                .map(|pairs| (pairs, filtered))
+                .map_err(|e| format!("GET {path}: {e}")),
+            status => {
+                let text = crate::logging::escape(r.body.trim_ascii(), 200);
+                Err(format!(
+                    "GET {shown}: consul answered HTTP {status}: {text}"
+                ))
+            }
         }
     }
 

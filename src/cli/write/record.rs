@@ -44,8 +44,13 @@ pub struct Record {
 }
 
 /// Refuses text an operator could not read as written in a terminal:
-/// over [`MAX_TEXT`] bytes, C0 or C1 control characters (and DEL), or
-/// the bidi overrides and isolates U+202A–U+202E, U+2066–U+2069.
+/// over [`MAX_TEXT`] bytes, C0 or C1 control characters (and DEL), the
+/// bidi overrides and isolates U+202A–U+202E, U+2066–U+2069, and the
+/// other characters a terminal does not show (format characters: soft
+/// hyphen, Arabic letter mark, zero-width spaces and joiners, the
+/// left-to-right and right-to-left marks, line and paragraph separators,
+/// word joiners, the byte-order mark, interlinear annotations, tags), so
+/// `ali\u{200B}ce` cannot pass for `alice`.
 pub fn check_text(flag: &str, text: &str) -> Result<(), String> {
     if text.len() > MAX_TEXT {
         return Err(format!(
@@ -54,11 +59,23 @@ pub fn check_text(flag: &str, text: &str) -> Result<(), String> {
         ));
     }
     let bad = text.chars().find(|&c| {
-        c.is_control() || matches!(c, '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}')
+        c.is_control()
+            || matches!(
+                c,
+                '\u{00AD}'
+                    | '\u{061C}'
+                    | '\u{180E}'
+                    | '\u{200B}'..='\u{200F}'
+                    | '\u{2028}'..='\u{202E}'
+                    | '\u{2060}'..='\u{206F}'
+                    | '\u{FEFF}'
+                    | '\u{FFF9}'..='\u{FFFB}'
+                    | '\u{E0000}'..='\u{E007F}'
+            )
     });
     match bad {
         Some(c) => Err(format!(
-            "-{flag} holds U+{:04X}, a control character or bidi override: a terminal would not show what was written",
+            "-{flag} holds U+{:04X}, a control, bidi or invisible character: a terminal would not show what was written",
             u32::from(c)
         )),
         None => Ok(()),
@@ -69,6 +86,7 @@ pub fn check_text(flag: &str, text: &str) -> Result<(), String> {
 /// unless it already names one.
 pub fn who(by: Option<&str>, env: &dyn Fn(&str) -> Option<String>, host: &str) -> String {
     let user = by
+        .filter(|b| !b.is_empty())
         .map(str::to_owned)
         .or_else(|| env("SUDO_USER").filter(|u| !u.is_empty()))
         .or_else(|| env("USER").filter(|u| !u.is_empty()))
@@ -181,8 +199,28 @@ mod tests {
             let e = check_text("reason", &format!("INC{c}321")).unwrap_err();
             assert!(e.contains(&format!("U+{:04X}", u32::from(c))), "{e}");
         }
+        // Invisible in a terminal: `ali\u{200B}ce` would pass for `alice`.
+        for c in [
+            '\u{00AD}',
+            '\u{061C}',
+            '\u{200B}',
+            '\u{200D}',
+            '\u{200E}',
+            '\u{200F}',
+            '\u{2028}',
+            '\u{2029}',
+            '\u{2060}',
+            '\u{FEFF}',
+            '\u{E0041}',
+        ] {
+            assert!(
+                check_text("by", &format!("ali{c}ce")).is_err(),
+                "U+{:04X}",
+                u32::from(c)
+            );
+        }
         assert!(
-            check_text("reason", "a\u{2065}b\u{202F}").is_ok(),
+            check_text("reason", "a\u{2070}b\u{202F}c\u{2030}").is_ok(),
             "neighbours are fine"
         );
     }
@@ -195,6 +233,11 @@ mod tests {
             _ => None,
         };
         assert_eq!(who(None, &env, "lb1"), "alice@lb1");
+        assert_eq!(
+            who(Some(""), &env, "lb1"),
+            "alice@lb1",
+            "an empty -by is none"
+        );
         assert_eq!(who(Some("bob"), &env, "lb1"), "bob@lb1");
         assert_eq!(who(Some("bob@ops"), &env, "lb1"), "bob@ops");
         let user = |k: &str| (k == "USER").then(|| "root".to_owned());
