@@ -422,32 +422,49 @@ pub fn put_many(addr: SocketAddr, keys: impl Iterator<Item = (String, &'static s
 /// counts as `Duration::MAX`).
 pub struct Checker {
     stop: Arc<AtomicBool>,
+    done: Arc<std::sync::atomic::AtomicUsize>,
     thread: std::thread::JoinHandle<Vec<Duration>>,
 }
 
 impl Checker {
+    /// Checks made before [`Checker::finish`] stops (it waits for them,
+    /// while the caller's load is still on).
+    const AT_LEAST: usize = 20;
+
     pub fn start(addr: SocketAddr) -> Checker {
         let stop = Arc::new(AtomicBool::new(false));
-        let flag = Arc::clone(&stop);
+        let done = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let (flag, count) = (Arc::clone(&stop), Arc::clone(&done));
         let thread = std::thread::spawn(move || {
             let mut took = Vec::new();
             while !flag.load(Ordering::Relaxed) {
                 let t = Instant::now();
                 let ok = check(addr, b"be_web/srv1\n").as_deref() == Some("ready 100%");
                 took.push(if ok { t.elapsed() } else { Duration::MAX });
+                count.fetch_add(1, Ordering::Relaxed);
                 std::thread::sleep(Duration::from_millis(2));
             }
             took
         });
-        Checker { stop, thread }
+        Checker { stop, done, thread }
     }
 
     /// Stops; (p99, max) of the checks, each of which must have been
     /// answered.
     pub fn finish(self, what: &str) -> (Duration, Duration) {
+        // A fast phase would leave too few checks to judge: the load is
+        // still on until the caller returns, so wait for them (bounded).
+        let end = Instant::now() + Duration::from_secs(10);
+        while self.done.load(Ordering::Relaxed) < Self::AT_LEAST && Instant::now() < end {
+            std::thread::sleep(Duration::from_millis(5));
+        }
         self.stop.store(true, Ordering::Relaxed);
         let took = self.thread.join().unwrap();
-        assert!(took.len() >= 20, "{what}: only {} checks", took.len());
+        assert!(
+            took.len() >= Self::AT_LEAST,
+            "{what}: only {} checks in 10 s",
+            took.len()
+        );
         let max = took.iter().copied().max().unwrap();
         assert!(max != Duration::MAX, "{what}: a check got no reply");
         (p99(took), max)
