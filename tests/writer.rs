@@ -264,7 +264,8 @@ fn a_conflict_between_the_read_and_the_write_writes_nothing_and_names_the_key() 
     assert_eq!(puts, 1, "never retried");
 }
 
-/// 130 keys: three transactions of at most 64, in order; timed.
+/// 130 keys: transactions of at most 32 keys (64 operations with their
+/// records), in order; timed.
 #[test]
 fn one_hundred_thirty_keys_go_in_three_transactions() {
     let kv = Kv::dev();

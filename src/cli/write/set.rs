@@ -30,8 +30,8 @@ IDENTITY (no longer than -max-line-bytes; split from VALUE at the last =). -f
 reads one IDENTITY VALUE or IDENTITY=VALUE per line (# comments; - is stdin).
 Reads the keys, prints each change in reply terms (IDENTITY: before -> after;
 a value answering as the key already does is unchanged and not written), then
-writes them in consul transactions guarded by the index read (64 keys and
-under 512 KiB each). Someone else's write in between is a conflict, a token
+writes them in consul transactions guarded by the index read (32 keys with
+their records, 64 operations, and under 512 KiB each). Someone else's write in between is a conflict, a token
 that may not write is refused: nothing of that transaction is written, exit 1,
 never retried. An answer that never comes is unknown: the keys are read again
 and each said applied or unknown. Prints the command that undoes what was
