@@ -33,6 +33,13 @@ fuzz_target!(|data: &[u8]| {
         listen: &listen,
         // Short or the default: long identities and short lines both met.
         max_line: if first & 2 == 0 { 256 } else { 16 },
+        // The line-specific rules: unknown (a warning), 3.4 (an error), 2.6.
+        reply_up: first & 4 != 0,
+        haproxy: match first >> 3 & 3 {
+            0 => None,
+            1 => Some((3, 4)),
+            _ => Some((2, 6)),
+        },
     };
     let report = lint(&files, &agent, &local, &env);
     let lines = text.split(|&b| b == b'\n').count() as u64;
