@@ -1456,14 +1456,20 @@ mod standin {
             false => format!("{}?{}", head.path, head.query),
         };
         let forward = || super::support::http_full(upstream, &head.method_name, &target, body);
-        let answer = match (head.method_name.as_str(), head.path.as_str()) {
-            ("PUT", "/v1/txn") => txn(rules, body, forward),
+        let (answer, filtered) = match (head.method_name.as_str(), head.path.as_str()) {
+            ("PUT", "/v1/txn") => (txn(rules, body, forward), false),
             ("GET", path) => read(rules, path, &head.query, forward),
-            _ => forward().map(|(s, _, b)| (s, b)),
+            _ => (forward().map(|(s, _, b)| (s, b)), false),
         };
         if let Some((status, body)) = answer {
+            // Consul says when it left entries out (`agent/http.go`
+            // `setResultsFilteredByACLs`, for a token that is authenticated).
+            let filtered = match filtered {
+                true => "X-Consul-Results-Filtered-By-ACLs: true\r\n",
+                false => "",
+            };
             let head = format!(
-                "HTTP/1.1 {status} X\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                "HTTP/1.1 {status} X\r\nContent-Type: application/json\r\n{filtered}Content-Length: {}\r\nConnection: close\r\n\r\n",
                 body.len()
             );
             let _ = c.write_all(head.as_bytes());
@@ -1539,22 +1545,26 @@ mod standin {
         path: &str,
         query: &str,
         forward: impl FnOnce() -> Option<(u16, super::support::Headers, Vec<u8>)>,
-    ) -> Answer {
+    ) -> (Answer, bool) {
         let deny = rules.lock().unwrap().deny_read.clone();
         let key = path.strip_prefix("/v1/kv/").unwrap_or("").to_owned();
         let hidden = |k: &str| deny.iter().any(|p| k.starts_with(p.as_str()));
         if !query.contains("recurse") && hidden(&key) {
-            return Some((403, b"Permission denied".to_vec()));
+            return (Some((403, b"Permission denied".to_vec())), false);
         }
-        let (status, _, body) = forward()?;
+        let Some((status, _, body)) = forward() else {
+            return (None, false);
+        };
         if status != 200 || !query.contains("recurse") {
-            return Some((status, body));
+            return (Some((status, body)), false);
         }
         let mut list: Vec<serde_json::Value> = serde_json::from_slice(&body).unwrap();
+        let all = list.len();
         list.retain(|e| !hidden(e["Key"].as_str().unwrap_or("")));
+        let filtered = list.len() < all;
         match list.is_empty() {
-            true => Some((404, Vec::new())),
-            false => Some((200, serde_json::to_vec(&list).unwrap())),
+            true => (Some((404, Vec::new())), filtered),
+            false => (Some((200, serde_json::to_vec(&list).unwrap())), filtered),
         }
     }
 }
@@ -1579,4 +1589,35 @@ fn a_byte_order_mark_is_not_part_of_the_first_identity() {
         value(kv.addr, &format!("{p}/be/b")).as_deref(),
         Some("maint")
     );
+}
+
+/// `status` reads the records with the token it is given: when consul
+/// leaves them out (a token without `key:read` on the records' prefix:
+/// `X-Consul-Results-Filtered-By-ACLs`), status says the records were not
+/// read, once, and never that a key has "no record".
+#[test]
+fn records_hidden_by_acls_are_not_read_never_no_record() {
+    let kv = Kv::dev();
+    let consul = Standin::start(kv.addr);
+    let base = unique_prefix("acl_status");
+    let prefix = format!("{base}/state");
+    let agent = support::Agent::with_consul(kv.addr, &prefix, &[]);
+    let (code, out, err) = run(
+        consul.addr,
+        &prefix,
+        &["set", "be/a=drain", "-reason", "INC-1"],
+    );
+    assert_eq!(code, 0, "{out}{err}");
+    agent.wait_reply("be/a", "drain 100%", 10 * Duration::from_secs(1));
+    let pprof = agent.pprof.unwrap().to_string();
+    let status = |consul: SocketAddr| run(consul, &prefix, &["status", "-pprof-addr", &pprof]);
+    let (_, out, _) = status(consul.addr);
+    assert!(out.contains("INC-1"), "the record is read: {out}");
+    consul.with(|r| r.deny_read = vec![format!("{base}/meta/")]);
+    let (_, out, err) = status(consul.addr);
+    assert!(
+        out.contains("records not read") && out.contains("X-Consul-Results-Filtered-By-ACLs"),
+        "{out}{err}"
+    );
+    assert!(!out.contains("no record"), "{out}");
 }
