@@ -130,13 +130,12 @@ pub struct Snapshot {
     expiring: usize,
 }
 
-/// A map value: the entry and its reply bytes, looked up once at build time
-/// so that [`Snapshot::reply`] is one probe and nothing else, and what the
-/// identity's checks have asked.
+/// A map value: the entry (its reply is an index into a static table,
+/// [`Desired::reply`]), the raw value and what the identity's checks have
+/// asked.
 #[derive(Debug)]
 struct Slot {
     entry: Entry,
-    reply: &'static [u8],
     raw: RawRef,
     asks: Asks,
 }
@@ -177,7 +176,7 @@ impl Snapshot {
     /// The reply for an identity: its entry's reply, else `ready 100%\n`.
     pub fn reply(&self, identity: &[u8]) -> &'static [u8] {
         match self.entries.get(identity) {
-            Some(slot) => slot.reply,
+            Some(slot) => slot.entry.desired.reply(),
             None => Desired::READY.reply(),
         }
     }
@@ -230,7 +229,7 @@ impl Snapshot {
     }
 
     fn if_diverted<'a>(&'a self, identity: &'a [u8], slot: &Slot) -> Option<Diverted<'a>> {
-        (slot.reply != Desired::READY.reply()).then(|| Diverted {
+        (slot.entry.desired != Desired::READY).then(|| Diverted {
             identity: identity_str(identity),
             entry: slot.entry,
             last_asked: slot.asks.last(),
@@ -502,7 +501,6 @@ impl SnapshotBuilder {
                 s.expiring += usize::from(diverted && entry.expires != 0);
                 let slot = Slot {
                     entry,
-                    reply: desired.reply(),
                     raw,
                     asks: Asks::default(),
                 };
