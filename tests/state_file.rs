@@ -98,6 +98,7 @@ fn a_restart_with_consul_down_answers_from_the_state_file_until_consul_answers()
         let l = file::decode(&bytes, &prefix, SystemTime::now(), Duration::from_secs(60)).ok()?;
         (l.snapshot.len() == 1).then_some(())
     });
+    drop(a); // its writer renames into the directory until it stops
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
@@ -196,6 +197,7 @@ fn a_file_that_cannot_be_used_is_one_line_and_no_answers() {
     std::fs::write(&path, &good).unwrap();
     let a = agent(down, &prefix, &path, &[]);
     a.wait_reply("be/s1", "drain 100%", SYNC);
+    drop(a); // its writer renames into the directory until it stops
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
@@ -276,6 +278,7 @@ fn a_restart_with_consul_reachable_never_answers_the_file() {
         .log()
         .iter()
         .any(|l| l.contains("answering from the state file")));
+    drop(a); // its writer renames into the directory until it stops
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
@@ -324,6 +327,7 @@ fn a_restart_with_consul_silent_answers_the_file_after_a_second() {
     assert_eq!(a.metric("gitlab_haproxy_agent_state_from_file"), 1.0);
     let line = a.proc.wait_log("answering from the state file", SYNC);
     assert!(line.contains("no consul read within the grace"), "{line}");
+    drop(a); // its writer renames into the directory until it stops
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
@@ -361,6 +365,7 @@ fn a_file_that_cannot_be_written_is_counted_and_answers_go_on() {
             .map(|n| n >= 2),
         Some(true)
     );
+    drop(a); // its writer renames into the directory until it stops
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
@@ -385,6 +390,7 @@ fn an_unchanged_state_keeps_the_file_young() {
     drop(a);
     let a = agent(consul, &prefix, &path, &max_age);
     assert_eq!(a.check("be/s1\n").as_deref(), Some("drain 100%"));
+    drop(a); // its writer renames into the directory until it stops
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
@@ -411,6 +417,7 @@ fn a_symlinked_state_file_is_written_through_the_link() {
     drop(a);
     let a = agent(kv_down(), &prefix, &link, &[]);
     assert_eq!(a.check("be/s1\n").as_deref(), Some("maint 100%"));
+    drop(a); // its writer renames into the directory until it stops
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
