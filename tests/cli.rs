@@ -659,7 +659,9 @@ fn the_incident_loop_set_with_a_reason_and_an_expiry_status_the_alert_metric_and
         }
         run(&args, &[])
     };
-    let (code, out, err) = writer(&["set", "be/s1=drain", "-reason", "INC-123", "-for", "3s"]);
+    // Long enough for the writer, a check and `status` to run before it
+    // expires on a busy machine (the expiry is counted in whole seconds).
+    let (code, out, err) = writer(&["set", "be/s1=drain", "-reason", "INC-123", "-for", "6s"]);
     assert_eq!(code, Some(0), "{out}{err}");
     a.wait_reply(id, "drain 100%", Duration::from_secs(5));
     a.check("be/s1\n");
@@ -674,7 +676,7 @@ fn the_incident_loop_set_with_a_reason_and_an_expiry_status_the_alert_metric_and
     );
     assert_eq!(a.metric("gitlab_haproxy_agent_state_expired_keys"), 0.0);
     // Past it: counted on the one deadline, warned once, still drain.
-    let warned = a.proc.wait_log("past its expiry", Duration::from_secs(10));
+    let warned = a.proc.wait_log("past its expiry", Duration::from_secs(15));
     assert!(
         warned.contains("\"level\":\"warn\"") && warned.contains("be/s1"),
         "{warned}"

@@ -462,6 +462,11 @@ fn routes_liveness_unknown_paths_methods_and_pprof() {
     let agent = Agent::with_consul(kv.addr, &unique_prefix("routes"), &[]);
     let mon = agent.monitoring.unwrap();
     let pprof = agent.pprof.unwrap();
+    // Synced first: the check at the end must not be the one before the
+    // first read (it would count as not_synced, rightly).
+    wait_for(Duration::from_secs(10), "readiness 200", || {
+        (agent.monitoring_get("/-/readiness").0 == 200).then_some(())
+    });
     assert_eq!(
         agent.monitoring_get("/-/liveness"),
         (200, "ok\n".to_owned())

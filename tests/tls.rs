@@ -612,7 +612,10 @@ fn kv_write_to_reply_over_tls_beside_plaintext() {
         "start -> first read: TLS {} ms, plaintext {} ms",
         starts[0], starts[1]
     );
-    assert!(t[n / 2] < q[n / 2] + 20.0, "{t:?} vs {q:?}");
+    // The same order of time: TLS adds a handshake per reconnect, not a
+    // turn. Loose, because both loops poll on 2 cores beside other tests;
+    // a TLS read that waited on its deadline would take seconds.
+    assert!(t[n / 2] < 3.0 * q[n / 2] + 100.0, "{t:?} vs {q:?}");
 }
 
 /// Where a real consul is available (`CONSUL_BIN`, else `consul` on

@@ -199,7 +199,14 @@ fn drains_when_closed(args: &str, client: TcpStream, what: &str, within: Duratio
     let (code, out, err, exited) = w.finish(10 * SEC);
     let took = exited - closed;
     assert_eq!(code, 0, "{out}{err}");
-    assert!(took <= within, "exit {took:?} after the close");
+    // `within` is what the polling allows; SLACK is the busy machine's
+    // (a poll, haproxy's answer and the exit each wait for a core). A
+    // wait that misses the close runs to its 60 s timeout.
+    const SLACK: Duration = Duration::from_millis(1500);
+    assert!(
+        took <= within + SLACK,
+        "exit {took:?} after the close (polling allows {within:?})"
+    );
     eprintln!("{what}: exit {took:?} after the last session closed (interval {INTERVAL:?})");
     out
 }

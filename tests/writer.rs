@@ -52,15 +52,16 @@ fn get(addr: SocketAddr, key: &str) -> Option<(String, u64)> {
     }
     let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
     let e = &v[0];
-    let raw = e["Value"].as_str().unwrap_or("");
+    Some((value_of(e), e["ModifyIndex"].as_u64().unwrap()))
+}
+
+/// The value of one entry of a consul KV answer (base64 in `Value`).
+fn value_of(e: &serde_json::Value) -> String {
     use base64::Engine as _;
-    let value = base64::engine::general_purpose::STANDARD
-        .decode(raw)
+    let raw = base64::engine::general_purpose::STANDARD
+        .decode(e["Value"].as_str().unwrap_or(""))
         .unwrap();
-    Some((
-        String::from_utf8(value).unwrap(),
-        e["ModifyIndex"].as_u64().unwrap(),
-    ))
+    String::from_utf8(raw).unwrap()
 }
 
 /// The records' prefix for a state prefix `p` (a single segment: `meta`
@@ -372,10 +373,20 @@ fn consul_down_or_refusing_is_exit_1_naming_the_request() {
 }
 
 /// Every key holds the same step: the ramp's writes are whole.
+///
+/// One recursive read, so one index: reading the keys one by one could
+/// straddle a step's transaction and see two steps that were never held
+/// together.
 fn one_step(addr: SocketAddr, p: &str, n: usize) -> Option<String> {
-    let values: std::collections::BTreeSet<Option<String>> = (0..n)
-        .map(|i| value(addr, &format!("{p}/be/s{i}")))
-        .collect();
+    let target = format!("/v1/kv/{p}/be/?recurse");
+    let (status, _, body) = support::http_full(addr, "GET", &target, b"").expect("KV answers");
+    let listed: Vec<serde_json::Value> = match status {
+        404 => Vec::new(),
+        _ => serde_json::from_slice(&body).unwrap(),
+    };
+    let held = |key: &str| listed.iter().find(|e| e["Key"] == key).map(value_of);
+    let values: std::collections::BTreeSet<Option<String>> =
+        (0..n).map(|i| held(&format!("{p}/be/s{i}"))).collect();
     assert_eq!(values.len(), 1, "keys hold different steps: {values:?}");
     values.into_iter().next().unwrap()
 }

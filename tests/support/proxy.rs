@@ -76,6 +76,9 @@ pub enum Mode {
     Immediate,
     /// Forward the head at once, then the body one byte per this long.
     SlowDrip(Duration),
+    /// Forward the whole response this long after it came: a consul slow
+    /// to answer, however busy the machine running the test is.
+    Late(Duration),
     /// A 200 with an index above the real one and a chunked body of this many
     /// bytes.
     OversizeBody(usize),
@@ -136,7 +139,9 @@ pub enum After {
     Fin,
     /// Reset it (RST).
     Reset,
-    /// A few ms later, one byte nobody asked for; then as `Keep`.
+    /// One byte nobody asked for, right behind the response (in the same
+    /// write: sent later, it could reach the agent after its next request
+    /// and be read, rightly, as a malformed answer); then as `Keep`.
     StrayByte,
 }
 
@@ -557,8 +562,16 @@ fn respond(shared: &Shared, client: &mut TcpStream, up: &Upstream) -> bool {
             }
             keep
         }
+        Mode::Late(after) => {
+            std::thread::sleep(after);
+            !shared.stopped() && whole(client)
+        }
         Mode::Reframe(wire, after) => {
-            if client.write_all(&reframe(up, wire)).is_err() {
+            let mut framed = reframe(up, wire);
+            if after == After::StrayByte {
+                framed.push(b'x');
+            }
+            if client.write_all(&framed).is_err() {
                 return false;
             }
             match after {
@@ -571,10 +584,7 @@ fn respond(shared: &Shared, client: &mut TcpStream, up: &Upstream) -> bool {
                     reset(client.try_clone().unwrap());
                     false
                 }
-                After::StrayByte => {
-                    std::thread::sleep(Duration::from_millis(5));
-                    client.write_all(b"x").is_ok() && wire.persists()
-                }
+                After::StrayByte => wire.persists(),
             }
         }
         Mode::OversizeBody(n) => {
