@@ -54,6 +54,11 @@ Scenarios (the findings of issue 26):
   big-values               40 keys of 500,000-byte values; one of them
                            rewritten each second (any write makes the agent
                            re-read and decode the whole prefix, ~27 MB of JSON).
+  expiry-slow-stderr       20,000 keys, all `drain`, written with consul Flags
+                           (`set -for`) that all expire at one second, 2 s into
+                           the checks; the agent's stderr read at 100 KB/s. At
+                           that second the agent counts 20,000 expired keys and
+                           logs a warning for each (~6 MB of log lines).
 The 20,000 keys are be_<i/10>/srv_<i%10>, every fourth `drain` (5,000
 diverted: more than the 1,000 diverted-key metric series), the rest
 `ready`. Every scenario but sweep-churn runs with -unasked-after 1h, so the
@@ -119,6 +124,8 @@ SWEEP_ASK_RATE = 400
 SWEEP_UNASKED_AFTER = 4
 SWEEP_WARMUP = SWEEP_UNASKED_AFTER + 1.0
 MANY_KEYS = 20000
+EXPIRY_LEAD = 2.0  # the checks start this long before the keys expire
+EXPIRY_MARGIN = 30  # seconds from the start of seeding to the expiry: seeding and settling fit
 HINTS = 3000
 LONG_IDS = 2000
 LONG_ID_BYTES = 65000
@@ -139,6 +146,12 @@ def many_keys():
     return [(f"be_{i // 10}/srv_{i % 10}", b"drain" if i % 4 == 0 else b"ready") for i in range(MANY_KEYS)]
 
 
+def expiring_keys():
+    """Every key diverted, all expiring at one second: (key, value, flags), and that second."""
+    at = int(time.time()) + EXPIRY_MARGIN
+    return [(f"be_{i // 10}/srv_{i % 10}", b"drain", at) for i in range(MANY_KEYS)], at
+
+
 def big_value(n):
     return (b"%010d" % n) + b"x" * (BIG_VALUE_BYTES - 10)
 
@@ -151,7 +164,7 @@ class Scenario:
     def __init__(self, name, flags, keys, attack, warmup=0.0, slow_stderr=False, evidence=(), logs=()):
         self.name = name
         self.flags = flags
-        self.keys = keys  # () -> [(key, value)] seeded after BASE_KEYS
+        self.keys = keys  # () -> [(key, value[, flags])] seeded after BASE_KEYS, or (that, expiry second)
         self.attack = attack  # {"kind": ..., params}: what the load process does
         self.warmup = warmup  # load runs this long before the checks start
         self.slow_stderr = slow_stderr
@@ -189,6 +202,10 @@ SCENARIOS = [
              evidence=(("swaps", "state_swaps_total", None),
                        ("invalid", "state_invalid_keys", None),
                        ("consul_rx_MiB", "consul_received_bytes_total", None))),
+    Scenario("expiry-slow-stderr", NO_SWEEP, expiring_keys, {"kind": "none"}, slow_stderr=True,
+             evidence=(("expired", "state_expired_keys", None),
+                       ("log_dropped", "log_lines_dropped_total", None)),
+             logs=(("expiry_lines", "a divert is past its expiry"), ("drop_reports", "log lines dropped"))),
 ]
 
 
@@ -472,14 +489,15 @@ def read_response(f):
 
 
 def put_all(addr, items, batch_bytes=4 << 20, batch_count=256):
-    """PUTs every (key, value), pipelined in batches on one keep-alive connection."""
+    """PUTs every (key, value[, flags]), pipelined in batches on one keep-alive connection."""
     with socket.create_connection(addr, timeout=30) as s, s.makefile("rb") as f:
         i = 0
         while i < len(items):
             reqs, size = [], 0
             while i < len(items) and len(reqs) < batch_count and size < batch_bytes:
-                key, value = items[i]
-                req = (f"PUT /v1/kv/{PREFIX}/{key} HTTP/1.1\r\nHost: x\r\n"
+                key, value, *flags = items[i]
+                query = f"?flags={flags[0]}" if flags else ""
+                req = (f"PUT /v1/kv/{PREFIX}/{key}{query} HTTP/1.1\r\nHost: x\r\n"
                        f"Content-Length: {len(value)}\r\n\r\n").encode() + value
                 reqs.append(req)
                 size += len(req)
@@ -602,7 +620,9 @@ def start_pair(binary, sc, nice):
 def run_scenario(sc, binary, seconds, sampler, nice):
     kv, agent = start_pair(binary, sc, nice)
     try:
-        items = BASE_KEYS + sc.keys()
+        keys = sc.keys()
+        keys, expires = keys if isinstance(keys, tuple) else (keys, None)
+        items = BASE_KEYS + keys
         t_seed = time.monotonic()
         put_all(agent.addrs["dev_kv_addr"], items)
         settle(agent, len(items))
@@ -617,6 +637,11 @@ def run_scenario(sc, binary, seconds, sampler, nice):
                                  stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                  preexec_fn=niced(nice))
         time.sleep(sc.warmup)
+        if expires is not None:  # the checks run across the expiry
+            lead = expires - EXPIRY_LEAD - time.time()
+            if lead < 0:
+                raise SystemExit(f"{sc.name}: seeding took past the expiry ({EXPIRY_MARGIN} s): nothing to measure")
+            time.sleep(lead)
         stop, chk = threading.Event(), {}
         checker = threading.Thread(target=hh.checker, args=(agent.addrs["listen_addr"], stop, chk), daemon=True)
         checker.start()
