@@ -11,6 +11,7 @@ use base64::Engine as _;
 use serde::Deserialize;
 use serde_json::json;
 
+use super::record;
 use crate::contract::{parse_identity, parse_value, Desired};
 
 /// consul before 1.14 refuses a transaction of more operations
@@ -283,13 +284,23 @@ fn finish<T>(
 }
 
 /// The agent's rule for an identity that can ever be asked for (SPEC §2),
-/// and, given `max_line` (`-max-line-bytes`), no longer than the longest
-/// request line the daemon reads.
+/// and, given `max_line` (`-max-line-bytes`: a key to be written), no
+/// longer than the longest request line the daemon reads and free of the
+/// characters a terminal does not show (a zero-width space pasted from a
+/// chat window would write a key no haproxy asks for, and the server
+/// would go on taking traffic). `unset` takes any key, to clean it up.
 pub fn check_identity(identity: &str, max_line: Option<usize>) -> Result<(), String> {
     let shown = cut(identity, SHOWN_VALUE_BYTES);
     if parse_identity(identity).is_none() {
         return Err(format!(
             "identity {shown:?} can never be asked for by haproxy (empty, ending in /, surrounded by whitespace, or holding control bytes)"
+        ));
+    }
+    let invisible = identity.chars().find(|&c| record::invisible(c));
+    if let (Some(c), Some(_)) = (invisible, max_line) {
+        return Err(format!(
+            "identity {shown:?} holds U+{:04X}, an invisible or bidi character (pasted text?): type it; a key that really holds one can be written with consul kv put",
+            u32::from(c)
         ));
     }
     match max_line {
@@ -910,6 +921,22 @@ mod tests {
         assert!(bad[0].len() < 300, "the identity is shown cut: {}", bad[0]);
         assert!(words(&[&format!("{}=drain", "b".repeat(256))]).is_ok());
         assert!(parse_unsets(&[long]).is_ok(), "unset may clean it up");
+        // Pasted text: a zero-width space, a bidi override.
+        for (id, code) in [
+            ("be_web/srv1\u{200B}", "U+200B"),
+            ("be_web/\u{202E}1vrs", "U+202E"),
+        ] {
+            let bad = words(&[&format!("{id}=drain")]).unwrap_err();
+            assert!(
+                bad[0].contains(code) && bad[0].contains("pasted"),
+                "{bad:?}"
+            );
+            assert!(!bad[0].contains('\u{200B}'), "shown escaped: {bad:?}");
+            assert!(
+                parse_unsets(&[id.to_owned()]).is_ok(),
+                "unset may clean it up"
+            );
+        }
         assert_eq!(
             check_distinct(&["a".into(), "b".into(), "a".into()]).unwrap_err(),
             "a: named twice"

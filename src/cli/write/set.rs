@@ -26,8 +26,9 @@ usage: gitlab-haproxy-agent set [-f FILE|-] [-reason TEXT] [-for DURATION] [-by 
 
 Writes the desired state of servers: VALUE is ready, drain, maint or N% (0 to
 256), checked with the agent's own rules before anything is written, as is
-IDENTITY (no longer than -max-line-bytes; split from VALUE at the last =). -f
-reads one IDENTITY VALUE or IDENTITY=VALUE per line (# comments; - is stdin).
+IDENTITY (no longer than -max-line-bytes, nothing a terminal does not show;
+split from VALUE at the last =). -f reads one IDENTITY VALUE or
+IDENTITY=VALUE per line (# comments; - is stdin).
 Reads the keys, prints each change in reply terms (IDENTITY: before -> after;
 a value answering as the key already does is unchanged and not written), then
 writes them in consul transactions guarded by the index read (32 keys with
