@@ -201,7 +201,7 @@ fn lint_takes_the_listen_address_from_each_flag_form_then_the_environment_then_9
     let dir = std::env::temp_dir().join(format!("gha-cli-lint-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let file = dir.join("listen.cfg");
-    std::fs::write(&file, "backend be\n server s1 127.0.0.1:80 weight 100 slowstart 1s agent-check agent-port 9777 agent-inter 1s agent-send \"be/s1\\n\"\n").unwrap();
+    std::fs::write(&file, "backend be\n load-server-state-from-file local\n server s1 127.0.0.1:80 weight 100 slowstart 1s agent-check agent-port 9777 agent-inter 1s agent-send \"be/s1\\n\"\n").unwrap();
     let file = file.to_str().unwrap();
     let ok = "1 servers with agent-check, 0 errors, 0 warnings\n";
     assert_eq!(

@@ -1,8 +1,9 @@
-//! haproxy's other CLI answers that `wait-drained` reads, sans-IO: `show
-//! info` (which process answers a stats socket), the master CLI's `show
-//! proc` (every worker, old ones included) and `show servers state` (each
-//! server's admin state, which `show stat` does not show for a DOWN
-//! server).
+//! haproxy's other CLI answers that `wait-drained` and
+//! `save-server-state` read, sans-IO: `show info` (which process answers a
+//! stats socket), the master CLI's `show proc` (every worker, old ones
+//! included), `show servers state` (each server's admin state, which `show
+//! stat` does not show for a DOWN server) and the same answer whole, to be
+//! saved as haproxy's `server-state-file` ([`DumpReader`]).
 //!
 //! In: an answer's bytes in any slices, as they arrive. Out: once its
 //! closing blank line is read (or the peer closed, for `show proc`), what
@@ -309,6 +310,107 @@ impl StateReader {
     }
 }
 
+/// The most a saved `show servers state` answer may hold (about 200
+/// bytes a server: 64 MiB is some 300,000 servers).
+pub const MAX_DUMP: usize = 64 << 20;
+
+/// A whole `show servers state` answer, checked, as haproxy's
+/// `server-state-file` holds it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Dump {
+    /// The answer's lines, each ended by `\n`, and the closing empty line.
+    pub bytes: Vec<u8>,
+    pub servers: u64,
+    /// Backends with at least one server (distinct `be_id`).
+    pub backends: u64,
+}
+
+/// Reads a `show servers state` answer whole, to be saved: the version
+/// line `1`, the `# be_id …` header, rows of exactly the header's number
+/// of fields, the closing empty line. Memory is the answer, at most
+/// [`MAX_DUMP`].
+#[derive(Debug, Default)]
+pub struct DumpReader {
+    lines: Lines,
+    bytes: Vec<u8>,
+    version: bool,
+    /// The header's number of field names.
+    fields: Option<usize>,
+    servers: u64,
+    backends: HashSet<Vec<u8>>,
+}
+
+impl DumpReader {
+    pub fn feed(&mut self, input: &[u8]) -> Result<bool, String> {
+        let (bytes, version, fields) = (&mut self.bytes, &mut self.version, &mut self.fields);
+        let (servers, backends) = (&mut self.servers, &mut self.backends);
+        let done = self.lines.feed(input, |line| {
+            if bytes.len() + line.len() + 2 > MAX_DUMP {
+                return Err(format!(
+                    "a show servers state answer over {} MiB",
+                    MAX_DUMP >> 20
+                ));
+            }
+            let words = || {
+                line.split(|b| b.is_ascii_whitespace())
+                    .filter(|f| !f.is_empty())
+            };
+            if !*version {
+                if line.trim_ascii() != b"1" {
+                    return Err(not_answer("show servers state", line));
+                }
+                *version = true;
+            } else if let Some(n) = *fields {
+                let got = words().count();
+                if got != n {
+                    return Err(format!(
+                        "show servers state: a row of {got} fields where the header names {n}"
+                    ));
+                }
+                *servers += 1;
+                if let Some(be_id) = words().next() {
+                    if !backends.contains(be_id) {
+                        backends.insert(be_id.to_vec());
+                    }
+                }
+            } else {
+                let mut names = words();
+                if names.next() != Some(b"#") || names.next() != Some(b"be_id") {
+                    return Err(not_answer("show servers state", line));
+                }
+                *fields = Some(1 + names.count());
+            }
+            bytes.extend_from_slice(line);
+            bytes.push(b'\n');
+            Ok(())
+        })?;
+        if done {
+            self.bytes.push(b'\n');
+        }
+        Ok(done)
+    }
+
+    /// The answer, once its closing empty line was read.
+    pub fn finish(self) -> Result<Dump, String> {
+        match (self.version, self.fields, self.lines.done()) {
+            (false, _, _) => return Err("an empty answer".into()),
+            (true, None, _) => return Err("the show servers state answer has no header".into()),
+            (true, Some(_), false) => {
+                return Err("the show servers state answer was cut short".into())
+            }
+            (true, Some(_), true) => {}
+        }
+        if self.servers == 0 {
+            return Err("the show servers state answer lists no server".into());
+        }
+        Ok(Dump {
+            bytes: self.bytes,
+            servers: self.servers,
+            backends: self.backends.len() as u64,
+        })
+    }
+}
+
 fn split_once<'a>(line: &'a [u8], sep: &[u8]) -> Option<(&'a [u8], &'a [u8])> {
     let at = line.windows(sep.len()).position(|w| w == sep)?;
     Some((&line[..at], &line[at + sep.len()..]))
@@ -584,5 +686,87 @@ mod tests {
             StateReader::finish,
         );
         assert_eq!(got, Err("a line over 64 KiB".to_owned()));
+    }
+
+    fn dump(answer: &[u8], n: usize) -> Result<Dump, String> {
+        read(
+            DumpReader::default(),
+            answer,
+            n,
+            DumpReader::feed,
+            DumpReader::finish,
+        )
+    }
+
+    #[test]
+    fn a_whole_show_servers_state_is_kept_byte_for_byte_and_counted() {
+        for n in [1, 3, 64, STATE.len()] {
+            let got = dump(STATE, n).unwrap();
+            assert_eq!(got.bytes, STATE, "slices of {n}");
+            assert_eq!((got.servers, got.backends), (3, 2), "slices of {n}");
+        }
+        // What follows the closing empty line is not part of the answer.
+        let mut trailing = STATE.to_vec();
+        trailing.extend_from_slice(b"more\n");
+        assert_eq!(dump(&trailing, 7).unwrap().bytes, STATE);
+        // CRLF line ends are saved as haproxy writes its own file: LF.
+        let crlf = b"1\r\n# be_id be_name\r\n2 be\r\n\r\n";
+        assert_eq!(
+            dump(crlf, 4).unwrap().bytes,
+            b"1\n# be_id be_name\n2 be\n\n"
+        );
+    }
+
+    #[test]
+    fn anything_but_a_complete_show_servers_state_is_refused() {
+        let header = "1\n# be_id be_name srv_id srv_name\n";
+        let cases: [(String, &str); 9] = [
+            (String::new(), "an empty answer"),
+            ("\n".into(), "an empty answer"),
+            (
+                "Can't find the target PID matching the prefix '@!12'\n\n".into(),
+                "not a show servers state answer: \"Can\\'t find the target PID matching the prefix \\'@!12\\'\"",
+            ),
+            ("2\n# be_id\n1 a\n\n".into(), "not a show servers state answer: \"2\""),
+            ("1\n".into(), "the show servers state answer has no header"),
+            ("1\n\n".into(), "the show servers state answer has no header"),
+            ("1\n# be_name be_id\n\n".into(), "not a show servers state answer: \"# be_name be_id\""),
+            (format!("{header}2 be 1\n\n"), "show servers state: a row of 3 fields where the header names 4"),
+            (format!("{header}2 be 1 s1\n"), "the show servers state answer was cut short"),
+        ];
+        for (answer, want) in &cases {
+            for n in [1, 5, 4096] {
+                let got = dump(answer.as_bytes(), n);
+                assert_eq!(got, Err(want.to_string()), "{answer:?} in slices of {n}");
+            }
+        }
+        assert_eq!(
+            dump(format!("{header}\n").as_bytes(), 4),
+            Err("the show servers state answer lists no server".into())
+        );
+        let long_row = format!("{header}2 be 1 {}\n\n", "x".repeat(MAX_RECORD));
+        assert_eq!(
+            dump(long_row.as_bytes(), 4096),
+            Err("a line over 64 KiB".into())
+        );
+    }
+
+    #[test]
+    fn a_dump_over_its_cap_is_refused_as_it_arrives() {
+        let row = format!("2 be 1 s{}\n", "x".repeat(1000));
+        let mut reader = DumpReader::default();
+        assert_eq!(
+            reader.feed(b"1\n# be_id be_name srv_id srv_name\n"),
+            Ok(false)
+        );
+        let mut fed = 0;
+        let got = loop {
+            match reader.feed(row.as_bytes()) {
+                Ok(false) => fed += row.len(),
+                other => break other,
+            }
+        };
+        assert!(fed <= MAX_DUMP && fed + 2 * row.len() > MAX_DUMP, "{fed}");
+        assert_eq!(got, Err("a show servers state answer over 64 MiB".into()));
     }
 }

@@ -96,7 +96,8 @@ pub fn lint(
 ) -> Report {
     let model = build(files, env);
     let names: Vec<String> = files.iter().map(|(name, _)| name.clone()).collect();
-    let findings = rules::check(&model.servers, &names, agent, local);
+    let mut findings = rules::check(&model.servers, &names, agent, local);
+    findings.extend(rules::server_state(&model));
     let mut report = Report {
         lines: Vec::new(),
         agent_checked: model
@@ -147,6 +148,15 @@ pub fn hard_stop_after(
     env: &dyn Fn(&str) -> Option<String>,
 ) -> Option<std::time::Duration> {
     build(files, env).hard_stop_after
+}
+
+/// The file haproxy loads server state from at start (`global`'s
+/// `server-state-file`, joined to `server-state-base`), if `files` name one.
+pub fn server_state_path(
+    files: &[(String, Vec<u8>)],
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Option<std::path::PathBuf> {
+    build(files, env).server_state_path()
 }
 
 /// Every agent-checked server of `files` whose `agent-send` the agent
@@ -208,7 +218,7 @@ mod tests {
         lint(&files, &agent, &[], &|_| None).render()
     }
 
-    const CONFIG: &str = "backend be\n server s1 127.0.0.1:80 weight 100 slowstart 1s agent-check agent-port 9777 agent-inter 1s agent-send \"be/s1\\n\"\n";
+    const CONFIG: &str = "backend be\n load-server-state-from-file local\n server s1 127.0.0.1:80 weight 100 slowstart 1s agent-check agent-port 9777 agent-inter 1s agent-send \"be/s1\\n\"\n";
 
     #[test]
     fn identities_are_what_each_agent_checked_server_sends() {
@@ -231,17 +241,17 @@ mod tests {
 
     #[test]
     fn findings_are_sorted_by_file_then_line_then_summarised() {
-        let b = "backend b2\n server s1 127.0.0.1:80 agent-check agent-port 9777 weight 1 slowstart 1s agent-inter 1s\n";
+        let b = "backend b2\n load-server-state-from-file local\n server s1 127.0.0.1:80 agent-check agent-port 9777 weight 1 slowstart 1s agent-inter 1s\n";
         let a = format!("{CONFIG} server s2 127.0.0.1:80 weight 1 slowstart 1s agent-check agent-port 9777 agent-inter 1s agent-send 'be/s2\\n'\n");
         let out = report(&[("b.cfg", b), ("a.cfg", &a)]);
         let lines: Vec<&str> = out.lines().collect();
         assert_eq!(lines.len(), 3, "{out}");
         assert!(
-            lines[0].starts_with("a.cfg:3: be/s2: error: agent-send 'be/s2\\n' is single-quoted"),
+            lines[0].starts_with("a.cfg:4: be/s2: error: agent-send 'be/s2\\n' is single-quoted"),
             "{out}"
         );
         assert!(
-            lines[1].starts_with("b.cfg:2: b2/s1: error: no agent-send"),
+            lines[1].starts_with("b.cfg:3: b2/s1: error: no agent-send"),
             "{out}"
         );
         assert_eq!(lines[2], "3 servers with agent-check, 2 errors, 0 warnings");

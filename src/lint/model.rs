@@ -110,6 +110,28 @@ impl Balance {
     }
 }
 
+/// `load-server-state-from-file`, as a proxy has it (from its defaults
+/// unless it says; haproxy's default is `none`): where a reload or restart
+/// reads the state (admin state, the agent's weight) its servers start in
+/// (`apply_server_state`, `src/server_state.c`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum LoadState {
+    #[default]
+    None,
+    /// `global`'s `server-state-file`.
+    Global,
+    /// A file of the proxy's own (`server-state-file-name`, else its name).
+    Local,
+}
+
+/// A proxy's settings that hold for all its servers, wherever in the
+/// section they are written.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct ProxySettings {
+    balance: Balance,
+    load_state: LoadState,
+}
+
 /// One server as haproxy builds it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Server {
@@ -123,6 +145,8 @@ pub struct Server {
     pub settings: Settings,
     /// Its proxy's algorithm (as the whole proxy section sets it).
     pub balance: Balance,
+    /// Its proxy's `load-server-state-from-file`.
+    pub load_state: LoadState,
 }
 
 /// A line haproxy refuses, or the one where the lint stopped making servers.
@@ -143,6 +167,25 @@ pub struct Model {
     /// `global`'s `hard-stop-after`: how long a reload's old process may
     /// keep serving.
     pub hard_stop_after: Option<std::time::Duration>,
+    /// `global`'s `server-state-file` and `server-state-base`, as written.
+    pub server_state_file: Option<Vec<u8>>,
+    pub server_state_base: Option<Vec<u8>>,
+}
+
+impl Model {
+    /// The file `load-server-state-from-file global` reads, as haproxy
+    /// names it (`srv_state_get_filepath`, `src/server_state.c`): the
+    /// `server-state-file` as written when absolute or without a
+    /// `server-state-base`, else joined to the base.
+    pub fn server_state_path(&self) -> Option<std::path::PathBuf> {
+        use std::os::unix::ffi::OsStrExt;
+        let file = self.server_state_file.as_deref()?;
+        let path = |b: &[u8]| std::path::PathBuf::from(std::ffi::OsStr::from_bytes(b));
+        match &self.server_state_base {
+            Some(base) if !file.starts_with(b"/") => Some(path(base).join(path(file))),
+            _ => Some(path(file)),
+        }
+    }
 }
 
 /// Every section keyword haproxy 2.6 and 3.0 register.
@@ -302,11 +345,11 @@ enum Section {
 #[derive(Default)]
 struct Builder {
     /// Every `defaults` section so far: its name, `default-server` and
-    /// algorithm.
-    defaults: Vec<(Vec<u8>, Settings, Balance)>,
-    /// Each proxy's algorithm, set after the servers are made (a
-    /// `balance` line may follow them).
-    balances: std::collections::HashMap<String, Balance>,
+    /// proxy settings.
+    defaults: Vec<(Vec<u8>, Settings, ProxySettings)>,
+    /// Each proxy's settings, set after the servers are made (a `balance`
+    /// line may follow them).
+    proxies: std::collections::HashMap<String, ProxySettings>,
     /// The last `defaults` section, which proxies use unless `from` says.
     last_defaults: Option<usize>,
     /// haproxy stops reading the configuration (an aborting `.if`).
@@ -326,8 +369,9 @@ pub fn build(files: &[(String, Vec<u8>)], env: &dyn Fn(&str) -> Option<String>) 
         b.file(index, name, text, env);
     }
     for server in &mut b.model.servers {
-        if let Some(balance) = b.balances.get(&server.backend) {
-            server.balance = balance.clone();
+        if let Some(proxy) = b.proxies.get(&server.backend) {
+            server.balance = proxy.balance.clone();
+            server.load_state = proxy.load_state;
         }
     }
     b.model
@@ -409,18 +453,18 @@ impl Builder {
             None if keyword == b"defaults" => None,
             None => self.last_defaults,
         };
-        let (settings, balance) = base
+        let (settings, proxy) = base
             .map(|i| (self.defaults[i].1.clone(), self.defaults[i].2.clone()))
             .unwrap_or_default();
         match keyword {
             b"defaults" => {
-                self.defaults.push((name.to_vec(), settings, balance));
+                self.defaults.push((name.to_vec(), settings, proxy));
                 self.last_defaults = Some(self.defaults.len() - 1);
                 Section::Defaults(self.defaults.len() - 1)
             }
             b"backend" | b"listen" => {
                 let name = String::from_utf8_lossy(name).into_owned();
-                self.balances.insert(name.clone(), balance);
+                self.proxies.insert(name.clone(), proxy);
                 Section::Proxy {
                     name,
                     default_server: settings,
@@ -454,11 +498,30 @@ impl Builder {
                 default_server.apply(&words[1..])
             }
             (Section::Defaults(i), b"balance" | b"hash-type") => {
-                self.defaults[*i].2.set(words);
+                self.defaults[*i].2.balance.set(words);
                 None
             }
             (Section::Proxy { name, .. }, b"balance" | b"hash-type") => {
-                self.balances.entry(name.clone()).or_default().set(words);
+                self.proxies
+                    .entry(name.clone())
+                    .or_default()
+                    .balance
+                    .set(words);
+                None
+            }
+            (Section::Defaults(i), b"load-server-state-from-file") => load_state(words)
+                .map(|l| self.defaults[*i].2.load_state = l)
+                .err(),
+            (Section::Proxy { name, .. }, b"load-server-state-from-file") => {
+                let proxy = self.proxies.entry(name.clone()).or_default();
+                load_state(words).map(|l| proxy.load_state = l).err()
+            }
+            (Section::Global, b"server-state-file") => {
+                self.model.server_state_file = words.get(1).map(|w| w.text.clone());
+                None
+            }
+            (Section::Global, b"server-state-base") => {
+                self.model.server_state_base = words.get(1).map(|w| w.text.clone());
                 None
             }
             (Section::Global, b"hard-stop-after") => {
@@ -540,6 +603,7 @@ impl Builder {
             address: address.to_vec(),
             settings: settings.clone(),
             balance: Balance::default(),
+            load_state: LoadState::None,
         });
         self.model.servers.extend(servers);
         if wanted > room as u64 {
@@ -551,6 +615,17 @@ impl Builder {
                 refused: false,
             });
         }
+    }
+}
+
+/// A `load-server-state-from-file` line's mode (`cfg_parse_listen`,
+/// `src/cfgparse-listen.c`, refuses any other word).
+fn load_state(words: &[Word]) -> Result<LoadState, &'static str> {
+    match words.get(1).map(|w| w.text.as_slice()) {
+        Some(b"global") => Ok(LoadState::Global),
+        Some(b"local") => Ok(LoadState::Local),
+        Some(b"none") => Ok(LoadState::None),
+        _ => Err("'load-server-state-from-file' expects 'global', 'local' or 'none'"),
     }
 }
 
@@ -918,5 +993,42 @@ mod tests {
             assert_eq!(atol(s.as_bytes()), want, "{s:?}");
         }
         assert_eq!(atol(b"99999999999999999999999"), i64::MAX);
+    }
+
+    #[test]
+    fn the_server_state_file_is_named_as_haproxy_names_it() {
+        let path = |config: &str| {
+            let files = [("h.cfg".to_owned(), config.as_bytes().to_vec())];
+            build(&files, &|_| None).server_state_path()
+        };
+        let p = |s: &str| Some(std::path::PathBuf::from(s));
+        assert_eq!(path("global\n"), None);
+        assert_eq!(path("global\n server-state-file /a/state\n"), p("/a/state"));
+        assert_eq!(path("global\n server-state-file state\n"), p("state"));
+        assert_eq!(
+            path("global\n server-state-base /var/lib/haproxy\n server-state-file state\n"),
+            p("/var/lib/haproxy/state")
+        );
+        assert_eq!(
+            path("global\n server-state-base /b/\n server-state-file s\n"),
+            p("/b/s")
+        );
+        assert_eq!(
+            path("global\n server-state-base /b\n server-state-file /abs\n"),
+            p("/abs")
+        );
+        // Only global's lines count; the last one wins.
+        assert_eq!(path("global\n server-state-file /x\n server-state-file /y\nbackend be\n server-state-file /z\n"), p("/y"));
+        let refused = build(
+            &[(
+                "h.cfg".into(),
+                b"defaults\n load-server-state-from-file yes\n".to_vec(),
+            )],
+            &|_| None,
+        );
+        assert_eq!(
+            refused.errors[0].message,
+            "'load-server-state-from-file' expects 'global', 'local' or 'none'"
+        );
     }
 }

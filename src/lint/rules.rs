@@ -21,12 +21,13 @@
 //! Warnings: no `slowstart`, no `agent-inter`, an identity (the first line
 //! of `agent-send`, trimmed as the agent trims it) that is not
 //! `<backend>/<server>` of its own server, an identity already sent by an
-//! earlier server.
+//! earlier server; and once per backend, no server state loaded across a
+//! reload ([`server_state`]).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;
 
-use super::model::{atol, Server};
+use super::model::{atol, LoadState, Model, Server};
 use super::Agent;
 use crate::agent::request::{self, Reject, Request};
 use crate::config::ListenAddr;
@@ -116,6 +117,33 @@ pub fn check(
                 first_sender.insert(identity, index);
             }
         }
+    }
+    findings
+}
+
+/// One warning per backend whose agent-checked servers start a reload or
+/// restart as configured (ready, full weight) instead of as haproxy left
+/// them: no `load-server-state-from-file global|local` in effect, or
+/// `global` with no `server-state-file` in `global`. On the backend's
+/// first agent-checked server.
+pub fn server_state(model: &Model) -> Vec<Finding> {
+    let mut seen = HashSet::new();
+    let mut findings = Vec::new();
+    for (index, server) in model.servers.iter().enumerate() {
+        if !server.settings.agent_check || !seen.insert(server.backend.as_str()) {
+            continue;
+        }
+        let why = match server.load_state {
+            LoadState::Local => continue,
+            LoadState::Global if model.server_state_file.is_some() => continue,
+            LoadState::Global => "loads server state from the global server-state-file, which global does not set",
+            LoadState::None => "loads no server state (no load-server-state-from-file global in its defaults or its section)",
+        };
+        findings.push(Finding {
+            server: index,
+            severity: Severity::Warning,
+            message: format!("backend {} {why}: after a haproxy reload or restart its servers take traffic ready at full weight, drained and maint ones too, until each one's first agent check; set server-state-file in global, load-server-state-from-file global in defaults, and run gitlab-haproxy-agent save-server-state before each reload and stop", server.backend),
+        });
     }
     findings
 }
@@ -724,5 +752,76 @@ mod tests {
         // A balance line after the servers sets the whole backend's.
         let after = format!("backend be\n{server} balance static-rr\n");
         assert_eq!(line_findings(&after, Some((3, 0)), false), [warning]);
+    }
+
+    /// The server-state warnings of `config`, as "backend/server: message start".
+    fn state_findings(config: &str) -> Vec<String> {
+        let files = [("h.cfg".to_owned(), config.as_bytes().to_vec())];
+        let m = model::build(&files, &|_| None);
+        assert_eq!(m.errors, [], "{config}");
+        server_state(&m)
+            .into_iter()
+            .map(|f| {
+                let s = &m.servers[f.server];
+                let head = f.message.split(':').next().unwrap_or_default();
+                format!("{}/{}: {:?}: {head}", s.backend, s.name, f.severity)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_backend_that_loads_no_server_state_is_warned_once() {
+        let servers = format!(" server s1 a:1 {GOOD}\n server s2 a:1 {GOOD}\n server s3 a:1\n");
+        let none = "be/s1: Warning: backend be loads no server state (no load-server-state-from-file global in its defaults or its section)";
+        let no_file = "be/s1: Warning: backend be loads server state from the global server-state-file, which global does not set";
+        let global = "global\n server-state-file /var/lib/haproxy/server-state\n";
+        let cases: [(String, Option<&str>); 8] = [
+            (format!("backend be\n{servers}"), Some(none)),
+            (format!("{global}backend be\n{servers}"), Some(none)),
+            (format!("defaults\n load-server-state-from-file global\nbackend be\n{servers}"), Some(no_file)),
+            (format!("{global}defaults\n load-server-state-from-file global\nbackend be\n{servers}"), None),
+            // The section's own line wins, wherever it is written.
+            (format!("{global}backend be\n{servers} load-server-state-from-file global\n"), None),
+            (format!("{global}defaults\n load-server-state-from-file global\nbackend be\n load-server-state-from-file none\n{servers}"), Some(none)),
+            (format!("defaults\n load-server-state-from-file local\nbackend be\n{servers}"), None),
+            // A later anonymous defaults starts empty.
+            (format!("{global}defaults\n load-server-state-from-file global\ndefaults\nbackend be\n{servers}"), Some(none)),
+        ];
+        for (config, want) in &cases {
+            let want: Vec<String> = want.iter().map(|w| w.to_string()).collect();
+            assert_eq!(state_findings(config), want, "{config}");
+        }
+        // A backend without agent-checked servers needs nothing.
+        assert_eq!(
+            state_findings("backend be\n server s1 a:1\n"),
+            Vec::<String>::new()
+        );
+        let two = format!("backend b1\n{servers}backend b2\n server x a:1 {GOOD}\n");
+        let got = state_findings(&two);
+        assert_eq!(got.len(), 2, "{got:?}");
+        assert!(
+            got[1].starts_with("b2/x: Warning: backend b2 loads no"),
+            "{got:?}"
+        );
+    }
+
+    #[test]
+    fn the_warning_names_both_lines_and_the_command() {
+        let m = model::build(
+            &[(
+                "h.cfg".to_owned(),
+                format!("backend be\n server s1 a:1 {GOOD}\n").into_bytes(),
+            )],
+            &|_| None,
+        );
+        let message = &server_state(&m)[0].message;
+        for needed in [
+            "server-state-file",
+            "load-server-state-from-file global",
+            "save-server-state",
+            "drained and maint",
+        ] {
+            assert!(message.contains(needed), "{needed}: {message}");
+        }
     }
 }
