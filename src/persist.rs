@@ -131,8 +131,9 @@ fn through_links(path: &Path) -> PathBuf {
 }
 
 /// Writes `bytes` to `path` so that `path` is always either the old file
-/// or the new one, whole.
-fn write_atomically(path: &Path, bytes: &[u8]) -> io::Result<()> {
+/// or the new one, whole (`mode`: the new file's permission bits, else as
+/// the umask makes them); no temporary file is left, whatever fails.
+pub(crate) fn write_atomically(path: &Path, bytes: &[u8], mode: Option<u32>) -> io::Result<()> {
     let dir = match path.parent() {
         Some(d) if !d.as_os_str().is_empty() => d,
         _ => Path::new("."),
@@ -140,6 +141,10 @@ fn write_atomically(path: &Path, bytes: &[u8]) -> io::Result<()> {
     let name = path.file_name().unwrap_or_default().to_string_lossy();
     let (mut f, tmp) = create_temporary(dir, &name)?;
     let written = (|| {
+        if let Some(mode) = mode {
+            use std::os::unix::fs::PermissionsExt;
+            f.set_permissions(fs::Permissions::from_mode(mode))?;
+        }
         f.write_all(bytes)?;
         f.sync_all()?;
         fs::rename(&tmp, path)
@@ -371,7 +376,7 @@ impl Writer {
     fn write(&mut self, snapshot: &Snapshot) {
         let started = Instant::now();
         let bytes = file::encode(snapshot, &self.prefix, SystemTime::now());
-        match write_atomically(&self.path, &bytes) {
+        match write_atomically(&self.path, &bytes, None) {
             Ok(()) => {
                 self.shared.writes.fetch_add(1, Ordering::Relaxed);
                 self.shared.failing.store(false, Ordering::Relaxed);

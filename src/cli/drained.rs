@@ -12,14 +12,13 @@
 use std::collections::{HashMap, HashSet};
 use std::ffi::OsString;
 use std::net::SocketAddr;
-use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};
 
-use super::fetch::{connect, exchange, http_get, Timed};
+use super::fetch::{cli, http_get, show_proc};
 use super::lint::{config_env, read_config};
 use super::{begin, usage_error, Io, FINDING, OK};
 use crate::config::{parse_http_url, parse_stats_socket, StatsSocket};
-use crate::drain::process::{InfoReader, ProcReader, Process, StateReader, Worker};
+use crate::drain::process::{InfoReader, Process, StateReader};
 use crate::drain::stat::{ServerKey, ServerStat, StatReader};
 use crate::drain::{judge, prom, show, Poll, Reading, Rules, Seen, Target};
 use crate::gocompat::parse_go_duration;
@@ -438,24 +437,6 @@ fn poll(sources: &[Source], servers: &[ServerKey], deadline: Instant) -> Vec<(St
     })
 }
 
-/// One haproxy CLI command on `at`, its answer handed to `feed` as it
-/// arrives. The command is followed by a half-close: haproxy 2.6's master
-/// CLI answers only then, and a stats socket ends the exchange after one
-/// command anyway.
-fn cli(
-    at: &StatsSocket,
-    command: &str,
-    deadline: Instant,
-    feed: impl FnMut(&[u8]) -> Result<bool, String>,
-) -> Result<(), String> {
-    let mut stream: Box<dyn Timed> = match at {
-        StatsSocket::Tcp(addr) => Box::new(connect(*addr, deadline)?),
-        StatsSocket::Unix(path) => Box::new(connect_unix(path, deadline)?),
-    };
-    let line = format!("{command}\n");
-    exchange(stream.as_mut(), (line.as_bytes(), true), deadline, feed)
-}
-
 /// A worker's stats socket (or a master's route to one: `route` is `@!PID `):
 /// `show info` (when `info`), `show stat` and `show servers state` for
 /// `servers`, one connection each.
@@ -533,29 +514,6 @@ fn master(at: &StatsSocket, servers: &[ServerKey], deadline: Instant) -> Result<
         );
     }
     Ok(Reading::Master(workers.into_iter().zip(answers).collect()))
-}
-
-/// The workers the master lists.
-fn show_proc(at: &StatsSocket, deadline: Instant) -> Result<Vec<Worker>, String> {
-    let mut proc = ProcReader::default();
-    cli(at, "show proc", deadline, |d| proc.feed(d))?;
-    proc.finish()
-}
-
-/// A unix stream connection made by `deadline` (a listener whose backlog
-/// is full would block a plain connect).
-fn connect_unix(path: &std::path::Path, deadline: Instant) -> Result<UnixStream, String> {
-    use socket2::{Domain, SockAddr, Socket, Type};
-    let cannot = |e: std::io::Error| format!("cannot connect: {e}");
-    let left = deadline.saturating_duration_since(Instant::now());
-    if left.is_zero() {
-        return Err("no time left to connect".into());
-    }
-    let socket = Socket::new(Domain::UNIX, Type::STREAM, None).map_err(cannot)?;
-    socket
-        .connect_timeout(&SockAddr::unix(path).map_err(cannot)?, left)
-        .map_err(cannot)?;
-    Ok(socket.into())
 }
 
 /// A Prometheus API answer's body (status 200), or why not.

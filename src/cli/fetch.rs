@@ -1,7 +1,7 @@
 //! The operator commands' blocking exchanges with a deadline: one HTTP GET
-//! (`status`'s `/debug/state`, `wait-drained`'s Prometheus query) and the
-//! reading loop under it, which `wait-drained` also runs over a haproxy
-//! stats socket.
+//! (`status`'s `/debug/state`, `wait-drained`'s Prometheus query), one
+//! haproxy CLI command (a stats or master socket: `wait-drained`,
+//! `save-server-state`), and the reading loop under both.
 //!
 //! In: where, what to send, a deadline, and a reader of the answer's
 //! bytes. Out: what the reader made of them, or one line saying what went
@@ -14,6 +14,8 @@ use std::net::{SocketAddr, TcpStream};
 use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};
 
+use crate::config::StatsSocket;
+use crate::drain::process::{ProcReader, Worker};
 use crate::http::{parse_response_head, BodyDecoder, BodyError, Parse};
 
 /// A stream whose reads can be given a timeout.
@@ -96,6 +98,47 @@ pub(super) fn exchange(
             return Ok(());
         }
     }
+}
+
+/// One haproxy CLI command on `at`, its answer handed to `feed` as it
+/// arrives. The command is followed by a half-close: haproxy 2.6's master
+/// CLI answers only then, and a stats socket ends the exchange after one
+/// command anyway.
+pub(super) fn cli(
+    at: &StatsSocket,
+    command: &str,
+    deadline: Instant,
+    feed: impl FnMut(&[u8]) -> Result<bool, String>,
+) -> Result<(), String> {
+    let mut stream: Box<dyn Timed> = match at {
+        StatsSocket::Tcp(addr) => Box::new(connect(*addr, deadline)?),
+        StatsSocket::Unix(path) => Box::new(connect_unix(path, deadline)?),
+    };
+    let line = format!("{command}\n");
+    exchange(stream.as_mut(), (line.as_bytes(), true), deadline, feed)
+}
+
+/// The workers the master lists.
+pub(super) fn show_proc(at: &StatsSocket, deadline: Instant) -> Result<Vec<Worker>, String> {
+    let mut proc = ProcReader::default();
+    cli(at, "show proc", deadline, |d| proc.feed(d))?;
+    proc.finish()
+}
+
+/// A unix stream connection made by `deadline` (a listener whose backlog
+/// is full would block a plain connect).
+fn connect_unix(path: &std::path::Path, deadline: Instant) -> Result<UnixStream, String> {
+    use socket2::{Domain, SockAddr, Socket, Type};
+    let cannot = |e: std::io::Error| format!("cannot connect: {e}");
+    let left = deadline.saturating_duration_since(Instant::now());
+    if left.is_zero() {
+        return Err("no time left to connect".into());
+    }
+    let socket = Socket::new(Domain::UNIX, Type::STREAM, None).map_err(cannot)?;
+    socket
+        .connect_timeout(&SockAddr::unix(path).map_err(cannot)?, left)
+        .map_err(cannot)?;
+    Ok(socket.into())
 }
 
 /// `GET target` on `addr` (`host` for the Host header): the status and

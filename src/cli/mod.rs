@@ -7,7 +7,9 @@
 //!   the unasked ones with the identity probably meant;
 //! - `lint-haproxy FILE…`: the agent-check settings of haproxy's config;
 //! - `wait-drained IDENTITY…`: waits until haproxy holds no session for
-//!   the servers named.
+//!   the servers named;
+//! - `save-server-state`: haproxy's server state to its
+//!   `server-state-file`, before a reload or stop.
 //! - `set`, `unset`, `ramp`: write the desired state, checked, atomic,
 //!   guarded against another writer ([`write`]).
 //!
@@ -22,6 +24,7 @@ mod ask;
 mod drained;
 mod fetch;
 mod lint;
+mod save_state;
 mod status;
 pub mod write;
 
@@ -59,6 +62,8 @@ Operator commands (the first word; exit 0 ok, 1 a finding, 2 usage):
         check the agent-check settings of haproxy configuration files
   wait-drained IDENTITY... -timeout DURATION [-haproxy-socket ADDR]... [-prometheus URL]
         wait until haproxy holds no session or queue for the servers named
+  save-server-state -haproxy-master-socket ADDR [-o FILE | -haproxy-config FILE]
+        save haproxy's server state to its server-state-file, before every reload and stop
   set IDENTITY=VALUE... | -f FILE   [-dry-run] [-json]
         write servers' states, checked, in one guarded consul transaction; prints the undo
   unset IDENTITY... [-dry-run] [-json]
@@ -78,6 +83,7 @@ pub fn is_command(word: &str) -> bool {
             | "status"
             | "lint-haproxy"
             | "wait-drained"
+            | "save-server-state"
             | "set"
             | "unset"
             | "ramp"
@@ -92,6 +98,7 @@ pub fn run(word: &str, args: &[OsString], io: &mut Io<'_>) -> u8 {
         "status" => status::run(args, io),
         "lint-haproxy" => lint::run(args, io),
         "wait-drained" => drained::run(args, io),
+        "save-server-state" => save_state::run(args, io),
         "set" => write::set(args, io),
         "unset" => write::unset(args, io),
         "ramp" => write::ramp(args, io),
