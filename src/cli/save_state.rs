@@ -196,11 +196,12 @@ fn fetch(source: &Source, deadline: Instant) -> Result<(Dump, u64), String> {
         }
         Source::Master(at) => {
             let current = |workers: Vec<crate::drain::process::Worker>| {
-                let current: Vec<u64> =
-                    workers.iter().filter(|w| !w.old).map(|w| w.pid).collect();
+                let current: Vec<u64> = workers.iter().filter(|w| !w.old).map(|w| w.pid).collect();
                 match current[..] {
                     [pid] => Ok(pid),
-                    [] => Err("show proc lists only old workers (a reload in progress?)".to_owned()),
+                    [] => {
+                        Err("show proc lists only old workers (a reload in progress?)".to_owned())
+                    }
                     _ => Err(format!("show proc lists {} current workers", current.len())),
                 }
             };

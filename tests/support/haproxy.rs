@@ -353,6 +353,38 @@ impl Haproxy {
         );
     }
 
+    /// Stops a master-worker haproxy (SIGTERM to the master, as systemd's
+    /// stop does) and starts it again on the same configuration file, as
+    /// `systemctl restart` does; waits until the stats socket lists `want`
+    /// servers.
+    pub fn restart(&mut self, want: usize) {
+        let mut old = self.proc.take().expect("haproxy running");
+        old.signal(libc::SIGTERM);
+        assert!(
+            old.wait_exit(Duration::from_secs(10)).is_some(),
+            "haproxy did not stop on SIGTERM"
+        );
+        let mut cmd = Command::new(haproxy_bin());
+        cmd.arg("-W").arg("-S").arg(self.master_socket());
+        cmd.arg("-db").arg("-f").arg(self.config_path());
+        self.proc = Some(Proc::spawn(cmd));
+        wait_for(
+            Duration::from_secs(10),
+            "the restarted haproxy to list every server",
+            || {
+                self.try_command("show stat")
+                    .map(|t| parse_csv(&t).into_iter().filter(is_server).count())
+                    .filter(|n| *n == want)
+            },
+        );
+    }
+
+    /// Replaces the configuration file (a reload or restart then reads it).
+    pub fn rewrite(&mut self, config: String) {
+        std::fs::write(self.config_path(), &config).expect("write haproxy.cfg");
+        self.config = config;
+    }
+
     /// Where the config was written.
     pub fn config_path(&self) -> PathBuf {
         self.dir.join("haproxy.cfg")
