@@ -47,6 +47,11 @@ if ! command -v haproxy >/dev/null 2>&1 && [ ! -x /usr/sbin/haproxy ]; then
   step "apt-get install haproxy"
   apt_install haproxy
 fi
+if ! command -v systemd-analyze >/dev/null 2>&1; then
+  # tests/haproxy_reload.rs verifies the haproxy.service drop-in with it.
+  step "apt-get install systemd (for systemd-analyze)"
+  apt_install systemd
+fi
 if ! command -v openssl >/dev/null 2>&1; then
   # The TLS tests make their certificates with the openssl CLI.
   step "apt-get install openssl"

@@ -364,5 +364,150 @@ fn a_server_added_starts_as_configured_and_one_removed_is_ignored() {
         "{:#?}",
         rig.hap.log()
     );
-    let _ = Path::new(&rig.state_file);
+}
+
+/// The drop-in's `[Service]` settings: (key, value) in order.
+fn drop_in() -> Vec<(String, String)> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("packaging/haproxy.service.d/gitlab-haproxy-agent.conf");
+    let text = std::fs::read_to_string(&path).unwrap();
+    text.lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#') && *l != "[Service]")
+        .map(|l| {
+            let (k, v) = l.split_once('=').unwrap_or_else(|| panic!("{l:?}"));
+            (k.to_owned(), v.to_owned())
+        })
+        .collect()
+}
+
+/// One Exec line run as systemd runs it (no shell: words split at
+/// spaces, `$VAR` words substituted; a leading `-` ignores a failure),
+/// with the Debian paths of the drop-in pointed at the test's. `Ok` with
+/// the output, or `Err` if a line whose failure counts failed.
+fn run_exec(line: &str, rig: &Rig) -> Result<String, String> {
+    let (ignore, line) = match line.strip_prefix('-') {
+        Some(rest) => (true, rest),
+        None => (false, line),
+    };
+    let master = rig.hap.master_socket().display().to_string();
+    let mut argv: Vec<String> = Vec::new();
+    for word in line.split_whitespace() {
+        match word {
+            "/usr/sbin/haproxy" => argv.push(support::haproxy::haproxy_bin().display().to_string()),
+            "/usr/local/bin/gitlab-haproxy-agent" => argv.push(support::BIN.to_owned()),
+            "/run/haproxy-master.sock" => argv.push(master.clone()),
+            "$CONFIG" => argv.push(rig.hap.config_path().display().to_string()),
+            // Debian's EXTRAOPTS: "-S /run/haproxy-master.sock".
+            "$EXTRAOPTS" => argv.extend(["-S".to_owned(), master.clone()]),
+            "$MAINPID" => argv.push(rig.hap.pid().to_string()),
+            w => argv.push(w.to_owned()),
+        }
+    }
+    let out = Command::new(&argv[0]).args(&argv[1..]).output().unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    match out.status.success() || ignore {
+        true => Ok(text),
+        false => Err(format!("{argv:?}: {:?} {text}", out.status)),
+    }
+}
+
+/// The drop-in as `systemctl reload haproxy` runs it on Debian: Debian's
+/// configuration check, the save, the USR2; then the stop's save. The save
+/// never blocks (a `-` line), and the reload keeps maint and drain out.
+#[test]
+fn the_drop_in_saves_after_the_check_and_before_the_reload_and_the_stop() {
+    let settings = drop_in();
+    let reload: Vec<&str> = settings
+        .iter()
+        .filter(|(k, _)| k == "ExecReload")
+        .map(|(_, v)| v.as_str())
+        .collect();
+    let stop: Vec<&str> = settings
+        .iter()
+        .filter(|(k, _)| k == "ExecStop")
+        .map(|(_, v)| v.as_str())
+        .collect();
+    assert_eq!(reload.len(), 4, "a reset, then three lines: {reload:?}");
+    assert_eq!(
+        reload[0], "",
+        "the unit's own ExecReload lines are reset first"
+    );
+    // Debian's check and USR2, unchanged around the save.
+    let debian = std::fs::read_to_string("/lib/systemd/system/haproxy.service")
+        .expect("Debian's haproxy.service (apt-get install -y haproxy)");
+    for own in [reload[1], reload[3]] {
+        assert!(
+            debian.contains(&format!("ExecReload={own}\n")),
+            "{own:?} is Debian's"
+        );
+    }
+    for save in [reload[2], stop[0]] {
+        assert!(
+            save.starts_with("-/usr/local/bin/gitlab-haproxy-agent save-server-state "),
+            "{save}"
+        );
+    }
+    assert_eq!(stop.len(), 1, "{stop:?}");
+
+    let rig = Rig::start("drop-in", true);
+    let answers = client(rig.front, Arc::clone(&rig.stop));
+    for round in 0..2 {
+        let before = rig.hap.current_workers();
+        let from = Instant::now();
+        let mut out = String::new();
+        for line in &reload[1..] {
+            out += &run_exec(line, &rig).unwrap_or_else(|e| panic!("{e}"));
+        }
+        assert!(
+            out.contains("saved 4 servers of 1 backend"),
+            "round {round}: {out}"
+        );
+        rig.hap.wait_reloaded(&before);
+        std::thread::sleep(WINDOW.saturating_sub(from.elapsed()));
+        let counts = count_since(&answers, from);
+        eprintln!("drop-in reload {round}: {counts:?}");
+        assert!(counts.values().sum::<usize>() > 50, "{counts:?}");
+        assert_eq!(counts.get("maint"), None, "{counts:?}");
+        assert_eq!(counts.get("drain"), None, "{counts:?}");
+    }
+    std::fs::remove_file(&rig.state_file).unwrap();
+    let out = run_exec(stop[0], &rig).unwrap();
+    assert!(out.starts_with("saved 4 servers"), "{out}");
+    let saved = std::fs::read_to_string(&rig.state_file).unwrap();
+    assert!(saved.starts_with("1\n# be_id "), "{saved}");
+}
+
+/// systemd reads the drop-in over Debian's unit without a word (an
+/// unknown key or a bad line is only a warning there, so it is looked for).
+#[test]
+fn systemd_reads_the_drop_in_over_debians_unit() {
+    let dir = std::env::temp_dir().join(format!("gha-unit-{}", std::process::id()));
+    let d = dir.join("haproxy.service.d");
+    std::fs::create_dir_all(&d).unwrap();
+    std::fs::copy(
+        "/lib/systemd/system/haproxy.service",
+        dir.join("haproxy.service"),
+    )
+    .expect("Debian's haproxy.service (apt-get install -y haproxy)");
+    std::fs::copy(
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("packaging/haproxy.service.d/gitlab-haproxy-agent.conf"),
+        d.join("gitlab-haproxy-agent.conf"),
+    )
+    .unwrap();
+    let out = Command::new("systemd-analyze")
+        .args(["verify", "--man=no"])
+        .arg(dir.join("haproxy.service"))
+        .env("SYSTEMD_UNIT_PATH", format!("{}:", dir.display()))
+        .output()
+        .expect("systemd-analyze (apt-get install -y systemd)");
+    let err = String::from_utf8_lossy(&out.stderr);
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert!(out.status.success(), "{err}");
+    assert!(!err.contains("gitlab-haproxy-agent.conf"), "{err}");
 }

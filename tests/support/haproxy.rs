@@ -330,20 +330,30 @@ impl Haproxy {
     /// `systemctl reload` does) and waits until a new worker answers the
     /// stats socket.
     pub fn reload(&self) {
-        let before: Vec<u32> = self
-            .workers()
+        let before = self.current_workers();
+        self.proc.as_ref().unwrap().signal(libc::SIGUSR2);
+        self.wait_reloaded(&before);
+    }
+
+    /// The master's PID (systemd's `$MAINPID`).
+    pub fn pid(&self) -> u32 {
+        self.proc.as_ref().expect("haproxy running").pid()
+    }
+
+    /// The workers `show proc` lists as current (not old).
+    pub fn current_workers(&self) -> Vec<u32> {
+        self.workers()
             .into_iter()
             .filter(|w| !w.1)
             .map(|w| w.0)
-            .collect();
-        self.proc.as_ref().unwrap().signal(libc::SIGUSR2);
+            .collect()
+    }
+
+    /// Waits until a worker not in `before` is current and answers the
+    /// stats socket (a reload sent by someone else: a unit's `kill -USR2`).
+    pub fn wait_reloaded(&self, before: &[u32]) {
         wait_for(Duration::from_secs(10), "a new haproxy worker", || {
-            let now: Vec<u32> = self
-                .workers()
-                .into_iter()
-                .filter(|w| !w.1)
-                .map(|w| w.0)
-                .collect();
+            let now = self.current_workers();
             (!now.is_empty() && now.iter().all(|p| !before.contains(p))).then_some(())
         });
         wait_for(
