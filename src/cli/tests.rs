@@ -253,3 +253,303 @@ fn wait_drained_names_each_identity_no_server_line_sends() {
         format!("gitlab-haproxy-agent wait-drained: no agent-checked server line of {cfg} sends \"be/s1\", \"web-9\" (-h for help)\n")
     );
 }
+
+/// A haproxy CLI stand-in on a unix socket in `dir`: each connection's
+/// command (read to the half-close) gets `answer(command)`; `None` holds
+/// the connection open without a word.
+fn cli_stand_in(
+    dir: &std::path::Path,
+    name: &str,
+    answer: impl Fn(&str) -> Option<Vec<u8>> + Send + 'static,
+) -> String {
+    use std::io::{Read, Write};
+    let path = dir.join(name);
+    let listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
+    std::thread::spawn(move || {
+        for mut conn in listener.incoming().flatten() {
+            let mut command = String::new();
+            let _ = conn.read_to_string(&mut command);
+            match answer(command.trim_end()) {
+                Some(bytes) => {
+                    let _ = conn.write_all(&bytes);
+                }
+                None => std::thread::sleep(std::time::Duration::from_secs(5)),
+            }
+        }
+    });
+    path.display().to_string()
+}
+
+const SERVERS_STATE: &str = "1\n# be_id be_name srv_id srv_name srv_admin_state\n2 be_web 1 srv1 8\n2 be_web 2 srv2 0\n3 be_api 1 a1 1\n\n";
+const SHOW_PROC: &str = "#<PID>          <type>          <reloads>       <uptime>        <version>\n100 master 1 0d00h00m09s 2.6.12\n# workers\n300 worker 0 0d00h00m01s 2.6.12\n# old workers\n200 worker 1 0d00h00m08s 2.6.12\n# programs\n\n";
+
+fn save_dir(test: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("gha-save-{}-{test}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// The names in `dir` (a temporary file left behind shows here).
+fn names(dir: &std::path::Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
+}
+
+#[test]
+fn save_server_state_writes_the_current_workers_answer_and_keeps_the_mode() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = save_dir("ok");
+    let master = cli_stand_in(&dir, "master.sock", |command| match command {
+        "show proc" => Some(SHOW_PROC.into()),
+        "@!300 show servers state" => Some(SERVERS_STATE.into()),
+        // The old worker's state is not the one to keep.
+        "@!200 show servers state" => Some(b"1\n# be_id be_name\n9 old\n\n".to_vec()),
+        _ => Some(b"Unknown command.\n\n".to_vec()),
+    });
+    let file = dir.join("server-state");
+    let path = file.to_str().unwrap();
+    let (code, out, err) = run_with(
+        "save-server-state",
+        &["-haproxy-master-socket", &master, "-o", path],
+        b"",
+        &[],
+    );
+    assert_eq!((code, err.as_str()), (OK, ""), "{out}");
+    assert!(
+        out.starts_with(&format!(
+            "saved 3 servers of 2 backends from haproxy worker 300 ({master}) to {path} in "
+        )),
+        "{out}"
+    );
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), SERVERS_STATE);
+    let mode = |f: &std::path::Path| std::fs::metadata(f).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(&file), 0o644, "a new file");
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o640)).unwrap();
+    let stats = cli_stand_in(&dir, "stats.sock", |command| match command {
+        "show info" => Some(b"Name: HAProxy\nPid: 4242\n\n".to_vec()),
+        "show servers state" => Some(SERVERS_STATE.replace("srv2 0", "srv2 8").into_bytes()),
+        _ => None,
+    });
+    let (code, out, _) = run_with(
+        "save-server-state",
+        &["-haproxy-socket", &stats, "-o", path],
+        b"",
+        &[],
+    );
+    assert_eq!(code, OK, "{out}");
+    assert!(out.contains("from haproxy worker 4242 ("), "{out}");
+    assert!(std::fs::read_to_string(&file).unwrap().contains("srv2 8"));
+    assert_eq!(mode(&file), 0o640, "the mode is kept");
+    assert_eq!(names(&dir), ["master.sock", "server-state", "stats.sock"]);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn save_server_state_leaves_the_file_as_it_was_on_any_bad_answer() {
+    let dir = save_dir("bad");
+    let file = dir.join("server-state");
+    let path = file.to_str().unwrap().to_owned();
+    let before = "1\n# be_id be_name\n2 kept\n\n";
+    std::fs::write(&file, before).unwrap();
+    let half = &SERVERS_STATE[..SERVERS_STATE.len() / 2];
+    let cases: Vec<(&str, Option<Vec<u8>>, &str)> = vec![
+        (
+            "garbage.sock",
+            Some(b"\x1b[2Jwhat?\n\n".to_vec()),
+            "not a show servers state answer: \"\\x1b[2Jwhat?\"",
+        ),
+        ("empty.sock", Some(Vec::new()), "an empty answer"),
+        (
+            "half.sock",
+            Some(half.as_bytes().to_vec()),
+            "the show servers state answer was cut short",
+        ),
+        (
+            "none.sock",
+            Some(b"1\n# be_id be_name srv_id\n\n".to_vec()),
+            "lists no server",
+        ),
+        (
+            "rows.sock",
+            Some(b"1\n# be_id be_name srv_id\n2 be\n\n".to_vec()),
+            "a row of 2 fields where the header names 3",
+        ),
+        ("silent.sock", None, "no complete answer in time"),
+    ];
+    for (name, answer, why) in cases {
+        let socket = cli_stand_in(&dir, name, move |command| match command {
+            "show info" => Some(b"Name: HAProxy\nPid: 1\n\n".to_vec()),
+            _ => answer.clone(),
+        });
+        let started = std::time::Instant::now();
+        let (code, out, err) = run_with(
+            "save-server-state",
+            &["-haproxy-socket", &socket, "-o", &path, "-timeout", "300ms"],
+            b"",
+            &[],
+        );
+        assert_eq!((code, out.as_str()), (FINDING, ""), "{name}: {err}");
+        assert!(
+            err.contains(why) && err.ends_with(&format!("; {path} left as it was\n")),
+            "{name}: {err}"
+        );
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(2),
+            "{name}: bounded by -timeout"
+        );
+        assert_eq!(std::fs::read_to_string(&file).unwrap(), before, "{name}");
+    }
+    let (code, _, err) = run_with(
+        "save-server-state",
+        &[
+            "-haproxy-socket",
+            &format!("{}/gone.sock", dir.display()),
+            "-o",
+            &path,
+        ],
+        b"",
+        &[],
+    );
+    assert_eq!(code, FINDING, "{err}");
+    assert!(err.contains("cannot connect"), "{err}");
+    // A master that lists only old workers, and one that reloads while asked.
+    let only_old = cli_stand_in(&dir, "old.sock", |command| match command {
+        "show proc" => Some(
+            SHOW_PROC
+                .replace(
+                    "# workers\n300 worker 0 0d00h00m01s 2.6.12\n",
+                    "# workers\n",
+                )
+                .into_bytes(),
+        ),
+        _ => Some(SERVERS_STATE.into()),
+    });
+    let asked = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let reloading = cli_stand_in(&dir, "reloading.sock", move |command| match command {
+        "show proc" if asked.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 0 => {
+            Some(SHOW_PROC.into())
+        }
+        "show proc" => Some(SHOW_PROC.replace("300 worker", "400 worker").into_bytes()),
+        _ => Some(SERVERS_STATE.into()),
+    });
+    for (socket, why) in [
+        (only_old, "only old workers"),
+        (
+            reloading,
+            "a reload while saving: worker 300 answered, 400 is current now",
+        ),
+    ] {
+        let (code, _, err) = run_with(
+            "save-server-state",
+            &["-haproxy-master-socket", &socket, "-o", &path],
+            b"",
+            &[],
+        );
+        assert_eq!(code, FINDING, "{err}");
+        assert!(err.contains(why), "{err}");
+    }
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), before);
+    let left = names(&dir);
+    assert!(
+        left.iter()
+            .all(|n| n == "server-state" || n.ends_with(".sock")),
+        "no temporary file: {left:?}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn save_server_state_finds_the_file_in_haproxys_configuration() {
+    let dir = save_dir("config");
+    let socket = cli_stand_in(&dir, "stats.sock", |command| match command {
+        "show info" => Some(b"Name: HAProxy\nPid: 7\n\n".to_vec()),
+        _ => Some(SERVERS_STATE.into()),
+    });
+    let config = dir.join("haproxy.cfg");
+    std::fs::write(
+        &config,
+        format!(
+            "global\n    server-state-base {}\n    server-state-file state\n",
+            dir.display()
+        ),
+    )
+    .unwrap();
+    let (code, out, err) = run_with(
+        "save-server-state",
+        &[
+            "-haproxy-socket",
+            &socket,
+            "-haproxy-config",
+            config.to_str().unwrap(),
+        ],
+        b"",
+        &[],
+    );
+    assert_eq!(code, OK, "{err}");
+    assert!(
+        out.contains(&format!("to {}/state in ", dir.display())),
+        "{out}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(dir.join("state")).unwrap(),
+        SERVERS_STATE
+    );
+    std::fs::write(&config, "global\n    maxconn 10\n").unwrap();
+    let config = config.to_str().unwrap();
+    let usage: [(&[&str], &str); 6] = [
+        (
+            &["-haproxy-socket", &socket, "-haproxy-config", config],
+            "sets no server-state-file in global: give -o FILE",
+        ),
+        (&["-o", "x"], "give exactly one source"),
+        (
+            &[
+                "-haproxy-socket",
+                &socket,
+                "-haproxy-master-socket",
+                &socket,
+                "-o",
+                "x",
+            ],
+            "give exactly one source",
+        ),
+        (
+            &[
+                "-haproxy-socket",
+                &socket,
+                "-o",
+                "x",
+                "-haproxy-config",
+                config,
+            ],
+            "not both",
+        ),
+        (
+            &["-haproxy-socket", &socket, "-o", "x", "-timeout", "0s"],
+            "invalid value \"0s\" for flag -timeout",
+        ),
+        (
+            &[
+                "-haproxy-socket",
+                &socket,
+                "-haproxy-config",
+                "/nonexistent.cfg",
+            ],
+            "cannot read /nonexistent.cfg",
+        ),
+    ];
+    for (args, why) in usage {
+        let (code, _, err) = run_with("save-server-state", args, b"", &[]);
+        assert_eq!(code, USAGE, "{args:?}: {err}");
+        assert!(
+            err.starts_with("gitlab-haproxy-agent save-server-state: ") && err.contains(why),
+            "{args:?}: {err}"
+        );
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
