@@ -107,7 +107,7 @@ fi
 [[ "$SOURCE_DATE_EPOCH" =~ ^[0-9]+$ ]] || die "SOURCE_DATE_EPOCH must be seconds since the epoch"
 export SOURCE_DATE_EPOCH
 
-for f in README.md LICENSE packaging/$name.service packaging/$name.env; do
+for f in README.md LICENSE packaging/$name.service packaging/$name.env packaging/haproxy.service.d/$name.conf; do
   [ -f "$f" ] || die "$f is missing (every archive ships it)"
 done
 
@@ -137,12 +137,13 @@ for t in "${targets[@]}"; do
     || die "cargo zigbuild for $t.$glibc_floor failed"
 
   dir="${name}_${version}_linux_${arch}"
-  mkdir -p "$stage/$dir/packaging" "$stage/$dir/docs"
+  mkdir -p "$stage/$dir/packaging/haproxy.service.d" "$stage/$dir/docs"
   install -m 0755 "$target_dir/$t/release/$name" "$stage/$dir/$name"
   install -m 0644 README.md LICENSE "$stage/$dir/"
   # The pages README.md links (its images stay in the repository).
   install -m 0644 docs/*.md "$stage/$dir/docs/"
   install -m 0644 "packaging/$name.service" "packaging/$name.env" "$stage/$dir/packaging/"
+  install -m 0644 "packaging/haproxy.service.d/$name.conf" "$stage/$dir/packaging/haproxy.service.d/"
 
   tar -C "$stage" --sort=name --owner=0 --group=0 --numeric-owner \
       --mode=u+rwX,go+rX,go-w --mtime="@$SOURCE_DATE_EPOCH" --format=gnu -cf - "$dir" \

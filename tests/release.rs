@@ -208,6 +208,7 @@ fn release_archive_unpacks_and_runs() {
         "LICENSE",
         "packaging/gitlab-haproxy-agent.service",
         "packaging/gitlab-haproxy-agent.env",
+        "packaging/haproxy.service.d/gitlab-haproxy-agent.conf",
     ] {
         assert!(
             top.join(f).is_file(),

@@ -1,15 +1,18 @@
 //! `drain::process`: haproxy's `show info`, the master CLI's `show proc`
-//! and `show servers state` answers, as a stats or master socket (or
-//! anything listening there) sends them.
+//! and `show servers state` answers (read for some servers, or whole for
+//! `save-server-state`), as a stats or master socket (or anything
+//! listening there) sends them.
 //!
 //! Input: byte 0 picks the slice size (1..=64) and byte 1 the reader; the
 //! rest is the answer. Checks: never panics; fed whole or in slices each
-//! reads the same; the servers-state reader keeps only servers asked for.
+//! reads the same; the servers-state reader keeps only servers asked for;
+//! a saved answer is a version line, a header and one line per server,
+//! each ended by a newline, and the closing empty line.
 #![no_main]
 
 use std::collections::HashSet;
 
-use gitlab_haproxy_agent::drain::process::{InfoReader, ProcReader, StateReader};
+use gitlab_haproxy_agent::drain::process::{DumpReader, InfoReader, ProcReader, StateReader};
 use gitlab_haproxy_agent::drain::stat::ServerKey;
 use libfuzzer_sys::fuzz_target;
 
@@ -38,7 +41,7 @@ fn feed_all<R>(
 
 /// What reader `which` makes of `data` fed in slices of `n`, as text.
 fn read(which: u8, data: &[u8], n: usize) -> String {
-    match which % 3 {
+    match which % 4 {
         0 => {
             let mut r = InfoReader::default();
             let fed = feed_all(&mut r, InfoReader::feed, data, n);
@@ -48,6 +51,18 @@ fn read(which: u8, data: &[u8], n: usize) -> String {
             let mut r = ProcReader::default();
             let fed = feed_all(&mut r, ProcReader::feed, data, n);
             format!("{:?}", fed.and_then(|()| r.finish()))
+        }
+        3 => {
+            let mut r = DumpReader::default();
+            let fed = feed_all(&mut r, DumpReader::feed, data, n);
+            let got = fed.and_then(|()| r.finish()).map(|d| {
+                let lines = d.bytes.iter().filter(|&&b| b == b'\n').count() as u64;
+                assert_eq!(lines, d.servers + 3, "version, header, rows, empty line");
+                assert!(d.bytes.ends_with(b"\n\n"));
+                assert!(d.backends >= 1 && d.backends <= d.servers);
+                d
+            });
+            format!("{got:?}")
         }
         _ => {
             let mut r = StateReader::new(wanted());
