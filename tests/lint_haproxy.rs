@@ -34,12 +34,13 @@ impl Drop for Dir {
     }
 }
 
-/// What haproxy needs besides the backend; a frontend so that `-c` exits 0.
+/// What haproxy needs besides the backend (the server state loaded across
+/// reloads, as the docs configure it); a frontend so that `-c` exits 0.
 const HEAD: &str = "\
 global
-    log stdout format raw local0
-
+    server-state-file /var/lib/haproxy/server-state
 defaults
+    load-server-state-from-file global
     mode tcp
     timeout connect 1s
     timeout client 5s
@@ -242,4 +243,39 @@ fn no_file_is_a_usage_error_on_one_line() {
         err,
         "gitlab-haproxy-agent lint-haproxy: no configuration file given (-h for help)\n"
     );
+}
+
+/// A backend whose agent-checked servers load no server state gets one
+/// warning (a reload would start its drained servers ready), on its first
+/// agent-checked server; the same configuration with the two lines gets
+/// none.
+#[test]
+fn a_backend_without_server_state_is_warned_once_at_its_first_server() {
+    let dir = Dir::new("server-state");
+    let backend = "backend be_web
+    default-server check inter 1s weight 100 slowstart 10s agent-check agent-addr 127.0.0.1 agent-port 9777 agent-inter 2s
+    server plain 127.0.0.1:8080 no-agent-check
+    server srv1 127.0.0.1:8081 agent-send \"be_web/srv1\\n\"
+    server srv2 127.0.0.1:8082 agent-send \"be_web/srv2\\n\"
+";
+    let without = HEAD
+        .replace("    server-state-file /var/lib/haproxy/server-state\n", "")
+        .replace("    load-server-state-from-file global\n", "");
+    let file = dir.write("haproxy.cfg", &format!("{without}{backend}"));
+    haproxy_accepts(&file);
+    let (code, out, _) = lint(&[file.as_os_str()]);
+    let lines: Vec<&str> = out.lines().collect();
+    let f = file.display();
+    assert_eq!(code, Some(0), "a warning: {out}");
+    assert_eq!(lines.len(), 2, "{out}");
+    assert!(
+        lines[0].starts_with(&format!("{f}:15: be_web/srv1: warning: backend be_web loads no server state")),
+        "{out}"
+    );
+    assert!(lines[0].contains("save-server-state"), "{out}");
+    assert_eq!(lines[1], "2 servers with agent-check, 0 errors, 1 warnings");
+    let file = dir.write("with.cfg", &format!("{HEAD}{backend}"));
+    haproxy_accepts(&file);
+    let (code, out, _) = lint(&[file.as_os_str()]);
+    assert_eq!((code, out.as_str()), (Some(0), "2 servers with agent-check, 0 errors, 0 warnings\n"));
 }
