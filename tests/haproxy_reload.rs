@@ -98,7 +98,7 @@ struct Rig {
     agent: Option<Agent>,
     _kv: Kv,
     front: SocketAddr,
-    /// haproxy's `server-state-file` (written by `save-server-state`).
+    /// haproxy's `server-state-file` (in the harness's directory).
     state_file: std::path::PathBuf,
     reals: HashMap<&'static str, SocketAddr>,
     stop: Arc<AtomicBool>,
@@ -107,7 +107,6 @@ struct Rig {
 impl Drop for Rig {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
-        let _ = std::fs::remove_file(&self.state_file);
     }
 }
 
@@ -134,22 +133,18 @@ impl Rig {
             .map(|&name| (name, named_server(name, Arc::clone(&stop))))
             .collect();
         let front: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
-        let state_file =
-            std::env::temp_dir().join(format!("gha-server-state-{}-{test}", std::process::id()));
-        let _ = std::fs::remove_file(&state_file);
         let agent_port = agent.listen().port();
-        let (global, defaults) = match load_state {
-            true => (
-                format!("    server-state-file {}\n", state_file.display()),
-                "    load-server-state-from-file global\n",
-            ),
-            false => (String::new(), ""),
+        // The harness's `global` names the server-state-file (in its
+        // directory); a `defaults` section starts empty, so the control's
+        // backend loads nothing.
+        let defaults = match load_state {
+            true => "    load-server-state-from-file global\n",
+            false => "",
         };
         let reals_in_order: Vec<SocketAddr> = SERVERS.iter().map(|n| reals[n]).collect();
         let hap = Haproxy::start_master_worker(test, SERVERS.len(), move |_| {
             let mut cfg = format!(
-                "\nglobal\n{global}\
-                 \ndefaults\n    mode tcp\n    timeout connect 1s\n    timeout client 5s\n    timeout server 5s\n    timeout check 1s\n{defaults}\
+                "\ndefaults\n    mode tcp\n    timeout connect 1s\n    timeout client 5s\n    timeout server 5s\n    timeout check 1s\n{defaults}\
                  \nfrontend fe\n    bind {front}\n    default_backend be_web\n\
                  \nbackend be_web\n    balance roundrobin\n\
                  \x20   default-server check inter 1s weight 100 slowstart 10s agent-check agent-addr 127.0.0.1 agent-port {agent_port} agent-inter {AGENT_INTER}\n"
@@ -159,6 +154,7 @@ impl Rig {
             }
             cfg
         });
+        let state_file = hap.dir.join("server-state");
         let rig = Rig {
             hap,
             agent: Some(agent),

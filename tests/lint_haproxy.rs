@@ -269,7 +269,9 @@ fn a_backend_without_server_state_is_warned_once_at_its_first_server() {
     assert_eq!(code, Some(0), "a warning: {out}");
     assert_eq!(lines.len(), 2, "{out}");
     assert!(
-        lines[0].starts_with(&format!("{f}:15: be_web/srv1: warning: backend be_web loads no server state")),
+        lines[0].starts_with(&format!(
+            "{f}:15: be_web/srv1: warning: backend be_web loads no server state"
+        )),
         "{out}"
     );
     assert!(lines[0].contains("save-server-state"), "{out}");
@@ -277,5 +279,11 @@ fn a_backend_without_server_state_is_warned_once_at_its_first_server() {
     let file = dir.write("with.cfg", &format!("{HEAD}{backend}"));
     haproxy_accepts(&file);
     let (code, out, _) = lint(&[file.as_os_str()]);
-    assert_eq!((code, out.as_str()), (Some(0), "2 servers with agent-check, 0 errors, 0 warnings\n"));
+    assert_eq!(
+        (code, out.as_str()),
+        (
+            Some(0),
+            "2 servers with agent-check, 0 errors, 0 warnings\n"
+        )
+    );
 }

@@ -516,12 +516,20 @@ impl Builder {
                 let proxy = self.proxies.entry(name.clone()).or_default();
                 load_state(words).map(|l| proxy.load_state = l).err()
             }
+            // The first one counts: haproxy alerts "already specified" on
+            // a second one and keeps the first (`cfg_parse_global`).
             (Section::Global, b"server-state-file") => {
-                self.model.server_state_file = words.get(1).map(|w| w.text.clone());
+                let model = &mut self.model;
+                if model.server_state_file.is_none() {
+                    model.server_state_file = words.get(1).map(|w| w.text.clone());
+                }
                 None
             }
             (Section::Global, b"server-state-base") => {
-                self.model.server_state_base = words.get(1).map(|w| w.text.clone());
+                let model = &mut self.model;
+                if model.server_state_base.is_none() {
+                    model.server_state_base = words.get(1).map(|w| w.text.clone());
+                }
                 None
             }
             (Section::Global, b"hard-stop-after") => {
@@ -1017,8 +1025,12 @@ mod tests {
             path("global\n server-state-base /b\n server-state-file /abs\n"),
             p("/abs")
         );
-        // Only global's lines count; the last one wins.
-        assert_eq!(path("global\n server-state-file /x\n server-state-file /y\nbackend be\n server-state-file /z\n"), p("/y"));
+        // Only global's lines count; the first one wins, as in haproxy.
+        assert_eq!(path("global\n server-state-file /x\n server-state-file /y\nbackend be\n server-state-file /z\n"), p("/x"));
+        assert_eq!(
+            path("global\n server-state-base /b\n server-state-base /c\n server-state-file s\n"),
+            p("/b/s")
+        );
         let refused = build(
             &[(
                 "h.cfg".into(),

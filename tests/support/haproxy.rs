@@ -246,10 +246,13 @@ impl Haproxy {
         let socket = dir.join("admin.sock");
         let real = RealServer::start();
 
+        // The server state loaded across reloads, as the docs configure it
+        // (the file exists only once `save-server-state` wrote it).
         let mut cfg = format!(
-            "global\n    stats socket {} mode 600 level admin\n\n\
-             defaults\n    mode tcp\n    timeout connect 1s\n    timeout client 5s\n    timeout server 5s\n    timeout check 1s\n",
-            socket.display()
+            "global\n    stats socket {} mode 600 level admin\n    server-state-file {}\n\n\
+             defaults\n    mode tcp\n    timeout connect 1s\n    timeout client 5s\n    timeout server 5s\n    timeout check 1s\n    load-server-state-from-file global\n",
+            socket.display(),
+            dir.join("server-state").display()
         );
         cfg.push_str(&proxies(real.addr));
         let path = dir.join("haproxy.cfg");
