@@ -352,17 +352,24 @@ impl Haproxy {
             .collect()
     }
 
-    /// Waits until a worker not in `before` is current and answers the
-    /// stats socket (a reload sent by someone else: a unit's `kill -USR2`).
+    /// Waits until a worker not in `before` is current and it, not the old
+    /// one, answers the stats socket (the old worker can answer it for a
+    /// moment after the reload: seen on 3.2). A reload sent by someone
+    /// else (a unit's `kill -USR2`) is waited for the same way.
     pub fn wait_reloaded(&self, before: &[u32]) {
-        wait_for(Duration::from_secs(10), "a new haproxy worker", || {
+        let new = wait_for(Duration::from_secs(10), "a new haproxy worker", || {
             let now = self.current_workers();
-            (!now.is_empty() && now.iter().all(|p| !before.contains(p))).then_some(())
+            (!now.is_empty() && now.iter().all(|p| !before.contains(p))).then_some(now)
         });
         wait_for(
             Duration::from_secs(10),
-            "the new worker's stats socket",
-            || self.try_command("show info").filter(|t| t.contains("Pid:")),
+            "the new worker on the stats socket",
+            || {
+                let info = self.try_command("show info")?;
+                new.iter()
+                    .any(|pid| info.lines().any(|l| l.trim() == format!("Pid: {pid}")))
+                    .then_some(())
+            },
         );
     }
 
