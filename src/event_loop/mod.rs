@@ -62,6 +62,7 @@ use crate::monitoring::metrics::Metrics;
 use crate::monitoring::renders::Renders;
 use crate::monitoring::server::Role;
 use crate::monitoring::{StateFileStatus, Status, WatchStatus};
+use crate::notify::{Answering, Notifier, NotifySocket};
 use crate::persist::{self, StateFile};
 use crate::slice::Slice;
 use crate::state::expiry::Expiry;
@@ -170,6 +171,32 @@ pub struct EventLoop {
     /// `-state-max-age`, at most an hour).
     state_refresh: Duration,
     shutdown_deadline: Option<Instant>,
+    /// systemd's `Type=notify` socket and what to tell it, when set.
+    notify: Option<Notify>,
+}
+
+/// The notify socket and its machine; a failed send is logged once (then
+/// once more when sends work again).
+struct Notify {
+    socket: NotifySocket,
+    machine: Notifier,
+    failing: bool,
+}
+
+impl Notify {
+    fn send(&mut self, msg: &str) {
+        match (self.socket.send(msg), self.failing) {
+            (Ok(()), true) => {
+                info!("systemd notify socket works again");
+                self.failing = false;
+            }
+            (Err(e), false) => {
+                warn!(error = e.to_string(); "cannot send to systemd's notify socket: readiness or watchdog pings are lost");
+                self.failing = true;
+            }
+            _ => {}
+        }
+    }
 }
 
 /// A seed that differs between agents started together: the time and the
@@ -211,6 +238,14 @@ impl EventLoop {
         let (start, started) = (Instant::now(), SystemTime::now());
         let clock = Clock::new(start, started);
         let state = Swapper::new(&config.kv_prefix, clock, config.max_unknown_identities);
+        let notify = match &config.notify {
+            Some(s) => Some(Notify {
+                socket: NotifySocket::open(&s.target)?,
+                machine: Notifier::new(s.watchdog, start),
+                failing: false,
+            }),
+            None => None,
+        };
         let (state_file, loaded) = match &config.state_file {
             Some(path) => persist::open(config, path).map(|(f, l)| (Some(f), l))?,
             None => (None, None),
@@ -258,6 +293,7 @@ impl EventLoop {
             max_connections: config.max_connections,
             state_refresh: (config.state_max_age / 4).min(Duration::from_secs(3600)),
             shutdown_deadline: None,
+            notify,
         })
     }
 
@@ -382,6 +418,7 @@ impl EventLoop {
             self.expiry.due(),
             self.hints.due(),
             self.held_file.deadline(),
+            self.notify.as_ref().and_then(|n| n.machine.deadline()),
             self.agent_gate.deadline(now),
             self.http_gate.deadline(now),
             self.shutdown_deadline,
@@ -447,6 +484,25 @@ impl EventLoop {
         if self.agent_gate.due(now) {
             self.accept_agents(now);
         }
+        self.notify_systemd(now);
+    }
+
+    /// systemd's readiness, status and watchdog: from here only, the end
+    /// of every turn, so a wedged loop stops the pings.
+    fn notify_systemd(&mut self, now: Instant) {
+        let Some(notify) = self.notify.as_mut() else {
+            return;
+        };
+        let answering = match self.state.source() {
+            Some(crate::state::Source::Consul) => Answering::FromConsul,
+            Some(crate::state::Source::File { .. }) => Answering::FromStateFile,
+            None => Answering::Not {
+                last_error: self.health.last_error(),
+            },
+        };
+        if let Some(msg) = notify.machine.on_time(now, answering) {
+            notify.send(&msg);
+        }
     }
 
     // ---- signals, status ----
@@ -457,6 +513,10 @@ impl EventLoop {
             return;
         }
         info!(signal = got[0], in_flight = self.agents.len(); "shutting down: not accepting; finishing in-flight answers");
+        if let Some(notify) = self.notify.as_mut() {
+            let msg = notify.machine.stopping();
+            notify.send(&msg);
+        }
         let grace = self.read_timeout.min(SHUTDOWN_GRACE);
         self.shutdown_deadline = Some(now + grace);
         let reg = self.poll.registry();
