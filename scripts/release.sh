@@ -23,9 +23,10 @@
 # and the push mirror publish one release): build paths are remapped
 # (the checkout to /build/src, CARGO_HOME to /build/cargo, the target
 # directory to /build/target; the toolchain's own sources are /rustc/<hash>
-# already), and the shipped binary carries no debug info (symbols stay,
-# for backtraces), so zig's install prefix, which the C objects' debug info
-# names, is not in it either. scripts/ci/reproducible.sh checks it.
+# already), and the shipped binary carries no debug info (zig's linker
+# drops the symbol table with it), so zig's install prefix, which the C
+# objects' debug info names, is not in it either; a panic still prints its
+# message and location. scripts/ci/reproducible.sh checks it.
 #
 # Usage: scripts/release.sh [--version V] [--target TRIPLE ...]
 #

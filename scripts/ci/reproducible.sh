@@ -37,15 +37,22 @@ trap 'rm -rf "$work"' EXIT
 
 # Two layouts that share no path: different depths and names.
 srcs=("$work/a/src" "$work/bb/deeper/checkout")
+# Both copies first, from one snapshot of the tree: an edit made while the
+# first build runs must not make the two differ.
+git ls-files -z --cached --others --exclude-standard \
+  | tar --null -T - --ignore-failed-read -cf "$work/tree.tar" 2>/dev/null
 for i in 0 1; do
   src=${srcs[$i]}
   run=$(dirname "$src")
   mkdir -p "$src" "$run/cargo-home-$i"
-  git ls-files -z --cached --others --exclude-standard \
-    | tar --null -T - --ignore-failed-read -cf - 2>/dev/null | tar -C "$src" -xf -
+  tar -C "$src" -xf "$work/tree.tar"
   for d in registry/index registry/cache; do
     [ -d "$home/$d" ] && mkdir -p "$run/cargo-home-$i/$d" && cp -a "$home/$d/." "$run/cargo-home-$i/$d/"
   done
+done
+for i in 0 1; do
+  src=${srcs[$i]}
+  run=$(dirname "$src")
   printf '==> build %d in %s\n' "$((i + 1))" "$src"
   (cd "$src" && CARGO_HOME="$run/cargo-home-$i" CARGO_TARGET_DIR="$run/target-$i" \
       DIST_DIR="$run/dist" SOURCE_DATE_EPOCH="$epoch" GITLAB_HAPROXY_AGENT_BUILD_COMMIT="$commit" \

@@ -41,6 +41,7 @@ mod gate;
 mod http;
 mod listeners;
 mod poll_errors;
+mod systemd;
 mod table;
 
 use std::io;
@@ -62,7 +63,7 @@ use crate::monitoring::metrics::Metrics;
 use crate::monitoring::renders::Renders;
 use crate::monitoring::server::Role;
 use crate::monitoring::{StateFileStatus, Status, WatchStatus};
-use crate::notify::{Answering, Notifier, NotifySocket};
+use crate::notify::Answering;
 use crate::persist::{self, StateFile};
 use crate::slice::Slice;
 use crate::state::expiry::Expiry;
@@ -73,6 +74,7 @@ use agents::AgentSlot;
 use gate::AcceptGate;
 use http::HttpSlot;
 use poll_errors::{PollErrors, Verdict};
+use systemd::Notify;
 use table::ConnTable;
 
 const AGENT_LISTENER: Token = Token(0);
@@ -175,30 +177,6 @@ pub struct EventLoop {
     notify: Option<Notify>,
 }
 
-/// The notify socket and its machine; a failed send is logged once (then
-/// once more when sends work again).
-struct Notify {
-    socket: NotifySocket,
-    machine: Notifier,
-    failing: bool,
-}
-
-impl Notify {
-    fn send(&mut self, msg: &str) {
-        match (self.socket.send(msg), self.failing) {
-            (Ok(()), true) => {
-                info!("systemd notify socket works again");
-                self.failing = false;
-            }
-            (Err(e), false) => {
-                warn!(error = e.to_string(); "cannot send to systemd's notify socket: readiness or watchdog pings are lost");
-                self.failing = true;
-            }
-            _ => {}
-        }
-    }
-}
-
 /// A seed that differs between agents started together: the time and the
 /// process id.
 fn jitter_seed() -> u64 {
@@ -238,14 +216,11 @@ impl EventLoop {
         let (start, started) = (Instant::now(), SystemTime::now());
         let clock = Clock::new(start, started);
         let state = Swapper::new(&config.kv_prefix, clock, config.max_unknown_identities);
-        let notify = match &config.notify {
-            Some(s) => Some(Notify {
-                socket: NotifySocket::open(&s.target)?,
-                machine: Notifier::new(s.watchdog, start),
-                failing: false,
-            }),
-            None => None,
-        };
+        let notify = config
+            .notify
+            .as_ref()
+            .map(|s| Notify::open(s, start))
+            .transpose()?;
         let (state_file, loaded) = match &config.state_file {
             Some(path) => persist::open(config, path).map(|(f, l)| (Some(f), l))?,
             None => (None, None),
@@ -418,7 +393,7 @@ impl EventLoop {
             self.expiry.due(),
             self.hints.due(),
             self.held_file.deadline(),
-            self.notify.as_ref().and_then(|n| n.machine.deadline()),
+            self.notify.as_ref().and_then(Notify::deadline),
             self.agent_gate.deadline(now),
             self.http_gate.deadline(now),
             self.shutdown_deadline,
@@ -500,9 +475,7 @@ impl EventLoop {
                 last_error: self.health.last_error(),
             },
         };
-        if let Some(msg) = notify.machine.on_time(now, answering) {
-            notify.send(&msg);
-        }
+        notify.on_turn(now, answering);
     }
 
     // ---- signals, status ----
@@ -514,8 +487,7 @@ impl EventLoop {
         }
         info!(signal = got[0], in_flight = self.agents.len(); "shutting down: not accepting; finishing in-flight answers");
         if let Some(notify) = self.notify.as_mut() {
-            let msg = notify.machine.stopping();
-            notify.send(&msg);
+            notify.stopping();
         }
         let grace = self.read_timeout.min(SHUTDOWN_GRACE);
         self.shutdown_deadline = Some(now + grace);
