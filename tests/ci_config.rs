@@ -2,8 +2,10 @@
 //! every script `.gitlab-ci.yml` calls exists and is executable, the pins in
 //! `ci/versions.yml` are the Dockerfiles' defaults and hash to the recorded
 //! CI image tag, no job hardcodes an instance, the environment file lists
-//! every flag and variable of `-help` with its default, and the developer
-//! commands (mise.toml, scripts/prepare-dev-env.sh) are the ones CI runs.
+//! every flag and variable of `-help` with its default, the developer
+//! commands (mise.toml, scripts/prepare-dev-env.sh) are the ones CI runs,
+//! and the release waits for every test job, signs its versioned checksums
+//! file and makes the image of the archives' binaries.
 //!
 //! Plain string scanning: no YAML crate (the YAML itself is parsed in review
 //! with `python3 -c 'import yaml; yaml.safe_load(open(".gitlab-ci.yml"))'`).
