@@ -12,12 +12,21 @@
 //!   in that configuration;
 //! - the Pod Security "restricted" level docs/install.md names;
 //! - docs/install.md's `kubectl exec` forms of the runbook against the
-//!   manifest's own paths, the state saved before the reload.
+//!   manifest's own paths, the state saved before the reload;
+//! - and run: the example's haproxy command line and configuration on a
+//!   real haproxy (its paths moved under a temporary directory), the
+//!   agent's `wait-drained` reaching it through the master socket, and a
+//!   reload (SIGUSR2) that keeps it answering there.
+
+mod support;
 
 use std::path::PathBuf;
 use std::process::Command;
+use std::time::Duration;
 
 use serde_json::Value;
+use support::haproxy::haproxy_bin;
+use support::{wait_for, Proc, BIN};
 
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -333,4 +342,76 @@ fn the_docs_give_the_runbook_as_kubectl_exec_against_the_manifest() {
         .find("-c haproxy -- sh -c 'kill -USR2 1'")
         .expect("no reload form in docs/install.md");
     assert!(save < reload, "the reload is shown before the save");
+}
+
+/// The example's haproxy, as the pod runs it: its `command` and its
+/// ConfigMap, with the pod's directories moved into a temporary one (and
+/// the frontend on a free loopback port); the agent's `wait-drained`
+/// reaches it through the master socket, before and after a reload.
+#[test]
+fn the_examples_haproxy_runs_and_the_agent_reaches_its_master_socket() {
+    let docs = manifest();
+    let (_, pod) = workload(&docs);
+    let args = argv(container(pod, "haproxy"));
+    let dir = std::env::temp_dir().join(format!("gha-k8s-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let (run, lib, etc) = (dir.join("run"), dir.join("lib"), dir.join("etc"));
+    for d in [&run, &lib, &etc] {
+        std::fs::create_dir_all(d).unwrap();
+    }
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let moved = |text: &str| {
+        text.replace("/var/run/haproxy", run.to_str().unwrap())
+            .replace("/var/lib/haproxy", lib.to_str().unwrap())
+            .replace("/usr/local/etc/haproxy", etc.to_str().unwrap())
+            .replace("bind :8080", &format!("bind 127.0.0.1:{port}"))
+    };
+    std::fs::write(etc.join("haproxy.cfg"), moved(&haproxy_cfg(&docs))).unwrap();
+    assert_eq!(args[0], "haproxy", "{args:?}");
+    let mut cmd = Command::new(haproxy_bin());
+    cmd.args(args[1..].iter().map(|a| moved(a)));
+    let mut haproxy = Proc::spawn(cmd);
+    let master = run.join("master.sock");
+    wait_for(Duration::from_secs(10), "haproxy's master socket", || {
+        master.exists().then_some(())
+    });
+    let drained = || {
+        Command::new(BIN)
+            .args(["wait-drained", "be_web/web-1", "-haproxy-master-socket"])
+            .arg(&master)
+            .args(["-timeout", "5s"])
+            .output()
+            .unwrap()
+    };
+    let out = drained();
+    assert!(
+        out.status.success(),
+        "wait-drained through the example's master socket: {}\n{}\nhaproxy: {:?}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+        haproxy.log()
+    );
+    haproxy.signal(libc::SIGUSR2);
+    wait_for(Duration::from_secs(10), "the reload", || {
+        haproxy
+            .log()
+            .iter()
+            .any(|l| l.contains("Former worker") || l.contains("Loading success"))
+            .then_some(())
+    });
+    assert!(
+        drained().status.success(),
+        "after the reload: {:?}",
+        haproxy.log()
+    );
+    assert!(
+        haproxy.wait_exit(Duration::from_millis(1)).is_none(),
+        "haproxy exited"
+    );
+    drop(haproxy);
+    let _ = std::fs::remove_dir_all(&dir);
 }
