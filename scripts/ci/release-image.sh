@@ -23,8 +23,10 @@ sums=$dist/gitlab-haproxy-agent_${version}_checksums.txt
 
 context=$(mktemp -d "${TMPDIR:-/tmp}/gha-image.XXXXXX")
 trap 'rm -rf "$context"' EXIT
-# The image's mtimes and creation date: the tag's commit time.
-epoch=$(git log -1 --format=%ct 2>/dev/null || echo 0)
+# The image's mtimes and creation date: the tag's commit time (the
+# buildah image may have no git: GitLab's CI_COMMIT_TIMESTAMP).
+epoch=${SOURCE_DATE_EPOCH:-$(date -d "${CI_COMMIT_TIMESTAMP:-@0}" +%s)} \
+  || die "cannot read CI_COMMIT_TIMESTAMP=${CI_COMMIT_TIMESTAMP:-}"
 
 printf '%s\n' "$CI_REGISTRY_PASSWORD" | buildah login --username "$CI_REGISTRY_USER" --password-stdin "$CI_REGISTRY"
 buildah manifest rm "$image" >/dev/null 2>&1 || true
