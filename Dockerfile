@@ -1,4 +1,6 @@
-# The gitlab-haproxy-agent container image (the Kubernetes sidecar).
+# The gitlab-haproxy-agent container image (the Kubernetes sidecar), built
+# from source: for `docker build .` by hand. The image CI publishes is
+# Dockerfile.release, made of the release archives' binaries.
 #
 #   docker build --build-arg GITLAB_HAPROXY_AGENT_VERSION=1.2.3 \
 #                --build-arg GITLAB_HAPROXY_AGENT_BUILD_COMMIT="$(git rev-parse --short=12 HEAD)" .

@@ -54,7 +54,8 @@ RUN set -eux; \
         "haproxy=${HAPROXY_MINOR}.*" \
         openssl \
         prometheus \
-        python3-pip; \
+        python3-pip \
+        python3-yaml; \
     rm -rf /var/lib/apt/lists/*; \
     /usr/sbin/haproxy -v | grep -q "version ${HAPROXY_MINOR}\."; \
     promtool --version

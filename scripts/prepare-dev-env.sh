@@ -57,6 +57,11 @@ if ! command -v openssl >/dev/null 2>&1; then
   step "apt-get install openssl"
   apt_install openssl
 fi
+if ! python3 -c 'import yaml' >/dev/null 2>&1; then
+  # tests/kubernetes.rs reads the Kubernetes example with PyYAML.
+  step "apt-get install python3-yaml"
+  apt_install python3-yaml
+fi
 if ! command -v promtool >/dev/null 2>&1 || ! command -v prometheus >/dev/null 2>&1; then
   # The binaries alone: the prometheus package would also start a server.
   step "prometheus and promtool (from Debian's prometheus package, no server)"

@@ -2,7 +2,7 @@
 # Builds the Linux release archives and their checksum file:
 #
 #   dist/gitlab-haproxy-agent_<version>_linux_<arch>.tar.gz   (one per target)
-#   dist/checksums.txt                                         (sha256sum format)
+#   dist/gitlab-haproxy-agent_<version>_checksums.txt           (sha256sum format)
 #
 # Each archive holds one top-level directory of the same name with the binary,
 # README.md and the docs/*.md it links, LICENSE, the systemd unit and the
@@ -15,9 +15,18 @@
 # zig (`pip install ziglang`) and cargo-zigbuild (`cargo install --locked
 # cargo-zigbuild`), versions pinned in ci/versions.yml; installs nothing.
 #
-# checksums.txt lists every archive of this version in the output directory,
-# so building amd64 and arm64 in two runs lists both, and a rebuilt archive
-# replaces its own line.
+# The checksums file lists every archive of this version in the output
+# directory, so building amd64 and arm64 in two runs lists both, and a
+# rebuilt archive replaces its own line.
+#
+# The same sources give the same bytes wherever they are built (gitlab.com
+# and the push mirror publish one release): build paths are remapped
+# (the checkout to /build/src, CARGO_HOME to /build/cargo, the target
+# directory to /build/target; the toolchain's own sources are /rustc/<hash>
+# already), and the shipped binary carries no debug info (zig's linker
+# drops the symbol table with it), so zig's install prefix, which the C
+# objects' debug info names, is not in it either; a panic still prints its
+# message and location. scripts/ci/reproducible.sh checks it.
 #
 # Usage: scripts/release.sh [--version V] [--target TRIPLE ...]
 #
@@ -115,6 +124,12 @@ dist=${DIST_DIR:-dist}
 mkdir -p "$dist"
 dist=$(cd "$dist" && pwd)
 target_dir=${CARGO_TARGET_DIR:-target}
+mkdir -p "$target_dir"
+target_abs=$(cd "$target_dir" && pwd)
+cargo_home=${CARGO_HOME:-$HOME/.cargo}
+# The shipped binary's bytes must not depend on where it was built.
+export RUSTFLAGS="${RUSTFLAGS:+$RUSTFLAGS }--remap-path-prefix=$root=/build/src --remap-path-prefix=$cargo_home=/build/cargo --remap-path-prefix=$target_abs=/build/target"
+export CARGO_PROFILE_RELEASE_DEBUG=0 CARGO_PROFILE_RELEASE_STRIP=debuginfo
 stage=$(mktemp -d "${TMPDIR:-/tmp}/$name-release.XXXXXX")
 trap 'rm -rf "$stage"' EXIT
 
@@ -154,14 +169,16 @@ done
 
 # One line per archive of this version in the output directory (this run's
 # and earlier runs' for other targets), sorted, in sha256sum's own format; the
-# file is replaced whole, so another version's lines never linger in it.
+# file is replaced whole, so another version's lines never linger in it. Its
+# name holds the version (goreleaser's), so a download cache never mixes two.
+sums=${name}_${version}_checksums.txt
 (
   cd "$dist"
   shopt -s nullglob
   all=("${name}_${version}_linux_"*.tar.gz)
-  sha256sum "${all[@]}" > checksums.txt.tmp
-  mv checksums.txt.tmp checksums.txt
-) || die "cannot write $dist/checksums.txt"
+  sha256sum "${all[@]}" > "$sums.tmp"
+  mv "$sums.tmp" "$sums"
+) || die "cannot write $dist/$sums"
 
 printf '==> wrote\n'
-for a in "${archives[@]}" checksums.txt; do printf '  %s\n' "$dist/$a"; done
+for a in "${archives[@]}" "$sums"; do printf '  %s\n' "$dist/$a"; done

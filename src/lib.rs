@@ -19,6 +19,7 @@
 //! - [`lint`]: `lint-haproxy`, haproxy's configuration read as haproxy
 //!   reads it, checked against what the agent needs;
 //! - [`config`], [`logging`], [`event_loop`]: start-up and the one mio loop;
+//!   [`notify`]: systemd's readiness, status and watchdog messages;
 //!   [`slice`]: the loop's time budget for background work;
 //! - [`gocompat`]: the Go standard-library behaviour the flags and the dev
 //!   KV must match; [`decimal`]: the one decimal parser; [`build_info`]:
@@ -42,6 +43,7 @@ mod labels;
 pub mod lint;
 pub mod logging;
 pub mod monitoring;
+pub mod notify;
 pub mod persist;
 pub mod slice;
 pub mod state;

@@ -2,8 +2,10 @@
 //! every script `.gitlab-ci.yml` calls exists and is executable, the pins in
 //! `ci/versions.yml` are the Dockerfiles' defaults and hash to the recorded
 //! CI image tag, no job hardcodes an instance, the environment file lists
-//! every flag and variable of `-help` with its default, and the developer
-//! commands (mise.toml, scripts/prepare-dev-env.sh) are the ones CI runs.
+//! every flag and variable of `-help` with its default, the developer
+//! commands (mise.toml, scripts/prepare-dev-env.sh) are the ones CI runs,
+//! and the release waits for every test job, signs its versioned checksums
+//! file and makes the image of the archives' binaries.
 //!
 //! Plain string scanning: no YAML crate (the YAML itself is parsed in review
 //! with `python3 -c 'import yaml; yaml.safe_load(open(".gitlab-ci.yml"))'`).
@@ -148,24 +150,51 @@ fn dockerfile_defaults_equal_the_pins() {
     }
 }
 
+/// The top-level entries of `.gitlab-ci.yml` (jobs, templates, keywords):
+/// (name, text up to the next one), comments left out.
+fn jobs() -> Vec<(String, String)> {
+    let ci = read(".gitlab-ci.yml");
+    let mut jobs: Vec<(String, String)> = Vec::new();
+    for line in code_lines(&ci) {
+        if line.starts_with(|c: char| c.is_ascii_alphanumeric() || c == '.') {
+            let name = line.split(':').next().unwrap_or_default().to_string();
+            jobs.push((name, String::new()));
+        }
+        if let Some((_, job)) = jobs.last_mut() {
+            job.push_str(line);
+            job.push('\n');
+        }
+    }
+    jobs
+}
+
+fn job(name: &str) -> String {
+    jobs()
+        .into_iter()
+        .find(|(n, _)| n == name)
+        .unwrap_or_else(|| panic!(".gitlab-ci.yml has no job {name}"))
+        .1
+}
+
+/// The job names under a job's `needs:` (`- name` or `- job: name`).
+fn needs(job: &str) -> Vec<String> {
+    let Some((_, rest)) = job.split_once("\n  needs:\n") else {
+        return Vec::new();
+    };
+    rest.lines()
+        .take_while(|l| l.starts_with("    "))
+        .filter_map(|l| l.trim().strip_prefix("- "))
+        .map(|l| l.trim_start_matches("job:").trim().to_string())
+        .collect()
+}
+
 /// The job that builds a Dockerfile passes every pinned ARG it declares as
 /// `--build-arg "NAME=$NAME"`, so the pin, not the ARG default, is built.
 #[test]
 fn image_jobs_pass_every_pinned_build_arg() {
     let pins = pins();
-    let ci = read(".gitlab-ci.yml");
-    // Top-level keys start a job; a job's text runs to the next one.
-    let mut jobs: Vec<String> = Vec::new();
-    for line in code_lines(&ci) {
-        if line.starts_with(|c: char| c.is_ascii_alphanumeric() || c == '.') {
-            jobs.push(String::new());
-        }
-        if let Some(job) = jobs.last_mut() {
-            job.push_str(line);
-            job.push('\n');
-        }
-    }
-    for dockerfile in ["Dockerfile", "ci/test-image.Dockerfile"] {
+    let jobs: Vec<String> = jobs().into_iter().map(|j| j.1).collect();
+    for dockerfile in ["ci/test-image.Dockerfile"] {
         let call = format!("scripts/ci/build-image.sh {dockerfile} ");
         let job = jobs
             .iter()
@@ -255,6 +284,96 @@ fn haproxy_lts_matrix_matches_the_pins() {
     );
 }
 
+/// A release never ships past a failing check: the release job needs every
+/// lint and test job, the haproxy LTS matrix and the reproducible build
+/// included (it once waited for fmt, clippy and test only).
+#[test]
+fn the_release_waits_for_every_test_job() {
+    let release = needs(&job("release-archives"));
+    let checks: Vec<String> = jobs()
+        .into_iter()
+        .filter(|(_, text)| {
+            text.contains("\n  stage: test\n") || text.contains("\n  stage: lint\n")
+        })
+        .map(|(name, _)| name)
+        .collect();
+    for name in ["fmt", "clippy", "test", "haproxy-lts", "reproducible-build"] {
+        assert!(
+            checks.iter().any(|c| c == name),
+            "no {name} job in lint/test"
+        );
+    }
+    for check in &checks {
+        assert!(
+            release.contains(check),
+            "release-archives does not need {check} (needs {release:?})"
+        );
+    }
+    let repro = job("reproducible-build");
+    for target in ["x86_64-unknown-linux-gnu", "aarch64-unknown-linux-gnu"] {
+        assert!(repro.contains(target), "reproducible-build skips {target}");
+    }
+    assert!(repro.contains("scripts/ci/reproducible.sh --target \"$RELEASE_TARGET\""));
+}
+
+/// The image is the archives' binaries (amd64 and arm64), not a third
+/// build: its job takes the release job's artifacts, and Dockerfile.release
+/// copies a binary and runs nothing.
+#[test]
+fn the_image_is_built_from_the_archives_for_both_architectures() {
+    let image = job("container-image");
+    assert!(
+        image.contains("    - job: release-archives\n      artifacts: true\n"),
+        "container-image does not take the archives:\n{image}"
+    );
+    assert!(
+        image.contains("scripts/ci/release-image.sh dist"),
+        "{image}"
+    );
+    assert!(!image.contains("build-image.sh Dockerfile "), "{image}");
+    let dockerfile = read("Dockerfile.release");
+    for line in code_lines(&dockerfile) {
+        assert!(
+            !line.starts_with("RUN ") && !line.contains(" AS "),
+            "Dockerfile.release builds something: {line}"
+        );
+    }
+    assert!(
+        dockerfile.contains("\nCOPY ${TARGETARCH}/gitlab-haproxy-agent /gitlab-haproxy-agent\n")
+    );
+    let script = read("scripts/ci/release-image.sh");
+    for want in [
+        "for arch in amd64 arm64; do",
+        "--platform \"linux/$arch\" --manifest \"$image\"",
+        "sha256sum --check --strict",
+        "buildah manifest push --all",
+    ] {
+        assert!(script.contains(want), "release-image.sh lacks {want:?}");
+    }
+}
+
+/// `<project>_<version>_checksums.txt`, signed in the release job, its
+/// signature published beside it.
+#[test]
+fn the_checksums_file_is_versioned_and_signed() {
+    assert!(read("scripts/release.sh").contains("sums=${name}_${version}_checksums.txt\n"));
+    let release = job("release-archives");
+    let (build, sign) = (
+        release
+            .find("scripts/release.sh ")
+            .expect("no release build"),
+        release
+            .find("scripts/ci/sign-checksums.sh dist")
+            .expect("the release job signs nothing"),
+    );
+    assert!(build < sign, "signed before it is built");
+    let publish = read("scripts/ci/publish-release.sh");
+    assert!(
+        publish.contains("files+=(\"$sums\" \"$sums.sig\")"),
+        "the signature is not published"
+    );
+}
+
 #[test]
 fn ci_image_tag_is_the_hash_of_the_pins() {
     let out = Command::new(root().join("scripts/ci/test-image-tag.sh"))
@@ -320,6 +439,8 @@ fn systemd_unit_reads_the_environment_file_and_is_hardened() {
         "ProtectSystem=strict",
         "LimitNOFILE=1048576",
         "Restart=always",
+        "Type=notify\n",
+        "WatchdogSec=",
         "CapabilityBoundingSet=\n",
         "StateDirectory=gitlab-haproxy-agent\n",
         "Environment=GITLAB_HAPROXY_AGENT_STATE_FILE=%S/gitlab-haproxy-agent/state.json\n",

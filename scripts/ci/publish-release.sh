@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Publishes what scripts/release.sh left in dist/ for the tag being built:
-# uploads every file to the project's generic package registry, then creates
+# Publishes what scripts/release.sh and scripts/ci/sign-checksums.sh left in
+# dist/ for the tag being built (the archives, the versioned checksums file
+# and its signature): uploads every file to the project's generic package
+# registry, then creates
 # the GitLab release for the tag with links to those files. Uses only the
 # job token and the API of the instance running the pipeline ($CI_API_V4_URL),
 # so the push mirror publishes the same release on its own.
@@ -20,16 +22,18 @@ tag=$CI_COMMIT_TAG
 version=${tag#v}
 # Both go into URLs and JSON unescaped: keep them plain.
 [[ "$tag" =~ ^[0-9A-Za-z][0-9A-Za-z.+_-]*$ ]] || die "unsupported tag name \"$tag\""
-[ -f "$dist/checksums.txt" ] || die "$dist/checksums.txt is missing: run scripts/release.sh first"
+sums=gitlab-haproxy-agent_${version}_checksums.txt
+[ -f "$dist/$sums" ] || die "$dist/$sums is missing: run scripts/release.sh first"
+[ -f "$dist/$sums.sig" ] || die "$dist/$sums.sig is missing: run scripts/ci/sign-checksums.sh first"
 
 files=()
 while read -r _sum file; do
-  [ -f "$dist/$file" ] || die "$dist/checksums.txt names $file, which is missing"
+  [ -f "$dist/$file" ] || die "$dist/$sums names $file, which is missing"
   files+=("$file")
-done < "$dist/checksums.txt"
-[ ${#files[@]} -gt 0 ] || die "$dist/checksums.txt lists no archive"
-(cd "$dist" && sha256sum --check --strict checksums.txt) || die "checksums do not match $dist"
-files+=(checksums.txt)
+done < "$dist/$sums"
+[ ${#files[@]} -gt 0 ] || die "$dist/$sums lists no archive"
+(cd "$dist" && sha256sum --check --strict "$sums") || die "checksums do not match $dist"
+files+=("$sums" "$sums.sig")
 
 package_url="$CI_API_V4_URL/projects/$CI_PROJECT_ID/packages/generic/gitlab-haproxy-agent/$version"
 links=""
@@ -43,7 +47,7 @@ for f in "${files[@]}"; do
 done
 
 description="gitlab-haproxy-agent $version\\n\\nsha256:\\n\\n\`\`\`"
-while read -r line; do description+="\\n$line"; done < "$dist/checksums.txt"
+while read -r line; do description+="\\n$line"; done < "$dist/$sums"
 description+="\\n\`\`\`"
 body="{\"name\":\"$tag\",\"tag_name\":\"$tag\",\"description\":\"$description\",\"assets\":{\"links\":[$links]}}"
 

@@ -223,6 +223,10 @@ settings! {
         consul_client_cert_env: "CONSUL_CLIENT_CERT", VarHelp::Line("client certificate when -consul-client-cert and its variable are unset");
         consul_client_key_env: "CONSUL_CLIENT_KEY", VarHelp::Line("client key when -consul-client-key and its variable are unset");
         consul_tls_server_name_env: "CONSUL_TLS_SERVER_NAME", VarHelp::Line("name to verify when -consul-tls-server-name and its variable are unset (a port is dropped)");
+        notify_socket: "NOTIFY_SOCKET", VarHelp::Line("set by systemd for Type=notify: READY=1 once the agent answers (or after 10s), STATUS= lines, STOPPING=1");
+        watchdog_usec: "WATCHDOG_USEC", VarHelp::Line("set by systemd's WatchdogSec=: WATCHDOG=1 from the loop at half this interval");
+        watchdog_pid: "WATCHDOG_PID", VarHelp::Line("set by systemd: the watchdog is this process's only when it names its pid");
+        credentials_directory: "CREDENTIALS_DIRECTORY", VarHelp::Line("systemd's credentials (LoadCredential=): its consul-token, consul-client-cert and consul-client-key files are used when no token or client certificate is given otherwise");
         gitlab_log_format: "GITLAB_LOG_FORMAT", VarHelp::Line("json (default) or text");
         gitlab_log_level: "GITLAB_LOG_LEVEL", VarHelp::Line("trace, debug, info (default), warn or error");
     }

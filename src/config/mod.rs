@@ -122,6 +122,8 @@ pub struct Config {
     pub dev_kv_addr: Option<ListenAddr>,
     pub log_format: LogFormat,
     pub log_level: log::LevelFilter,
+    /// systemd's `NOTIFY_SOCKET` and watchdog, when it set them.
+    pub notify: Option<crate::notify::Settings>,
     /// Settings accepted but worth a warning at start (logged by `main`).
     pub warnings: Vec<String>,
 }

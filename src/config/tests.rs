@@ -841,6 +841,83 @@ fn unreadable_token_file_names_the_variable_not_the_token() {
     assert!(!e.contains("s3cr3t"), "{e}");
 }
 
+/// A directory standing in for systemd's `$CREDENTIALS_DIRECTORY`, with
+/// these files; removed when dropped.
+struct Credentials(PathBuf);
+
+impl Credentials {
+    fn new(tag: &str, files: &[(&str, &str)]) -> Credentials {
+        let dir = std::env::temp_dir().join(format!("gha-creds-{}-{tag}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        for (name, text) in files {
+            std::fs::write(dir.join(name), text).unwrap();
+        }
+        Credentials(dir)
+    }
+
+    fn var(&self) -> (&'static str, &str) {
+        ("CREDENTIALS_DIRECTORY", self.0.to_str().unwrap())
+    }
+}
+
+impl Drop for Credentials {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+#[test]
+fn the_consul_token_credential_is_the_token_when_none_is_given() {
+    let creds = Credentials::new("token", &[("consul-token", "cred-token\n")]);
+    assert_eq!(
+        ok(&[], &[creds.var()]).consul.token.as_deref(),
+        Some("cred-token")
+    );
+    // A token given otherwise wins, as a file or as a value.
+    let path = temp_file("token-over-cred", "file-token");
+    for (var, value, want) in [
+        ("CONSUL_HTTP_TOKEN", "env-token", "env-token"),
+        (
+            "CONSUL_HTTP_TOKEN_FILE",
+            path.to_str().unwrap(),
+            "file-token",
+        ),
+    ] {
+        let c = ok(&[], &[creds.var(), (var, value)]);
+        assert_eq!(c.consul.token.as_deref(), Some(want), "{var}");
+    }
+    let _ = std::fs::remove_file(path);
+}
+
+#[test]
+fn a_credentials_directory_without_the_token_sends_none() {
+    let creds = Credentials::new("other", &[("something-else", "x")]);
+    let c = ok(&[], &[creds.var()]);
+    assert_eq!(c.consul.token, None);
+    assert!(c.warnings.is_empty(), "{:?}", c.warnings);
+}
+
+#[test]
+fn a_bad_token_credential_names_it_and_not_the_token() {
+    let creds = Credentials::new("bad", &[("consul-token", "s3cr3t with space")]);
+    let e = err(&[], &[creds.var()]);
+    assert!(
+        e.starts_with("CREDENTIALS_DIRECTORY credential consul-token: ") && !e.contains("s3cr3t"),
+        "{e}"
+    );
+    let empty = Credentials::new("empty", &[("consul-token", "\n")]);
+    let c = ok(&[], &[empty.var()]);
+    assert_eq!(c.consul.token, None);
+    assert_eq!(c.warnings.len(), 1, "{:?}", c.warnings);
+    assert!(
+        c.warnings[0].starts_with("CREDENTIALS_DIRECTORY credential consul-token ")
+            && c.warnings[0].ends_with("is empty: sending no ACL token"),
+        "{:?}",
+        c.warnings
+    );
+}
+
 #[test]
 fn tokens_are_trimmed_and_checked() {
     assert_eq!(

@@ -27,7 +27,7 @@ use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
 
 use super::addr::{split_host_port, ConsulAddr};
 use super::flags::{Flag, LowArgs, Raw};
-use super::validate::boolean;
+use super::validate::{boolean, credential};
 use super::{usage_error, UsageError};
 use crate::gocompat::parse_go_bool;
 
@@ -112,8 +112,10 @@ impl Settings {
             )?,
             ca_cert: pick(&low.consul_ca_cert, &low.consul_cacert_env),
             ca_path: pick(&low.consul_ca_path, &low.consul_capath_env),
-            client_cert: pick(&low.consul_client_cert, &low.consul_client_cert_env),
-            client_key: pick(&low.consul_client_key, &low.consul_client_key_env),
+            client_cert: pick(&low.consul_client_cert, &low.consul_client_cert_env)
+                .or_else(|| credential(low, "consul-client-cert")),
+            client_key: pick(&low.consul_client_key, &low.consul_client_key_env)
+                .or_else(|| credential(low, "consul-client-key")),
             server_name: pick(&low.consul_tls_server_name, &low.consul_tls_server_name_env),
         })
     }

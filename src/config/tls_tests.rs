@@ -236,6 +236,48 @@ fn a_client_certificate_is_presented_when_both_files_are_given() {
     assert!(t.config.0.client_auth_cert_resolver.has_certs());
 }
 
+/// systemd's `LoadCredential=consul-client-cert:…` and `…key:…`: the pair
+/// in `$CREDENTIALS_DIRECTORY` is presented when none is given otherwise;
+/// one given otherwise wins; one of the pair alone is refused, naming it.
+#[test]
+fn the_client_certificate_credentials_are_presented_when_none_is_given() {
+    let f = Files::new();
+    let dir = file("credentials", b"");
+    std::fs::remove_file(&dir).unwrap();
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::copy(&f.cert, dir.join("consul-client-cert")).unwrap();
+    std::fs::copy(&f.key, dir.join("consul-client-key")).unwrap();
+    let creds = ("CREDENTIALS_DIRECTORY", dir.to_str().unwrap());
+    let https = ("CONSUL_HTTP_ADDR", "https://10.0.0.1:8501");
+    let t = tls(&[], &[https, ("CONSUL_CACERT", f.ca()), creds]);
+    let cert = dir.join("consul-client-cert");
+    assert_eq!(t.client_cert.as_deref(), cert.to_str());
+    assert!(t.config.0.client_auth_cert_resolver.has_certs());
+
+    let other = Files::new();
+    let t = tls(
+        &[],
+        &[
+            https,
+            ("CONSUL_CACERT", f.ca()),
+            ("CONSUL_CLIENT_CERT", other.cert.to_str().unwrap()),
+            ("CONSUL_CLIENT_KEY", other.key.to_str().unwrap()),
+            creds,
+        ],
+    );
+    assert_eq!(t.client_cert.as_deref(), other.cert.to_str());
+
+    std::fs::remove_file(dir.join("consul-client-key")).unwrap();
+    let e = err(&[], &[https, ("CONSUL_CACERT", f.ca()), creds]);
+    assert!(
+        e.starts_with(
+            "CREDENTIALS_DIRECTORY credential consul-client-cert is set without its pair"
+        ),
+        "{e}"
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 #[test]
 fn a_ca_directory_is_walked_with_its_subdirectories() {
     let dir = file("capath", b"");

@@ -6,15 +6,17 @@
 //! Always holds: settings are checked in one fixed order (the listeners,
 //! the limits, `-dev`, consul, logging), so a command line with several
 //! mistakes always reports the same one; no error holds a token or a
-//! password; the only IO is [`read_token_file`] and the DNS lookup of a
-//! hostname (`addr::resolve_host`); the environment is not read here.
+//! password; the only IO is [`read_token_file`], the look for a systemd
+//! credential ([`credential`]) and the DNS lookup of a hostname
+//! (`addr::resolve_host`); the environment is not read here.
 
+use std::path::Path;
 use std::time::Duration;
 
 use base64::Engine as _;
 
 use super::addr::{parse_consul_addr, parse_listen_addr, ConsulAddr, ListenAddr};
-use super::flags::{LowArgs, Raw};
+use super::flags::{LowArgs, Raw, Source};
 use super::tls::consul_tls;
 use super::{usage_error, Config, ConsulConfig, ConsulEndpoint, GzipMode, LogFormat, UsageError};
 use crate::decimal::parse_uint;
@@ -57,6 +59,14 @@ pub(super) fn config(low: &LowArgs) -> Result<Config, UsageError> {
     consul.gzip = gzip;
     consul.max_stale = max_stale;
     let (log_format, log_level) = log_settings(low)?;
+    let text = |raw: &Option<Raw>| raw.as_ref().map(|r| r.value.clone());
+    let notify = crate::notify::settings(
+        text(&low.notify_socket).as_deref(),
+        text(&low.watchdog_usec).as_deref(),
+        text(&low.watchdog_pid).as_deref(),
+        std::process::id(),
+        &mut warnings,
+    );
     Ok(Config {
         listen_addr,
         monitoring_addr,
@@ -74,6 +84,7 @@ pub(super) fn config(low: &LowArgs) -> Result<Config, UsageError> {
         dev_kv_addr,
         log_format,
         log_level,
+        notify,
         warnings,
     })
 }
@@ -331,11 +342,32 @@ fn check_token(token: &str, raw: &Raw) -> Result<(), UsageError> {
     }
 }
 
+/// The file `name` in systemd's `$CREDENTIALS_DIRECTORY` (`LoadCredential=`),
+/// when the variable is set and the file exists (IO: one `stat`), with the
+/// variable as its source: a unit hands the agent a root-only secret with
+/// `LoadCredential=` alone, on every systemd that has it (247), where the
+/// `%d` specifier a path would need came only in 251.
+pub(super) fn credential(low: &LowArgs, name: &str) -> Option<Raw> {
+    let dir = low.credentials_directory.as_ref()?;
+    let path = Path::new(&dir.value).join(name);
+    path.is_file().then(|| Raw {
+        value: path.to_string_lossy().into_owned(),
+        source: Source::Env(format!("{} credential {name}", dir.source)),
+    })
+}
+
 /// `CONSUL_HTTP_TOKEN_FILE` (read once, trimmed) before `CONSUL_HTTP_TOKEN`
-/// (trimmed). An empty file is passed over, as consul's own client does,
-/// with a warning (a secret that was not mounted looks like this).
+/// (trimmed), else the `consul-token` credential. An empty file is passed
+/// over, as consul's own client does, with a warning (a secret that was not
+/// mounted looks like this).
 fn token(low: &LowArgs, warnings: &mut Vec<String>) -> Result<Option<String>, UsageError> {
-    if let Some(file) = &low.consul_http_token_file {
+    let given = low.consul_http_token_file.is_some() || low.consul_http_token.is_some();
+    let file = if given {
+        low.consul_http_token_file.clone()
+    } else {
+        credential(low, "consul-token")
+    };
+    if let Some(file) = &file {
         let text = read_token_file(file)?;
         let token = text.trim();
         if !token.is_empty() {

@@ -41,6 +41,7 @@ mod gate;
 mod http;
 mod listeners;
 mod poll_errors;
+mod systemd;
 mod table;
 
 use std::io;
@@ -62,6 +63,7 @@ use crate::monitoring::metrics::Metrics;
 use crate::monitoring::renders::Renders;
 use crate::monitoring::server::Role;
 use crate::monitoring::{StateFileStatus, Status, WatchStatus};
+use crate::notify::Answering;
 use crate::persist::{self, StateFile};
 use crate::slice::Slice;
 use crate::state::expiry::Expiry;
@@ -72,6 +74,7 @@ use agents::AgentSlot;
 use gate::AcceptGate;
 use http::HttpSlot;
 use poll_errors::{PollErrors, Verdict};
+use systemd::Notify;
 use table::ConnTable;
 
 const AGENT_LISTENER: Token = Token(0);
@@ -170,6 +173,8 @@ pub struct EventLoop {
     /// `-state-max-age`, at most an hour).
     state_refresh: Duration,
     shutdown_deadline: Option<Instant>,
+    /// systemd's `Type=notify` socket and what to tell it, when set.
+    notify: Option<Notify>,
 }
 
 /// A seed that differs between agents started together: the time and the
@@ -211,6 +216,11 @@ impl EventLoop {
         let (start, started) = (Instant::now(), SystemTime::now());
         let clock = Clock::new(start, started);
         let state = Swapper::new(&config.kv_prefix, clock, config.max_unknown_identities);
+        let notify = config
+            .notify
+            .as_ref()
+            .map(|s| Notify::open(s, start))
+            .transpose()?;
         let (state_file, loaded) = match &config.state_file {
             Some(path) => persist::open(config, path).map(|(f, l)| (Some(f), l))?,
             None => (None, None),
@@ -258,6 +268,7 @@ impl EventLoop {
             max_connections: config.max_connections,
             state_refresh: (config.state_max_age / 4).min(Duration::from_secs(3600)),
             shutdown_deadline: None,
+            notify,
         })
     }
 
@@ -382,6 +393,7 @@ impl EventLoop {
             self.expiry.due(),
             self.hints.due(),
             self.held_file.deadline(),
+            self.notify.as_ref().and_then(Notify::deadline),
             self.agent_gate.deadline(now),
             self.http_gate.deadline(now),
             self.shutdown_deadline,
@@ -447,6 +459,23 @@ impl EventLoop {
         if self.agent_gate.due(now) {
             self.accept_agents(now);
         }
+        self.notify_systemd(now);
+    }
+
+    /// systemd's readiness, status and watchdog: from here only, the end
+    /// of every turn, so a wedged loop stops the pings.
+    fn notify_systemd(&mut self, now: Instant) {
+        let Some(notify) = self.notify.as_mut() else {
+            return;
+        };
+        let answering = match self.state.source() {
+            Some(crate::state::Source::Consul) => Answering::FromConsul,
+            Some(crate::state::Source::File { .. }) => Answering::FromStateFile,
+            None => Answering::Not {
+                last_error: self.health.last_error(),
+            },
+        };
+        notify.on_turn(now, answering);
     }
 
     // ---- signals, status ----
@@ -457,6 +486,9 @@ impl EventLoop {
             return;
         }
         info!(signal = got[0], in_flight = self.agents.len(); "shutting down: not accepting; finishing in-flight answers");
+        if let Some(notify) = self.notify.as_mut() {
+            notify.stopping();
+        }
         let grace = self.read_timeout.min(SHUTDOWN_GRACE);
         self.shutdown_deadline = Some(now + grace);
         let reg = self.poll.registry();

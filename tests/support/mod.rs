@@ -153,6 +153,15 @@ impl Agent {
         cmd.env_remove("CONSUL_HTTP_ADDR")
             .env_remove("CONSUL_HTTP_TOKEN")
             .env_remove("CONSUL_HTTP_TOKEN_FILE");
+        // A test run under systemd must not tell it about these agents.
+        for var in [
+            "NOTIFY_SOCKET",
+            "WATCHDOG_USEC",
+            "WATCHDOG_PID",
+            "CREDENTIALS_DIRECTORY",
+        ] {
+            cmd.env_remove(var);
+        }
         cmd.env("GITLAB_LOG_LEVEL", "debug");
         for (k, v) in env {
             cmd.env(k, v);
