@@ -130,20 +130,41 @@ fn through_links(path: &Path) -> PathBuf {
     path
 }
 
+/// A written file's permission bits, and its owner when it is to be kept
+/// (a file another user reads: haproxy's `server-state-file`).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Keep {
+    pub mode: u32,
+    /// (uid, gid); set when the writer may (root), else left as created.
+    pub owner: Option<(u32, u32)>,
+}
+
 /// Writes `bytes` to `path` so that `path` is always either the old file
-/// or the new one, whole (`mode`: the new file's permission bits, else as
-/// the umask makes them); no temporary file is left, whatever fails.
-pub(crate) fn write_atomically(path: &Path, bytes: &[u8], mode: Option<u32>) -> io::Result<()> {
+/// or the new one, whole (`keep`: the new file's mode and owner, else as
+/// the umask and the writer make them); no temporary file is left,
+/// whatever fails.
+pub(crate) fn write_atomically(path: &Path, bytes: &[u8], keep: Option<Keep>) -> io::Result<()> {
     let dir = match path.parent() {
         Some(d) if !d.as_os_str().is_empty() => d,
         _ => Path::new("."),
     };
     let name = path.file_name().unwrap_or_default().to_string_lossy();
+    // Opened first: a directory that cannot be opened fails the write
+    // before the rename, never after it.
+    let directory = File::open(dir)?;
     let (mut f, tmp) = create_temporary(dir, &name)?;
     let written = (|| {
-        if let Some(mode) = mode {
+        if let Some(keep) = keep {
             use std::os::unix::fs::PermissionsExt;
-            f.set_permissions(fs::Permissions::from_mode(mode))?;
+            if let Some((uid, gid)) = keep.owner {
+                // Only root may give a file away: anyone else keeps their own.
+                match std::os::unix::fs::fchown(&f, Some(uid), Some(gid)) {
+                    Err(e) if e.kind() == io::ErrorKind::PermissionDenied => {}
+                    other => other?,
+                }
+            }
+            // After the owner: chown clears setuid and setgid bits.
+            f.set_permissions(fs::Permissions::from_mode(keep.mode))?;
         }
         f.write_all(bytes)?;
         f.sync_all()?;
@@ -153,7 +174,7 @@ pub(crate) fn write_atomically(path: &Path, bytes: &[u8], mode: Option<u32>) -> 
         let _ = fs::remove_file(&tmp);
     }
     written?;
-    File::open(dir)?.sync_all()
+    directory.sync_all()
 }
 
 /// A new file `.{name}.tmp.{random}` in `dir`, created here and by no one

@@ -507,3 +507,43 @@ fn systemd_reads_the_drop_in_over_debians_unit() {
     assert!(out.status.success(), "{err}");
     assert!(!err.contains("gitlab-haproxy-agent.conf"), "{err}");
 }
+
+/// The first file: before any save, haproxy warns "Can't open global
+/// server state file" at every start, and with `zero-warning` 2.6 and 2.8
+/// refuse to start (or pass the reload's check) at all. A file holding the
+/// version line alone, as the install docs create it, loads nothing and
+/// passes on every line.
+#[test]
+fn a_version_line_alone_is_a_first_file_every_line_accepts_under_zero_warning() {
+    let dir = std::env::temp_dir().join(format!("gha-zero-warning-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let state = dir.join("server-state");
+    let config = dir.join("haproxy.cfg");
+    std::fs::write(
+        &config,
+        format!(
+            "global\n    zero-warning\n    server-state-file {}\n\
+             defaults\n    mode tcp\n    timeout connect 1s\n    timeout client 5s\n    timeout server 5s\n    load-server-state-from-file global\n\
+             frontend fe\n    bind 127.0.0.1:{}\n    default_backend be\n\
+             backend be\n    server s1 127.0.0.1:9 weight 100\n",
+            state.display(),
+            free_port()
+        ),
+    )
+    .unwrap();
+    let check = || {
+        Command::new(support::haproxy::haproxy_bin())
+            .args(["-c", "-q", "-f"])
+            .arg(&config)
+            .output()
+            .unwrap()
+    };
+    std::fs::write(&state, "1\n").unwrap();
+    let out = check();
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

@@ -20,6 +20,7 @@ use crate::config::{parse_stats_socket, StatsSocket};
 use crate::drain::process::{Dump, DumpReader, InfoReader};
 use crate::drain::show::plural;
 use crate::gocompat::parse_go_duration;
+use crate::persist::Keep;
 
 const HELP: &str = "\
 usage: gitlab-haproxy-agent save-server-state
@@ -94,10 +95,12 @@ pub(super) fn run(args: &[std::ffi::OsString], io: &mut Io<'_>) -> u8 {
         Err(e) => return usage_error(io, "save-server-state", &e),
     };
     let start = Instant::now();
-    let saved = fetch(&plan.source, start + plan.timeout).and_then(|(dump, worker)| {
-        write(&plan.file, &dump.bytes)?;
-        Ok((dump, worker))
-    });
+    let saved = fetch(&plan.source, start + plan.timeout)
+        .map_err(|why| format!("{}: {why}", plan.label))
+        .and_then(|(dump, worker)| {
+            write(&plan.file, &dump.bytes)?;
+            Ok((dump, worker))
+        });
     match saved {
         Ok((dump, worker)) => {
             let _ = writeln!(
@@ -114,8 +117,7 @@ pub(super) fn run(args: &[std::ffi::OsString], io: &mut Io<'_>) -> u8 {
         Err(why) => {
             let _ = writeln!(
                 io.err,
-                "gitlab-haproxy-agent save-server-state: {}: {why}; {} left as it was",
-                plan.label,
+                "gitlab-haproxy-agent save-server-state: {why}; {} left as it was",
                 plan.file.display()
             );
             FINDING
@@ -173,9 +175,14 @@ fn state_file_of(config: &str, io: &Io<'_>) -> Result<PathBuf, String> {
     let mut files = Vec::new();
     read_config(config, &mut files).map_err(|e| format!("{e} (give -o FILE)"))?;
     let env = config_env(io.env);
-    crate::lint::server_state_path(&files, &env).ok_or_else(|| {
+    let path = crate::lint::server_state_path(&files, &env).ok_or_else(|| {
         format!("{config} sets no server-state-file in global: give -o FILE, or add server-state-file to global and load-server-state-from-file global to defaults")
-    })
+    })?;
+    if path.is_relative() {
+        // haproxy opens it from its own working directory, not ours.
+        return Err(format!("{config}'s server-state-file {} is relative and no server-state-base makes it absolute: haproxy opens it from its own working directory; give -o FILE, or an absolute name", path.display()));
+    }
+    Ok(path)
 }
 
 /// The answer, and the worker that gave it.
@@ -219,14 +226,21 @@ fn fetch(source: &Source, deadline: Instant) -> Result<(Dump, u64), String> {
     }
 }
 
-/// Replaces `file` with `bytes`, keeping its mode.
+/// Replaces `file` with `bytes`, keeping its mode and owner (haproxy, not
+/// the saver, reads it).
 fn write(file: &Path, bytes: &[u8]) -> Result<(), String> {
-    use std::os::unix::fs::PermissionsExt;
-    let mode = match std::fs::metadata(file) {
-        Ok(m) => m.permissions().mode() & 0o7777,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => NEW_FILE_MODE,
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let keep = match std::fs::metadata(file) {
+        Ok(m) => Keep {
+            mode: m.permissions().mode() & 0o7777,
+            owner: Some((m.uid(), m.gid())),
+        },
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Keep {
+            mode: NEW_FILE_MODE,
+            owner: None,
+        },
         Err(e) => return Err(format!("cannot read {}: {e}", file.display())),
     };
-    crate::persist::write_atomically(file, bytes, Some(mode))
+    crate::persist::write_atomically(file, bytes, Some(keep))
         .map_err(|e| format!("cannot write {}: {e}", file.display()))
 }

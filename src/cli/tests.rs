@@ -345,6 +345,22 @@ fn save_server_state_writes_the_current_workers_answer_and_keeps_the_mode() {
     assert!(out.contains("from haproxy worker 4242 ("), "{out}");
     assert!(std::fs::read_to_string(&file).unwrap().contains("srv2 8"));
     assert_eq!(mode(&file), 0o640, "the mode is kept");
+    // The owner too, when the saver may (root, as the haproxy unit runs it):
+    // haproxy, not the saver, reads the file.
+    use std::os::unix::fs::MetadataExt;
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        std::os::unix::fs::chown(&file, Some(65534), Some(65534)).unwrap();
+        let (code, out, _) = run_with(
+            "save-server-state",
+            &["-haproxy-socket", &stats, "-o", path],
+            b"",
+            &[],
+        );
+        assert_eq!(code, OK, "{out}");
+        let m = std::fs::metadata(&file).unwrap();
+        assert_eq!((m.uid(), m.gid(), mode(&file)), (65534, 65534, 0o640));
+    }
     assert_eq!(names(&dir), ["master.sock", "server-state", "stats.sock"]);
     std::fs::remove_dir_all(&dir).unwrap();
 }
@@ -501,7 +517,10 @@ fn save_server_state_finds_the_file_in_haproxys_configuration() {
     );
     std::fs::write(&config, "global\n    maxconn 10\n").unwrap();
     let config = config.to_str().unwrap();
-    let usage: [(&[&str], &str); 6] = [
+    let relative = dir.join("relative.cfg");
+    std::fs::write(&relative, "global\n    server-state-file state\n").unwrap();
+    let relative = relative.to_str().unwrap().to_owned();
+    let usage: [(&[&str], &str); 7] = [
         (
             &["-haproxy-socket", &socket, "-haproxy-config", config],
             "sets no server-state-file in global: give -o FILE",
@@ -541,6 +560,10 @@ fn save_server_state_finds_the_file_in_haproxys_configuration() {
                 "/nonexistent.cfg",
             ],
             "cannot read /nonexistent.cfg",
+        ),
+        (
+            &["-haproxy-socket", &socket, "-haproxy-config", &relative],
+            "server-state-file state is relative and no server-state-base",
         ),
     ];
     for (args, why) in usage {

@@ -148,10 +148,21 @@ pub struct ProcReader {
     lines: Lines,
     section: Section,
     workers: Vec<Worker>,
+    /// Bytes read so far: at most [`MAX_PROC`].
+    read: usize,
 }
+
+/// The longest `show proc` answer read: a line is some 80 bytes, so 1 MiB
+/// is over 10,000 processes (a host has a handful: the master, its worker,
+/// the old workers of recent reloads). Bounds the workers kept.
+pub const MAX_PROC: usize = 1 << 20;
 
 impl ProcReader {
     pub fn feed(&mut self, input: &[u8]) -> Result<bool, String> {
+        self.read = self.read.saturating_add(input.len());
+        if self.read > MAX_PROC {
+            return Err(format!("a show proc answer over {} MiB", MAX_PROC >> 20));
+        }
         let (section, workers) = (&mut self.section, &mut self.workers);
         self.lines.feed(input, |line| {
             if *section == Section::Header {
@@ -768,5 +779,21 @@ mod tests {
         };
         assert!(fed <= MAX_DUMP && fed + 2 * row.len() > MAX_DUMP, "{fed}");
         assert_eq!(got, Err("a show servers state answer over 64 MiB".into()));
+    }
+
+    #[test]
+    fn a_show_proc_answer_is_bounded_by_its_bytes() {
+        let mut r = ProcReader::default();
+        assert_eq!(r.feed(b"#<PID> <type>\n# workers\n"), Ok(false));
+        let line = b"12345 worker 0 0d00h00m01s 2.6.12\n";
+        let mut fed = 0;
+        let got = loop {
+            match r.feed(line) {
+                Ok(false) => fed += line.len(),
+                other => break other,
+            }
+        };
+        assert!(fed <= MAX_PROC, "{fed}");
+        assert_eq!(got, Err("a show proc answer over 1 MiB".into()));
     }
 }
