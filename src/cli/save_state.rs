@@ -175,7 +175,9 @@ fn state_file_of(config: &str, io: &Io<'_>) -> Result<PathBuf, String> {
     let mut files = Vec::new();
     read_config(config, &mut files).map_err(|e| format!("{e} (give -o FILE)"))?;
     let env = config_env(io.env);
-    let path = crate::lint::server_state_path(&files, &env).ok_or_else(|| {
+    let path = crate::lint::server_state_path(&files, &env)
+        .map_err(|why| format!("{config}: {why}: give -o FILE"))?;
+    let path = path.ok_or_else(|| {
         format!("{config} sets no server-state-file in global: give -o FILE, or add server-state-file to global and load-server-state-from-file global to defaults")
     })?;
     if path.is_relative() {

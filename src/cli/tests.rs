@@ -520,7 +520,10 @@ fn save_server_state_finds_the_file_in_haproxys_configuration() {
     let relative = dir.join("relative.cfg");
     std::fs::write(&relative, "global\n    server-state-file state\n").unwrap();
     let relative = relative.to_str().unwrap().to_owned();
-    let usage: [(&[&str], &str); 7] = [
+    let conditional = dir.join("conditional.cfg");
+    std::fs::write(&conditional, "global\n.if version_atleast(3.0)\n    server-state-file /a\n.else\n    server-state-file /b\n.endif\n").unwrap();
+    let conditional = conditional.to_str().unwrap().to_owned();
+    let usage: [(&[&str], &str); 8] = [
         (
             &["-haproxy-socket", &socket, "-haproxy-config", config],
             "sets no server-state-file in global: give -o FILE",
@@ -564,6 +567,10 @@ fn save_server_state_finds_the_file_in_haproxys_configuration() {
         (
             &["-haproxy-socket", &socket, "-haproxy-config", &relative],
             "server-state-file state is relative and no server-state-base",
+        ),
+        (
+            &["-haproxy-socket", &socket, "-haproxy-config", &conditional],
+            "is under an .if the lint cannot evaluate (feature, version, enabled): give -o FILE",
         ),
     ];
     for (args, why) in usage {

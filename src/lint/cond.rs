@@ -42,6 +42,9 @@ struct Block {
     taking: bool,
     /// Some branch of this block was taken already (or `.else` was seen).
     done: bool,
+    /// A condition of this block so far held what the lint cannot know
+    /// (or could not parse): its current branch may not be haproxy's.
+    guessed: bool,
 }
 
 /// The open blocks of one file.
@@ -66,6 +69,12 @@ impl Conditions {
         self.blocks.last().is_none_or(|b| b.taking)
     }
 
+    /// Whether the current line's place (taken or not) rests on a
+    /// condition the lint could not evaluate, in any open block.
+    pub fn guessed(&self) -> bool {
+        self.blocks.iter().any(|b| b.guessed)
+    }
+
     /// Classifies one line (its words after unquoting).
     pub fn line(&mut self, words: &[&[u8]], env: &dyn Fn(&str) -> Option<String>) -> Line {
         let condition = || words.get(1..).unwrap_or_default().join(&b' ');
@@ -75,29 +84,31 @@ impl Conditions {
                     return Line::Abort(TOO_MANY_IFS);
                 }
                 let parent_active = self.active();
-                let taking = match parent_active.then(|| eval(&condition(), env)) {
-                    None => false,
-                    Some(Ok(taking)) => taking,
+                let (taking, guessed) = match parent_active.then(|| evaluate(&condition(), env)) {
+                    None => (false, false),
+                    Some(Ok(verdict)) => verdict,
                     Some(Err(reason)) => return Line::Abort(reason),
                 };
                 self.blocks.push(Block {
                     parent_active,
                     taking,
                     done: taking,
+                    guessed,
                 });
                 None
             }
             Some(b".elif") => {
                 let evaluated = match self.blocks.last() {
-                    Some(b) if b.parent_active && !b.done => eval(&condition(), env),
-                    _ => Ok(false),
+                    Some(b) if b.parent_active && !b.done => evaluate(&condition(), env),
+                    _ => Ok((false, false)),
                 };
-                let Ok(taking) = evaluated else {
+                let Ok((taking, guessed)) = evaluated else {
                     return Line::Abort(TOO_DEEP);
                 };
                 self.innermost(".elif", |b| {
                     b.taking = taking;
                     b.done |= b.taking;
+                    b.guessed |= guessed;
                 })
             }
             Some(b".else") => self.innermost(".else", |b| {
@@ -131,22 +142,32 @@ impl Conditions {
 /// Evaluates a condition; what cannot be evaluated is true; `Err` when
 /// haproxy refuses it for its depth.
 pub fn eval(text: &[u8], env: &dyn Fn(&str) -> Option<String>) -> Result<bool, &'static str> {
+    evaluate(text, env).map(|(value, _)| value)
+}
+
+/// [`eval`], and whether the value was guessed (a predicate the lint
+/// cannot know, or text it cannot parse).
+fn evaluate(
+    text: &[u8],
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<(bool, bool), &'static str> {
     let text = String::from_utf8_lossy(text);
     let mut p = CondParser {
         rest: text.trim(),
         env,
         too_deep: false,
+        guessed: false,
     };
     if p.rest.is_empty() {
-        return Ok(false);
+        return Ok((false, false));
     }
     let value = p.or(MAX_CFG_RECURSION);
     if p.too_deep {
         return Err(TOO_DEEP);
     }
     Ok(match value {
-        Some(v) if p.rest.trim().is_empty() => v,
-        _ => true,
+        Some(v) if p.rest.trim().is_empty() => (v, p.guessed),
+        _ => (true, true),
     })
 }
 
@@ -157,6 +178,8 @@ struct CondParser<'a, 'e> {
     rest: &'a str,
     env: &'e dyn Fn(&str) -> Option<String>,
     too_deep: bool,
+    /// A predicate the lint cannot know was read.
+    guessed: bool,
 }
 
 impl CondParser<'_, '_> {
@@ -245,7 +268,10 @@ impl CondParser<'_, '_> {
             ("streq", [a, b]) => a == b,
             ("strneq", [a, b]) => a != b,
             ("strstr", [a, b]) => a.contains(b),
-            _ => true,
+            _ => {
+                self.guessed = true;
+                true
+            }
         })
     }
 }
@@ -375,5 +401,31 @@ mod tests {
         let got = run(&ifs);
         assert_eq!(got[MAX_NESTED_IFS - 2], DIRECTIVE);
         assert_eq!(got[MAX_NESTED_IFS - 1], Line::Abort(TOO_MANY_IFS));
+    }
+
+    #[test]
+    fn a_branch_resting_on_what_the_lint_cannot_know_is_marked_guessed() {
+        let mut c = Conditions::default();
+        let guessed_at = |line: &str, c: &mut Conditions| {
+            let words: Vec<&[u8]> = line.split(' ').map(str::as_bytes).collect();
+            c.line(&words, &env);
+            c.guessed()
+        };
+        assert!(!guessed_at("server a", &mut c));
+        assert!(!guessed_at(".if defined(SET)", &mut c));
+        assert!(
+            guessed_at(".if feature(OPENSSL)", &mut c),
+            "taken on a guess"
+        );
+        assert!(guessed_at(".else", &mut c), "not taken on a guess");
+        assert!(!guessed_at(".endif", &mut c));
+        assert!(!guessed_at(".if defined(UNSET)", &mut c));
+        assert!(guessed_at(".elif version_atleast(2.6)", &mut c));
+        assert!(!guessed_at(".endif", &mut c));
+        // A branch decided before the unknowable one is not guessed.
+        assert!(!guessed_at(".if defined(SET)", &mut c));
+        assert!(!guessed_at(".elif feature(X)", &mut c));
+        assert!(!guessed_at(".endif", &mut c));
+        assert!(guessed_at(".if streq(a,a) && enabled(X)", &mut c));
     }
 }

@@ -151,12 +151,19 @@ pub fn hard_stop_after(
 }
 
 /// The file haproxy loads server state from at start (`global`'s
-/// `server-state-file`, joined to `server-state-base`), if `files` name one.
+/// `server-state-file`, joined to `server-state-base`), if `files` name
+/// one; `Err` when its lines sit under a `.if` the lint cannot evaluate
+/// (`feature(…)`, `version_atleast(…)`, …), so the name may not be
+/// haproxy's.
 pub fn server_state_path(
     files: &[(String, Vec<u8>)],
     env: &dyn Fn(&str) -> Option<String>,
-) -> Option<std::path::PathBuf> {
-    build(files, env).server_state_path()
+) -> Result<Option<std::path::PathBuf>, &'static str> {
+    let model = build(files, env);
+    match model.server_state_guessed {
+        true => Err("its server-state-file or server-state-base is under an .if the lint cannot evaluate (feature, version, enabled)"),
+        false => Ok(model.server_state_path()),
+    }
 }
 
 /// Every agent-checked server of `files` whose `agent-send` the agent

@@ -170,6 +170,10 @@ pub struct Model {
     /// `global`'s `server-state-file` and `server-state-base`, as written.
     pub server_state_file: Option<Vec<u8>>,
     pub server_state_base: Option<Vec<u8>>,
+    /// A `server-state-file` or `-base` line was read (or passed over)
+    /// under a condition the lint cannot evaluate: the name may not be
+    /// haproxy's.
+    pub server_state_guessed: bool,
 }
 
 impl Model {
@@ -415,6 +419,12 @@ impl Builder {
                     }
                 }
                 _ => {}
+            }
+            if matches!(
+                texts.first(),
+                Some(&(b"server-state-file" | b"server-state-base"))
+            ) {
+                self.model.server_state_guessed |= conditions.guessed();
             }
         }
     }
