@@ -19,7 +19,8 @@
 //! - [`lint`]: `lint-haproxy`, haproxy's configuration read as haproxy
 //!   reads it, checked against what the agent needs;
 //! - [`config`], [`logging`], [`event_loop`]: start-up and the one mio loop;
-//!   [`slice`]: the loop's time budget for background work;
+//!   [`slice`]: the loop's time budget for background work; [`safe`]: the
+//!   one terminal-safe rendering of outside text;
 //! - [`gocompat`]: the Go standard-library behaviour the flags and the dev
 //!   KV must match; [`decimal`]: the one decimal parser; [`build_info`]:
 //!   version and commit.
@@ -43,6 +44,7 @@ pub mod lint;
 pub mod logging;
 pub mod monitoring;
 pub mod persist;
+pub mod safe;
 pub mod slice;
 pub mod state;
 #[cfg(test)]

@@ -101,6 +101,8 @@ pub enum LogFormat {
 pub struct Config {
     /// `None`: agent listener disabled (empty `-listen-addr`).
     pub listen_addr: Option<ListenAddr>,
+    /// `-listen-allow`: sources served on the agent port (empty: all).
+    pub listen_allow: crate::agent::allow::Allow,
     pub monitoring_addr: Option<ListenAddr>,
     pub pprof_addr: Option<ListenAddr>,
     pub consul: ConsulConfig,

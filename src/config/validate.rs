@@ -17,6 +17,7 @@ use super::addr::{parse_consul_addr, parse_listen_addr, ConsulAddr, ListenAddr};
 use super::flags::{LowArgs, Raw};
 use super::tls::consul_tls;
 use super::{usage_error, Config, ConsulConfig, ConsulEndpoint, GzipMode, LogFormat, UsageError};
+use crate::agent::allow::Allow;
 use crate::decimal::parse_uint;
 use crate::gocompat::{parse_go_bool, parse_signed_duration};
 
@@ -32,6 +33,8 @@ impl Raw {
 /// Checks every setting, in the order that decides which error is reported.
 pub(super) fn config(low: &LowArgs) -> Result<Config, UsageError> {
     let listen_addr = listen(&low.listen_addr.value())?;
+    let raw = low.listen_allow.value();
+    let listen_allow = Allow::parse(&raw.value).map_err(|e| raw.invalid(e))?;
     let monitoring_addr = listen(&low.monitoring_addr.value())?;
     let pprof_addr = listen(&low.pprof_addr.value())?;
     let kv_prefix = kv_prefix(&low.kv_prefix.value())?;
@@ -59,6 +62,7 @@ pub(super) fn config(low: &LowArgs) -> Result<Config, UsageError> {
     let (log_format, log_level) = log_settings(low)?;
     Ok(Config {
         listen_addr,
+        listen_allow,
         monitoring_addr,
         pprof_addr,
         consul,
