@@ -91,7 +91,10 @@ pub(super) fn run(args: &[std::ffi::OsString], io: &mut Io<'_>) -> u8 {
     };
     let report = crate::lint::lint(&files, &target, &local_addresses(), &env);
     let code = if report.errors > 0 { FINDING } else { OK };
-    let _ = io.out.write_all(report.render().as_bytes());
+    // Names read from the configurations are outside text.
+    let _ = io
+        .out
+        .write_all(crate::safe::output(&report.render()).as_bytes());
     code
 }
 

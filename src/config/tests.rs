@@ -94,6 +94,8 @@ const ALL_FLAGS: &[&str] = &[
     "-monitoring-addr=127.0.0.1:1002",
     "--pprof-addr",
     "127.0.0.1:1003",
+    "-listen-allow",
+    "10.0.0.0/8",
     "--consul-addr=10.0.0.1:1004",
     "-kv-prefix",
     "/a/b/",
@@ -134,6 +136,8 @@ fn assert_all_flags(c: &Config) {
         Some(ListenAddr::Addr(v4([127, 0, 0, 1], 1003)))
     );
     assert_eq!(c.consul.endpoint, tcp([10, 0, 0, 1], 1004));
+    assert!(c.listen_allow.permits([10, 9, 9, 9].into()));
+    assert!(!c.listen_allow.permits([192, 0, 2, 1].into()));
     assert_eq!(c.kv_prefix, "a/b");
     assert_eq!(c.read_timeout, Duration::from_millis(1500));
     assert_eq!(c.max_line_bytes, 100);
@@ -160,6 +164,7 @@ const ALL_ENV: &[(&str, &str)] = &[
     ("GITLAB_HAPROXY_AGENT_LISTEN_ADDR", "127.0.0.1:2001"),
     ("GITLAB_HAPROXY_AGENT_MONITORING_ADDR", "127.0.0.1:2002"),
     ("GITLAB_HAPROXY_AGENT_PPROF_ADDR", "127.0.0.1:2003"),
+    ("GITLAB_HAPROXY_AGENT_LISTEN_ALLOW", "192.0.2.1"),
     ("GITLAB_HAPROXY_AGENT_CONSUL_ADDR", "10.0.0.2:2004"),
     ("GITLAB_HAPROXY_AGENT_KV_PREFIX", "env/prefix"),
     ("GITLAB_HAPROXY_AGENT_READ_TIMEOUT", "2s"),
@@ -199,6 +204,8 @@ fn every_flag_from_the_environment() {
         Some(ListenAddr::Addr(v4([127, 0, 0, 1], 2003)))
     );
     assert_eq!(c.consul.endpoint, tcp([10, 0, 0, 2], 2004));
+    assert!(c.listen_allow.permits([192, 0, 2, 1].into()));
+    assert!(!c.listen_allow.permits([10, 9, 9, 9].into()));
     assert_eq!(c.kv_prefix, "env/prefix");
     assert_eq!(c.read_timeout, Duration::from_secs(2));
     assert_eq!(c.max_line_bytes, 200);
@@ -392,6 +399,8 @@ fn bad_values_name_the_flag() {
         (&["-max-line-bytes", "-1"], "invalid value \"-1\" for flag -max-line-bytes: not a whole number"),
         (&["-max-line-bytes", "+5"], "invalid value \"+5\" for flag -max-line-bytes: not a whole number"),
         (&["-max-connections", "0"], "invalid value \"0\" for flag -max-connections: must be between 1 and 10000000"),
+        (&["-listen-allow", "10.0.0.0/8,10.1.0.0/33"], "invalid value \"10.0.0.0/8,10.1.0.0/33\" for flag -listen-allow: \"10.1.0.0/33\": prefix length longer than the address"),
+        (&["-listen-allow", "haproxy1"], "invalid value \"haproxy1\" for flag -listen-allow: \"haproxy1\": not an IP address or CIDR (like 10.0.0.0/8 or fd00::/8)"),
         (&["-max-connections", "1e3"], "invalid value \"1e3\" for flag -max-connections: not a whole number"),
         (&["-consul-wait", "x"], "invalid value \"x\" for flag -consul-wait: not a duration (use Go syntax like 5s, 100ms, 1m30s)"),
         (&["-consul-max-body-bytes", "1023"], "invalid value \"1023\" for flag -consul-max-body-bytes: must be at least 1024"),
