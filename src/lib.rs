@@ -36,6 +36,7 @@ pub mod decimal;
 pub mod devkv;
 pub mod drain;
 pub mod event_loop;
+pub mod files;
 pub mod gocompat;
 pub mod http;
 pub mod jitter;

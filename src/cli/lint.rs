@@ -160,8 +160,12 @@ pub(super) fn config_env<'a>(
 /// sorted by name (`alphasort`, byte order in haproxy's C locale).
 pub(super) fn read_config(name: &str, files: &mut Vec<(String, Vec<u8>)>) -> Result<(), String> {
     let cannot = |e: std::io::Error| format!("cannot read {name}: {e}");
+    let read = |path: &str| {
+        crate::files::read_regular(path.as_ref(), crate::files::MAX_CONFIG_BYTES)
+            .map_err(|e| format!("cannot read {path}: {e}"))
+    };
     if !std::fs::metadata(name).map_err(cannot)?.is_dir() {
-        files.push((name.to_owned(), std::fs::read(name).map_err(cannot)?));
+        files.push((name.to_owned(), read(name)?));
         return Ok(());
     }
     let mut entries = Vec::new();
@@ -178,7 +182,7 @@ pub(super) fn read_config(name: &str, files: &mut Vec<(String, Vec<u8>)>) -> Res
     }
     entries.sort();
     for path in entries {
-        let bytes = std::fs::read(&path).map_err(|e| format!("cannot read {path}: {e}"))?;
+        let bytes = read(&path)?;
         files.push((path, bytes));
     }
     Ok(())

@@ -806,6 +806,28 @@ fn token_file_beats_token() {
     let _ = std::fs::remove_file(path);
 }
 
+/// Issue 39: `/dev/zero` as the token file ran out of memory, a FIFO
+/// blocked start-up, a world-writable token file got no word.
+#[test]
+fn a_token_file_is_read_only_as_a_small_regular_file_and_a_loose_mode_is_named() {
+    use std::os::unix::fs::PermissionsExt;
+    let e = err(&[], &[("CONSUL_HTTP_TOKEN_FILE", "/dev/zero")]);
+    assert!(e.contains("\"/dev/zero\": not a regular file"), "{e}");
+    let path = temp_file("token-mode", "tok\n");
+    let file = ("CONSUL_HTTP_TOKEN_FILE", path.to_str().unwrap());
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666)).unwrap();
+    let c = ok(&[], &[file]);
+    assert_eq!(c.consul.token.as_deref(), Some("tok"));
+    assert_eq!(c.warnings.len(), 1, "{:?}", c.warnings);
+    assert!(c.warnings[0].contains("has mode 666"), "{:?}", c.warnings);
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+    assert!(ok(&[], &[file]).warnings.is_empty());
+    std::fs::write(&path, vec![b'a'; 70_000]).unwrap();
+    let e = err(&[], &[file]);
+    assert!(e.contains("70000 bytes, more than 65536"), "{e}");
+    let _ = std::fs::remove_file(path);
+}
+
 #[test]
 fn empty_token_file_is_ignored() {
     let path = temp_file("token-empty", " \n\t\n");

@@ -344,6 +344,12 @@ fn token(low: &LowArgs, warnings: &mut Vec<String>) -> Result<Option<String>, Us
         let token = text.trim();
         if !token.is_empty() {
             check_token(token, file)?;
+            if let Some(mode) = crate::files::loose_mode(std::path::Path::new(&file.value)) {
+                warnings.push(format!(
+                    "{} {:?} has mode {mode:o}: others can read or write the ACL token (chmod 600, or 640 for a group)",
+                    file.source, file.value
+                ));
+            }
             return Ok(Some(token.to_string()));
         }
         let instead = match &low.consul_http_token {
@@ -371,7 +377,7 @@ fn token(low: &LowArgs, warnings: &mut Vec<String>) -> Result<Option<String>, Us
 /// The token file's text (IO: reads the file named by `file`).
 fn read_token_file(file: &Raw) -> Result<String, UsageError> {
     let path = &file.value;
-    let data = std::fs::read(path)
+    let data = crate::files::read_regular(path.as_ref(), crate::files::MAX_TOKEN_BYTES)
         .map_err(|e| usage_error(format!("{}: cannot read {path:?}: {e}", file.source)))?;
     String::from_utf8(data)
         .map_err(|_| usage_error(format!("{}: {path:?} is not UTF-8 text", file.source)))
