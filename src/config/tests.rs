@@ -607,12 +607,11 @@ fn dev_mode_watches_the_dev_kv_unless_told_otherwise() {
     assert_eq!(c.consul.endpoint, tcp([127, 0, 0, 1], 8500));
     assert!(c.consul_follows_dev_kv());
 
-    let c = ok(&["-dev", "-dev-kv-addr", ":8600"], &[]);
-    assert_eq!(c.dev_kv_addr, Some(ListenAddr::AnyDualStack(8600)));
+    let c = ok(&["-dev", "-dev-kv-addr", "127.0.0.1:8600"], &[]);
     assert_eq!(c.consul.endpoint, tcp([127, 0, 0, 1], 8600));
     assert_eq!(c.consul.host_header, "127.0.0.1:8600");
 
-    let c = ok(&["-dev", "-dev-kv-addr", "[::]:0"], &[]);
+    let c = ok(&["-dev", "-dev-kv-addr", "[::1]:0"], &[]);
     assert_eq!(
         c.consul.endpoint,
         ConsulEndpoint::Tcp("[::1]:0".parse().unwrap())
@@ -630,6 +629,75 @@ fn dev_mode_watches_the_dev_kv_unless_told_otherwise() {
 
     // -dev-kv-addr without -dev is not used.
     assert_eq!(ok(&["-dev-kv-addr", "x"], &[]).dev_kv_addr, None);
+}
+
+/// Issue 39: `-dev -dev-kv-addr 0.0.0.0:P` served a KV without ACLs to
+/// the network; the agent and monitoring ports listened on every
+/// interface in -dev too.
+#[test]
+fn dev_mode_stays_local() {
+    for addr in [":8600", "0.0.0.0:8600", "[::]:0", "192.0.2.1:8500"] {
+        let e = err(&["-dev", "-dev-kv-addr", addr], &[]);
+        assert_eq!(e, format!("invalid value {addr:?} for flag -dev-kv-addr: must be a loopback address (127.0.0.1:PORT or [::1]:PORT): the dev KV has no ACLs"));
+    }
+    let c = ok(&["-dev"], &[]);
+    assert_eq!(
+        c.listen_addr,
+        Some(ListenAddr::Addr(v4([127, 0, 0, 1], 9777)))
+    );
+    assert_eq!(
+        c.monitoring_addr,
+        Some(ListenAddr::Addr(v4([127, 0, 0, 1], 9778)))
+    );
+    let c = ok(
+        &["-dev", "-listen-addr", ":9777"],
+        &[("GITLAB_HAPROXY_AGENT_MONITORING_ADDR", ":1")],
+    );
+    assert_eq!(
+        c.listen_addr,
+        Some(ListenAddr::AnyDualStack(9777)),
+        "given: kept"
+    );
+    assert_eq!(
+        c.monitoring_addr,
+        Some(ListenAddr::AnyDualStack(1)),
+        "given: kept"
+    );
+    assert_eq!(
+        ok(&[], &[]).listen_addr,
+        Some(ListenAddr::AnyDualStack(9777))
+    );
+}
+
+/// Issue 39: a token sent in clear to a non-loopback consul got no word.
+#[test]
+fn a_token_going_in_clear_to_a_remote_consul_gets_one_warning() {
+    let clear = |env: &[(&str, &str)]| {
+        let c = ok(&[], env);
+        c.warnings.iter().filter(|w| w.contains("in clear")).count()
+    };
+    let token = ("CONSUL_HTTP_TOKEN", "t0k3n");
+    assert_eq!(clear(&[token, ("CONSUL_HTTP_ADDR", "10.0.0.5:8500")]), 1);
+    assert_eq!(clear(&[token]), 0, "loopback");
+    assert_eq!(
+        clear(&[token, ("CONSUL_HTTP_ADDR", "unix:///run/consul.sock")]),
+        0
+    );
+    assert_eq!(
+        clear(&[("CONSUL_HTTP_ADDR", "10.0.0.5:8500")]),
+        0,
+        "no token"
+    );
+    assert_eq!(
+        clear(&[token, ("CONSUL_HTTP_ADDR", "https://10.0.0.5:8501")]),
+        0
+    );
+    let c = ok(&[], &[token, ("CONSUL_HTTP_ADDR", "10.0.0.5:8500")]);
+    assert!(
+        !c.warnings.iter().any(|w| w.contains("t0k3n")),
+        "{:?}",
+        c.warnings
+    );
 }
 
 #[test]

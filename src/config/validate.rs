@@ -32,10 +32,10 @@ impl Raw {
 
 /// Checks every setting, in the order that decides which error is reported.
 pub(super) fn config(low: &LowArgs) -> Result<Config, UsageError> {
-    let listen_addr = listen(&low.listen_addr.value())?;
+    let mut listen_addr = listen(&low.listen_addr.value())?;
     let raw = low.listen_allow.value();
     let listen_allow = Allow::parse(&raw.value).map_err(|e| raw.invalid(e))?;
-    let monitoring_addr = listen(&low.monitoring_addr.value())?;
+    let mut monitoring_addr = listen(&low.monitoring_addr.value())?;
     let pprof_addr = listen(&low.pprof_addr.value())?;
     let kv_prefix = kv_prefix(&low.kv_prefix.value())?;
     let read_timeout = read_timeout(&low.read_timeout.value())?;
@@ -54,9 +54,28 @@ pub(super) fn config(low: &LowArgs) -> Result<Config, UsageError> {
     let gzip = gzip_mode(&low.consul_gzip.value())?;
     let max_stale = duration(&low.consul_max_stale.value())?;
     let dev_kv_addr = dev_kv_addr(low)?;
+    if dev_kv_addr.is_some() {
+        // -dev stays local: listeners not given bind to loopback.
+        for (addr, flag) in [
+            (&mut listen_addr, &low.listen_addr),
+            (&mut monitoring_addr, &low.monitoring_addr),
+        ] {
+            if let (Some(ListenAddr::AnyDualStack(port)), None) = (&addr, flag.explicit()) {
+                *addr = Some(ListenAddr::Addr(
+                    (std::net::Ipv4Addr::LOCALHOST, *port).into(),
+                ));
+            }
+        }
+    }
     let mut warnings = Vec::new();
     let limits = (wait, max_body_bytes);
     let mut consul = consul_config(low, dev_kv_addr.as_ref(), limits, &mut warnings)?;
+    if let (Some(_), None, ConsulEndpoint::Tcp(at)) = (&consul.token, &consul.tls, &consul.endpoint)
+    {
+        if !at.ip().is_loopback() {
+            warnings.push(format!("the ACL token goes to consul at {at} in clear (http, not loopback): use https (-consul-http-ssl, an https:// address) or a local consul agent"));
+        }
+    }
     consul.gzip = gzip;
     consul.max_stale = max_stale;
     let (log_format, log_level) = log_settings(low)?;
@@ -188,7 +207,10 @@ fn dev_kv_addr(low: &LowArgs) -> Result<Option<ListenAddr>, UsageError> {
     }
     let raw = low.dev_kv_addr.value();
     match listen(&raw)? {
-        Some(addr) => Ok(Some(addr)),
+        Some(ListenAddr::Addr(at)) if at.ip().is_loopback() => Ok(Some(ListenAddr::Addr(at))),
+        Some(_) => Err(raw.invalid(
+            "must be a loopback address (127.0.0.1:PORT or [::1]:PORT): the dev KV has no ACLs",
+        )),
         None => Err(raw.invalid("must not be empty with -dev")),
     }
 }
