@@ -71,6 +71,31 @@ pub fn bytes(b: &[u8]) -> Cow<'_, str> {
     }
 }
 
+/// The most of an error body shown (log, `/debug/state`, `status`, the
+/// writers' errors).
+pub const ERROR_BODY_BYTES: usize = 200;
+
+/// An error body from consul (or a proxy between) as it may be shown:
+/// every `secret` (the ACL token, basic auth) replaced by `<redacted>`
+/// wherever it appears (a server echoing request headers puts it there),
+/// then trimmed, cut to [`ERROR_BODY_BYTES`] and escaped to printable
+/// ASCII ([`crate::logging::escape`]).
+pub fn error_body(body: &[u8], secrets: &[Vec<u8>]) -> String {
+    let mut body = body.to_vec();
+    for secret in secrets.iter().filter(|s| !s.is_empty()) {
+        let mut out = Vec::with_capacity(body.len());
+        let mut rest = &body[..];
+        while let Some(at) = rest.windows(secret.len()).position(|w| w == &secret[..]) {
+            out.extend_from_slice(&rest[..at]);
+            out.extend_from_slice(b"<redacted>");
+            rest = &rest[at + secret.len()..];
+        }
+        out.extend_from_slice(rest);
+        body = out;
+    }
+    crate::logging::escape(body.trim_ascii(), ERROR_BODY_BYTES)
+}
+
 fn render(s: &str, keep_layout: bool) -> Cow<'_, str> {
     let escaped = |c: char| hidden(c) && !(keep_layout && (c == '\n' || c == '\t'));
     let Some(first) = s.find(escaped) else {
@@ -139,6 +164,30 @@ mod tests {
         assert_eq!(bytes(b"srv\xff\x1b1"), "srv\\xff\\u001b1");
         assert_eq!(bytes(b"ok"), "ok");
         assert_eq!(bytes("\u{9b}".as_bytes()), "\\u009b");
+    }
+
+    /// Issue 39: a server (or proxy) echoing request headers put the ACL
+    /// token into the log, `/debug/state`, `status` and the writers.
+    #[test]
+    fn error_bodies_lose_their_secrets_controls_and_length() {
+        let token = b"0e3c5f1a-7e0e-4c44-9b2b-0c5a4e2d6f11".to_vec();
+        let body = [
+            &b"rpc error\r\nX-Consul-Token: "[..],
+            &token,
+            b"\x1b]52;c;eA==\x07 again:",
+            &token,
+        ]
+        .concat();
+        let shown = error_body(&body, std::slice::from_ref(&token));
+        assert!(!shown.contains("0e3c5f1a"), "{shown}");
+        assert_eq!(shown.matches("<redacted>").count(), 2, "{shown}");
+        assert!(
+            shown.chars().all(|c| c.is_ascii_graphic() || c == ' '),
+            "{shown}"
+        );
+        let long = error_body(&[b'a'; 5000], &[]);
+        assert!(long.len() <= ERROR_BODY_BYTES + 3, "{}", long.len());
+        assert_eq!(error_body(b"  ok  ", &[Vec::new()]), "ok");
     }
 
     #[test]
