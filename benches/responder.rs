@@ -9,6 +9,11 @@
 //! 10,000 checks/s; 10,000 idle connections (RSS per connection); a KV write
 //! until the first check answers the new value.
 //!
+//! `BENCH_FLOOD=N` instead runs one scenario: closed loop c16 while a
+//! thread holds N idle connections, closing its oldest and opening a new
+//! one as fast as it can (run the agent with `-max-connections` N/2: the
+//! limit held twice over; issue 39).
+//!
 //! Comparison mode: `BENCH_ADDR=127.0.0.1:9701 BENCH_PID=<pid>` drives that
 //! responder instead (e.g. a yardstick; `scripts/bench-compare.sh` does the
 //! full interleaved comparison). Knobs: `BENCH_DURATION` (s, default 4),
@@ -24,6 +29,65 @@ use common::*;
 
 #[global_allocator]
 static ALLOC: Counting = Counting;
+
+/// Closed loop c16 while `n` idle connections are held and renewed.
+fn flood(addr: SocketAddrV4, pid: u32, n: usize, dur: Duration, gen_cpu: &[usize]) {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    use std::sync::Arc;
+    let stop = Arc::new(AtomicBool::new(false));
+    let opened = Arc::new(AtomicUsize::new(0));
+    let flooder = {
+        let (stop, opened) = (stop.clone(), opened.clone());
+        std::thread::spawn(move || {
+            let mut held = std::collections::VecDeque::from(hold_idle(addr, n));
+            while !stop.load(Ordering::Relaxed) {
+                if let Some(fd) = held.pop_front() {
+                    close_rst(fd);
+                }
+                held.extend(hold_idle(addr, 1));
+                opened.fetch_add(1, Ordering::Relaxed);
+            }
+            held.into_iter().for_each(close_rst);
+        })
+    };
+    std::thread::sleep(Duration::from_millis(500));
+    let c0 = proc_cpu(pid);
+    let o = run(&Load {
+        cpus: gen_cpu.to_vec(),
+        ..Load::new(addr, Mode::Closed(16), dur)
+    });
+    let agent_cpu = proc_cpu(pid).saturating_sub(c0).as_secs_f64();
+    stop.store(true, Ordering::Relaxed);
+    let _ = flooder.join();
+    let mut t = Table::new(
+        "responder_flood",
+        &[
+            "scenario",
+            "checks/s",
+            "p50_us",
+            "p99_us",
+            "max_us",
+            "errors",
+            "flood_conns/s",
+            "agent_cpu_%",
+        ],
+    );
+    let el = o.elapsed.as_secs_f64();
+    t.row(vec![
+        format!("c16+flood{n}"),
+        f0(o.rate()),
+        f1(o.q_us(0.5)),
+        f1(o.q_us(0.99)),
+        f1(o.q_us(1.0)),
+        o.errors.total().to_string(),
+        f0(opened.load(Ordering::Relaxed) as f64 / (el + 0.5)),
+        f1(100.0 * agent_cpu / el),
+    ]);
+    if let Some(e) = o.first_error {
+        println!("  first error: {e} ({:?})", o.errors);
+    }
+    t.finish();
+}
 
 fn main() {
     if std::env::args().any(|a| a == "--list") {
@@ -84,6 +148,14 @@ fn main() {
     println!(
         "responder: {name} (pid {pid}); generator pinned to {gen_cpu:?}; {dur:?} per scenario"
     );
+
+    if let Some(n) = std::env::var("BENCH_FLOOD")
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
+        flood(addr, pid, n, dur, &gen_cpu);
+        return;
+    }
 
     // Warm-up.
     run(&Load {

@@ -20,7 +20,8 @@
 //!   reads it, checked against what the agent needs;
 //! - [`config`], [`logging`], [`event_loop`]: start-up and the one mio loop;
 //!   [`notify`]: systemd's readiness, status and watchdog messages;
-//!   [`slice`]: the loop's time budget for background work;
+//!   [`slice`]: the loop's time budget for background work; [`safe`]: the
+//!   one terminal-safe rendering of outside text;
 //! - [`gocompat`]: the Go standard-library behaviour the flags and the dev
 //!   KV must match; [`decimal`]: the one decimal parser; [`build_info`]:
 //!   version and commit.
@@ -36,6 +37,7 @@ pub mod decimal;
 pub mod devkv;
 pub mod drain;
 pub mod event_loop;
+pub mod files;
 pub mod gocompat;
 pub mod http;
 pub mod jitter;
@@ -45,6 +47,7 @@ pub mod logging;
 pub mod monitoring;
 pub mod notify;
 pub mod persist;
+pub mod safe;
 pub mod slice;
 pub mod state;
 #[cfg(test)]

@@ -181,9 +181,13 @@ fn format_json_line(record: &Record<'_>, now: SystemTime) -> String {
     out
 }
 
+/// A JSON string, its hidden characters (C1, bidi, zero-width ...)
+/// escaped too ([`crate::safe`]: JSON's escapes), so a log read raw in a
+/// terminal is safe as well.
 fn push_json_str(out: &mut String, s: &str) {
     // Serializing a str to JSON cannot fail.
-    out.push_str(&serde_json::to_string(s).unwrap_or_else(|_| String::from("\"\"")));
+    let json = serde_json::to_string(s).unwrap_or_else(|_| String::from("\"\""));
+    out.push_str(&crate::safe::output(&json));
 }
 
 struct JsonFields<'a> {
@@ -324,22 +328,11 @@ impl Log for TextLogger {
     }
 }
 
-/// The message with any control character escaped (`\n`, `\u{1b}`), so a
-/// message formatted from outside bytes by mistake still cannot break the
-/// line; borrowed when there is nothing to escape (the usual case).
+/// The message rendered by [`crate::safe::text`], so a message formatted
+/// from outside bytes by mistake still cannot break the line or reach the
+/// terminal raw; borrowed when there is nothing to escape (the usual case).
 fn text_msg(msg: &str) -> std::borrow::Cow<'_, str> {
-    if !msg.chars().any(char::is_control) {
-        return msg.into();
-    }
-    let mut out = String::with_capacity(msg.len() + 8);
-    for c in msg.chars() {
-        if c.is_control() {
-            out.extend(c.escape_debug());
-        } else {
-            out.push(c);
-        }
-    }
-    out.into()
+    crate::safe::text(msg)
 }
 
 /// ` key=value` for each key-value of `record`.
@@ -351,9 +344,11 @@ fn text_fields(record: &Record<'_>) -> String {
             let quote = value.is_empty()
                 || value
                     .chars()
-                    .any(|c| c == ' ' || c == '"' || c == '=' || c.is_control());
+                    .any(|c| c == ' ' || c == '"' || c == '=' || crate::safe::hidden(c));
             if quote {
-                let _ = write!(self.0, " {key}={value:?}");
+                let value = value.replace('\\', "\\\\").replace('"', "\\\"");
+                let value = crate::safe::text(&value);
+                let _ = write!(self.0, " {key}=\"{value}\"");
             } else {
                 let _ = write!(self.0, " {key}={value}");
             }
@@ -522,13 +517,13 @@ mod tests {
 
     #[test]
     fn json_line_escapes_strings_and_never_breaks_the_line() {
-        let nasty = "a\"b\\c\nd\re\u{1}f";
+        let nasty = "a\"b\\c\nd\re\u{1}f\u{9b}g\u{202e}h\u{200b}";
         let l = line(
             Level::Info,
             format_args!("{nasty}"),
             &[("v\n", Value::from(nasty))],
         );
-        assert!(!l.contains('\n') && !l.contains('\r'), "{l}");
+        assert!(!l.chars().any(crate::safe::hidden), "{l}");
         let parsed: serde_json::Value = serde_json::from_str(&l).expect("valid JSON");
         assert_eq!(parsed["msg"], nasty);
         assert_eq!(parsed["v\n"], nasty);
@@ -573,6 +568,8 @@ mod tests {
             ("n", Value::from(3)),
             ("empty", Value::from("")),
             ("nl", Value::from("a\nb")),
+            ("bidi", Value::from("x\u{202e}y")),
+            ("q", Value::from("\"a\\b\"")),
         ];
         let record = Record::builder()
             .args(format_args!("m"))
@@ -580,7 +577,7 @@ mod tests {
             .build();
         assert_eq!(
             text_fields(&record),
-            r#" key=be_web/srv1 old="ready 100%" n=3 empty="" nl="a\nb""#
+            r#" key=be_web/srv1 old="ready 100%" n=3 empty="" nl="a\u000ab" bidi="x\u202ey" q="\"a\\b\"""#
         );
         let none = Record::builder().args(format_args!("m")).build();
         assert_eq!(text_fields(&none), "");
@@ -592,9 +589,12 @@ mod tests {
             text_msg("state change"),
             std::borrow::Cow::Borrowed("state change")
         ));
-        assert_eq!(text_msg("a\nb\r\u{1b}[0m\u{0}"), "a\\nb\\r\\u{1b}[0m\\0");
-        let out = text_msg("x\ny");
-        assert!(!out.chars().any(char::is_control), "{out}");
+        assert_eq!(
+            text_msg("a\nb\r\u{1b}[0m\u{0}\u{9b}\u{202e}"),
+            "a\\u000ab\\u000d\\u001b[0m\\u0000\\u009b\\u202e"
+        );
+        let out = text_msg("x\ny\u{200b}");
+        assert!(!out.chars().any(crate::safe::hidden), "{out}");
     }
 
     #[test]

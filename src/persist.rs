@@ -15,7 +15,7 @@
 
 use std::fs::{self, File, OpenOptions};
 use std::hash::BuildHasher;
-use std::io::{self, Read, Write};
+use std::io::{self, Write};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -42,30 +42,15 @@ pub fn load(
     max_bytes: usize,
     now: SystemTime,
 ) -> Result<Loaded, String> {
-    // O_NONBLOCK: opening a FIFO for reading must not wait for a writer
-    // (it would hang start-up, SIGTERM included); only a regular file is
-    // read at all (a FIFO, a device such as /dev/zero, a socket are not).
-    let f = OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NONBLOCK)
-        .open(path)
-        .map_err(|e| format!("cannot open: {e}"))?;
-    let meta = f.metadata().map_err(|e| format!("cannot read: {e}"))?;
-    if !meta.is_file() {
-        return Err("not a regular file".to_owned());
-    }
-    let mut bytes = Vec::new();
-    let limit = u64::try_from(max_bytes)
-        .unwrap_or(u64::MAX)
-        .saturating_add(1);
-    f.take(limit)
-        .read_to_end(&mut bytes)
-        .map_err(|e| format!("cannot read: {e}"))?;
-    if bytes.len() > max_bytes {
-        return Err(format!(
-            "larger than -consul-max-body-bytes ({max_bytes} bytes)"
-        ));
-    }
+    // A FIFO, a device such as /dev/zero, a socket are refused without
+    // waiting (start-up, SIGTERM included, must not hang on them).
+    let limit = u64::try_from(max_bytes).unwrap_or(u64::MAX);
+    let bytes = crate::files::read_regular(path, limit).map_err(|e| match e {
+        e if e.contains("more than") => {
+            format!("larger than -consul-max-body-bytes ({max_bytes} bytes)")
+        }
+        e => format!("cannot read: {e}"),
+    })?;
     file::decode(&bytes, prefix, now, max_age).map_err(|r| r.to_string())
 }
 
@@ -73,7 +58,6 @@ pub fn load(
 /// starts its writer. The state read is answered only once the first
 /// consul read has failed or taken too long ([`crate::state::HeldFile`]).
 pub fn open(config: &Config, path: &Path) -> io::Result<(StateFile, Option<Loaded>)> {
-    let path = &through_links(path);
     let shown = path.display().to_string();
     let max_bytes = config.consul.max_body_bytes;
     let loaded = load(
@@ -113,23 +97,6 @@ pub fn answer_from(l: Loaded, why: &str, state: &mut Swapper, now: Instant) {
     state.load(l.snapshot, l.written, now);
 }
 
-/// The file a path names, through symbolic links: each write renames a new
-/// file into place, which would replace a link (and leave its target to go
-/// stale) rather than write where it points.
-fn through_links(path: &Path) -> PathBuf {
-    let mut path = path.to_owned();
-    for _ in 0..40 {
-        let Ok(target) = fs::read_link(&path) else {
-            break;
-        };
-        path = match path.parent() {
-            Some(dir) => dir.join(target),
-            None => target,
-        };
-    }
-    path
-}
-
 /// A written file's permission bits, and its owner when it is to be kept
 /// (a file another user reads: haproxy's `server-state-file`).
 #[derive(Debug, Clone, Copy)]
@@ -140,10 +107,18 @@ pub(crate) struct Keep {
 }
 
 /// Writes `bytes` to `path` so that `path` is always either the old file
-/// or the new one, whole (`keep`: the new file's mode and owner, else as
-/// the umask and the writer make them); no temporary file is left,
-/// whatever fails.
+/// or the new one, whole, mode 0600 unless `keep` gives the mode and owner;
+/// no temporary file is left, whatever fails. A symbolic link at `path` is
+/// refused (an error, so a warning): whoever can write the directory must
+/// not make the writer replace the file a link points to; the temporary
+/// file is created new (`O_EXCL`, `O_NOFOLLOW`), never through a link
+/// either.
 pub(crate) fn write_atomically(path: &Path, bytes: &[u8], keep: Option<Keep>) -> io::Result<()> {
+    if fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink()) {
+        return Err(io::Error::other(
+            "a symbolic link is at the path: not written through it (give the real file's path)",
+        ));
+    }
     let dir = match path.parent() {
         Some(d) if !d.as_os_str().is_empty() => d,
         _ => Path::new("."),
@@ -186,7 +161,9 @@ fn create_temporary(dir: &Path, name: &str) -> io::Result<(File, PathBuf)> {
     loop {
         let suffix = random.hash_one((std::process::id(), Instant::now(), tries));
         let tmp = dir.join(format!(".{name}.tmp.{suffix:016x}"));
-        match OpenOptions::new().write(true).create_new(true).open(&tmp) {
+        let mut options = OpenOptions::new();
+        options.write(true).create_new(true).mode(0o600);
+        match options.custom_flags(libc::O_NOFOLLOW).open(&tmp) {
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists && tries < 16 => tries += 1,
             opened => return opened.map(|f| (f, tmp)),
         }
@@ -572,7 +549,10 @@ mod tests {
         let path = dir.join("state.json");
         let now = SystemTime::now();
         let missing = load(&path, PREFIX, DAY, 1 << 20, now).unwrap_err();
-        assert!(missing.starts_with("cannot open"), "{missing}");
+        assert!(
+            missing.starts_with("cannot read: No such file"),
+            "{missing}"
+        );
         let bytes = file::encode(&snapshot(3, "drain"), PREFIX, now);
         fs::write(&path, &bytes).unwrap();
         let big = load(&path, PREFIX, DAY, bytes.len() - 1, now).unwrap_err();
@@ -586,10 +566,6 @@ mod tests {
             unreadable.contains("not a regular file"),
             "a directory: {unreadable}"
         );
-        let link = dir.join("link.json");
-        std::os::unix::fs::symlink("state.json", &link).unwrap();
-        assert_eq!(through_links(&link), dir.join("state.json"));
-        assert_eq!(through_links(&path), path, "not a link: itself");
         let fifo = dir.join("fifo");
         let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
         assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);

@@ -398,11 +398,16 @@ fn an_unchanged_state_keeps_the_file_young() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
-/// A link at the path is followed: the file is written where it points.
+/// Issue 39: `-state-file` followed a symlink and replaced its target (a
+/// 0600 file came back 0644). A link at the path is refused with a
+/// warning; the target is left alone; a file written is mode 0600.
 #[test]
-fn a_symlinked_state_file_is_written_through_the_link() {
+fn a_symlink_at_the_state_file_path_is_not_written_through_and_files_are_0600() {
+    use std::os::unix::fs::PermissionsExt;
     let dir = temp_dir("symlink");
     let real = dir.join("real.json");
+    std::fs::write(&real, "precious").unwrap();
+    std::fs::set_permissions(&real, std::fs::Permissions::from_mode(0o600)).unwrap();
     let link = dir.join("link.json");
     std::os::unix::fs::symlink(&real, &link).unwrap();
     let kv = Kv::dev();
@@ -410,19 +415,27 @@ fn a_symlinked_state_file_is_written_through_the_link() {
     kv.put(&format!("{prefix}/be/s1"), "maint");
     let a = agent(kv.addr, &prefix, &link, &[]);
     a.wait_reply("be/s1", "maint 100%", SYNC);
-    wait_for(SYNC, "the link's target written", || {
-        real.is_file().then_some(())
-    });
+    a.proc.wait_log("symbolic link", SYNC);
+    assert_eq!(std::fs::read_to_string(&real).unwrap(), "precious");
     assert!(std::fs::symlink_metadata(&link)
         .unwrap()
         .file_type()
         .is_symlink());
-    drop(kv);
     drop(a);
-    let a = agent(kv_down(), &prefix, &link, &[]);
-    // Answered from the file once the first connection is refused.
+    let path = dir.join("state.json");
+    let a = agent(kv.addr, &prefix, &path, &[]);
     a.wait_reply("be/s1", "maint 100%", SYNC);
-    drop(a); // its writer renames into the directory until it stops
+    wait_for(SYNC, "the state file written", || {
+        path.is_file().then_some(())
+    });
+    let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600, "{mode:o}");
+    drop(a);
+    drop(kv);
+    // Answered from the 0600 file once the first connection is refused.
+    let a = agent(kv_down(), &prefix, &path, &[]);
+    a.wait_reply("be/s1", "maint 100%", SYNC);
+    drop(a);
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

@@ -66,6 +66,12 @@ impl AgentConn {
         &mut self.stream
     }
 
+    /// Still waiting for a complete line (a flood's idle connection looks
+    /// like this; one being answered does not).
+    pub fn awaiting_line(&self) -> bool {
+        matches!(self.phase, Phase::ExpectLine)
+    }
+
     /// The bytes of the incomplete line received so far.
     pub fn received(&self) -> &[u8] {
         &self.buf

@@ -4,6 +4,7 @@
 //! Every agent connection ends in exactly one [`Outcome`]: a reply of some
 //! admin state, or a named reason for closing without one.
 
+pub mod allow;
 pub mod conn;
 pub mod hint;
 pub mod request;

@@ -52,7 +52,7 @@ pub(super) fn run(args: &[std::ffi::OsString], io: &mut Io<'_>) -> u8 {
     };
     match ask(addr, identity) {
         Ok(Some(line)) => {
-            let _ = writeln!(io.out, "{line}");
+            let _ = writeln!(io.out, "{}", crate::safe::text(&line));
             OK
         }
         Ok(None) => {

@@ -352,7 +352,9 @@ fn wait(plan: &Plan, io: &mut Io<'_>) -> u8 {
                 }
                 _ => show::summary(&poll, &plan.rules, elapsed),
             };
-            let _ = io.out.write_all(text.as_bytes());
+            // haproxy's and Prometheus's answers are outside text (-json
+            // too: the escapes are JSON's).
+            let _ = io.out.write_all(crate::safe::output(&text).as_bytes());
             let _ = io.out.flush();
             return if drained { OK } else { FINDING };
         }
@@ -367,6 +369,7 @@ fn show_poll(view: &mut View, poll: &Poll, plan: &Plan, elapsed: Duration, io: &
         View::Table(drawn) => {
             let progress = show::progress(poll, &plan.rules, elapsed, plan.timeout);
             let table = format!("{progress}\n{}", show::table(poll, &plan.rules));
+            let table = crate::safe::output(&table).into_owned();
             // A wrapped line would take two rows and break the redraw.
             let table = match terminal_width() {
                 Some(width) => clip(&table, width),
@@ -383,7 +386,7 @@ fn show_poll(view: &mut View, poll: &Poll, plan: &Plan, elapsed: Duration, io: &
         View::Lines(last) => {
             let mut text = String::new();
             for row in &poll.rows {
-                let line = show::line(row, &plan.rules);
+                let line = crate::safe::text(&show::line(row, &plan.rules)).into_owned();
                 let key = (row.server.clone(), row.source.clone());
                 if last.get(&key) != Some(&line) {
                     text += &format!("{:>6} {line}\n", show::duration(elapsed));
@@ -938,6 +941,11 @@ mod tests {
     /// `wait` over a loopback stats socket that reports 1 session on app/s1
     /// twice, then 0: (exit, stdout).
     fn waited(tty: bool, json: bool, timeout: Duration) -> (u8, String) {
+        waited_with(tty, json, timeout, "DRAIN")
+    }
+
+    /// As [`waited`], the socket reporting `status` for the server.
+    fn waited_with(tty: bool, json: bool, timeout: Duration, status: &'static str) -> (u8, String) {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = l.local_addr().unwrap();
         std::thread::spawn(move || {
@@ -953,7 +961,7 @@ mod tests {
                 stats += 1;
                 let _ = write!(
                     s,
-                    "# pxname,svname,qcur,scur,status\napp,s1,0,{scur},DRAIN\n\n"
+                    "# pxname,svname,qcur,scur,status\napp,s1,0,{scur},{status}\n\n"
                 );
             }
         });
@@ -1012,6 +1020,24 @@ mod tests {
             lines[1].ends_with(": 0 sessions, 0 queued, DRAIN: drained"),
             "{out}"
         );
+    }
+
+    /// Issue 39: haproxy's and Prometheus's answers were printed raw (ESC,
+    /// OSC 52 clipboard writes, CR).
+    #[test]
+    fn hostile_answers_are_shown_escaped_in_every_view() {
+        let status = "DR\x1b]52;c;ZXZpbA==\x07\rAIN\u{9b}\u{202e}";
+        for (tty, json) in [(false, false), (true, false), (false, true)] {
+            let (_, out) = waited_with(tty, json, Duration::from_secs(10), status);
+            // The table view's own redraw sequence is the only ESC.
+            let own = out.replace("\x1b[3F\x1b[J", "");
+            let raw = own.chars().find(|&c| c != '\n' && crate::safe::hidden(c));
+            assert_eq!(raw, None, "tty {tty} json {json}: {out:?}");
+            assert!(own.contains("DR\\u001b]52;c;"), "{out:?}");
+            if json {
+                serde_json::from_str::<serde_json::Value>(&out).expect("-json stays JSON");
+            }
+        }
     }
 
     #[test]

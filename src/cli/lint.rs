@@ -91,7 +91,10 @@ pub(super) fn run(args: &[std::ffi::OsString], io: &mut Io<'_>) -> u8 {
     };
     let report = crate::lint::lint(&files, &target, &local_addresses(), &env);
     let code = if report.errors > 0 { FINDING } else { OK };
-    let _ = io.out.write_all(report.render().as_bytes());
+    // Names read from the configurations are outside text.
+    let _ = io
+        .out
+        .write_all(crate::safe::output(&report.render()).as_bytes());
     code
 }
 
@@ -157,8 +160,12 @@ pub(super) fn config_env<'a>(
 /// sorted by name (`alphasort`, byte order in haproxy's C locale).
 pub(super) fn read_config(name: &str, files: &mut Vec<(String, Vec<u8>)>) -> Result<(), String> {
     let cannot = |e: std::io::Error| format!("cannot read {name}: {e}");
+    let read = |path: &str| {
+        crate::files::read_regular(path.as_ref(), crate::files::MAX_CONFIG_BYTES)
+            .map_err(|e| format!("cannot read {path}: {e}"))
+    };
     if !std::fs::metadata(name).map_err(cannot)?.is_dir() {
-        files.push((name.to_owned(), std::fs::read(name).map_err(cannot)?));
+        files.push((name.to_owned(), read(name)?));
         return Ok(());
     }
     let mut entries = Vec::new();
@@ -175,7 +182,7 @@ pub(super) fn read_config(name: &str, files: &mut Vec<(String, Vec<u8>)>) -> Res
     }
     entries.sort();
     for path in entries {
-        let bytes = std::fs::read(&path).map_err(|e| format!("cannot read {path}: {e}"))?;
+        let bytes = read(&path)?;
         files.push((path, bytes));
     }
     Ok(())

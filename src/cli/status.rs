@@ -80,6 +80,7 @@ pub(super) fn run(args: &[std::ffi::OsString], io: &mut Io<'_>) -> u8 {
     let report = match report {
         Ok(report) => report,
         Err(e) => {
+            let e = crate::safe::text(&e);
             let _ = writeln!(io.err, "cannot read the agent's state at http://{addr}/debug/state: {e} (is the agent running with this -pprof-addr?)");
             return FINDING;
         }
@@ -91,7 +92,8 @@ pub(super) fn run(args: &[std::ffi::OsString], io: &mut Io<'_>) -> u8 {
     } else {
         report.table()
     };
-    let _ = io.out.write_all(text.as_bytes());
+    // -json too: its escapes are JSON's, so it stays JSON.
+    let _ = io.out.write_all(crate::safe::output(&text).as_bytes());
     if report.ok() {
         OK
     } else {
@@ -233,19 +235,10 @@ fn since(when: u64, now: u64) -> String {
     }
 }
 
-/// Text from a record as a terminal may show it: controls and bidi
-/// overrides (a raw write may hold them) replaced, cut to `max` bytes.
+/// Text from a record as a terminal may show it ([`crate::safe::text`]),
+/// cut to `max` bytes.
 fn shown(text: &str, max: usize) -> String {
-    let clean: String = text
-        .chars()
-        .map(
-            |c| match record::check_text("x", c.encode_utf8(&mut [0; 4])) {
-                Ok(()) => c,
-                Err(_) => '\u{FFFD}',
-            },
-        )
-        .collect();
-    super::write::plan::cut(&clean, max)
+    super::write::plan::cut(&crate::safe::text(text), max)
 }
 
 /// What `/debug/state` says, reduced to what an operator checks.
@@ -361,7 +354,7 @@ impl Report {
     }
 
     fn table(&self) -> String {
-        let mut lines = vec![self.headline()];
+        let mut lines = vec![crate::safe::text(&self.headline()).into_owned()];
         let header = [
             "IDENTITY",
             "VALUE",
@@ -379,18 +372,21 @@ impl Report {
                 .last_asked
                 .map_or("never".into(), |(_, ago)| format!("{ago}s ago"));
             let rec = r.record.record();
-            cells.push([
-                r.identity.clone(),
-                r.value.clone(),
-                r.reply.clone(),
-                asked,
-                rec.map_or("-".into(), |x| shown(&x.by, 40)),
-                rec.map_or("-".into(), |x| since(x.when, self.now)),
-                rec.and_then(|x| x.reason.as_deref())
-                    .map_or("-".into(), |x| shown(x, 60)),
-                r.until(self.now),
-                r.notes().join("; "),
-            ]);
+            cells.push(
+                [
+                    r.identity.clone(),
+                    r.value.clone(),
+                    r.reply.clone(),
+                    asked,
+                    rec.map_or("-".into(), |x| shown(&x.by, 40)),
+                    rec.map_or("-".into(), |x| since(x.when, self.now)),
+                    rec.and_then(|x| x.reason.as_deref())
+                        .map_or("-".into(), |x| shown(x, 60)),
+                    r.until(self.now),
+                    r.notes().join("; "),
+                ]
+                .map(|cell| crate::safe::text(&cell).into_owned()),
+            );
         }
         if !self.rows.is_empty() {
             lines.push(crate::columns::aligned(&cells).trim_end().to_owned());
@@ -408,7 +404,7 @@ impl Report {
             plural(self.unknown_identities, "identity", "identities"),
         ));
         if let Some(e) = &self.records_error {
-            lines.push(format!("records not read: {e}"));
+            lines.push(format!("records not read: {}", crate::safe::text(e)));
         }
         lines.join("\n") + "\n"
     }
@@ -612,6 +608,53 @@ mod tests {
         assert_eq!(j["diverted"][0]["did_you_mean"], "be_web/srv1");
         assert!(j["diverted"][0]["last_asked_unix_seconds"].is_null());
         assert_eq!(j["diverted"][1]["last_asked_seconds_ago"], 1);
+    }
+
+    /// Issue 39: KV key names with C1 controls, bidi overrides and
+    /// zero-width characters, a record's `by` with ESC sequences (clear
+    /// screen, OSC 52 clipboard write) and an identity asked on the agent
+    /// port reached the terminal raw.
+    #[test]
+    fn hostile_keys_records_and_asked_identities_are_shown_escaped_one_line_each() {
+        let mut d = doc();
+        let keys = ["be\u{9b}2J/a", "be\u{202e}x/b\u{200b}", "be\n/c\u{85}"];
+        let ids = d["state"]["identities"].as_object_mut().unwrap();
+        let srv2 = ids["be_web/srv2"].clone();
+        for k in keys {
+            ids.insert(k.to_owned(), srv2.clone());
+        }
+        ids[keys[0]]["unasked"] = json!(true);
+        ids[keys[0]]["last_asked"] = json!(null);
+        d["asking"]["unasked"] =
+            json!([{"identity": keys[0], "did_you_mean": "x\u{1b}]52;c;eA==\u{7}"}]);
+        let mut recs = records();
+        let mut pair = recs["be_web/srv2"].clone();
+        let mut rec = record::decode(&pair.value).unwrap();
+        rec.by = "mallory\u{1b}[2J\u{1b}]52;c;ZXZpbA==\u{7}".into();
+        rec.reason = Some("\u{9d}ok\u{2028}".into());
+        pair.value = rec.encode().into_bytes();
+        recs.insert(keys[1].to_owned(), pair);
+        let r = Report::of(&d, Ok(recs)).unwrap();
+        let table = r.table();
+        assert!(
+            !table.chars().any(|c| c != '\n' && crate::safe::hidden(c)),
+            "{table:?}"
+        );
+        for k in keys {
+            let shown = crate::safe::text(k);
+            assert_eq!(
+                table.lines().filter(|l| l.starts_with(&*shown)).count(),
+                1,
+                "{k:?} on one line: {table}"
+            );
+        }
+        assert!(table.contains("mallory\\u001b[2J\\u001b]52;c;"), "{table}");
+        assert!(table.contains("did you mean x\\u001b]52"), "{table}");
+        let json =
+            crate::safe::output(&serde_json::to_string_pretty(&r.json()).unwrap()).into_owned();
+        assert!(!json.chars().any(|c| c != '\n' && crate::safe::hidden(c)));
+        let back: Value = serde_json::from_str(&json).expect("-json stays JSON");
+        assert_eq!(back, r.json());
     }
 
     #[test]

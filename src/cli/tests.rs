@@ -165,6 +165,29 @@ fn addresses_come_from_the_flag_then_the_daemons_variable_then_its_default() {
     assert!(err.contains("127.0.0.3:1"), "{err}");
 }
 
+/// Issue 39: lint-haproxy printed configuration names raw and read
+/// `/dev/zero` until out of memory.
+#[test]
+fn lint_shows_configuration_names_escaped_and_reads_only_regular_files() {
+    let dir = std::env::temp_dir().join(format!("gha-cli-lint-hostile-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("evil.cfg");
+    std::fs::write(&file, "backend be\x1b]52;c;ZXZpbA==\x07\u{9b}2J\u{202e}\n server s\u{200b}1 127.0.0.1:80 weight 100 agent-check agent-port 9777 agent-inter 1s agent-send \"be\x1b[2J/s1\\n\"\n").unwrap();
+    let (_, out, _) = run_with("lint-haproxy", &[file.to_str().unwrap()], b"", &[]);
+    assert!(
+        !out.chars()
+            .any(|c| c != '\n' && c != '\t' && crate::safe::hidden(c)),
+        "{out:?}"
+    );
+    assert!(out.contains("\\u001b"), "{out}");
+    let t = std::time::Instant::now();
+    let (code, _, err) = run_with("lint-haproxy", &["/dev/zero"], b"", &[]);
+    assert_eq!(code, USAGE, "{err}");
+    assert!(err.contains("/dev/zero: not a regular file"), "{err}");
+    assert!(t.elapsed() < std::time::Duration::from_secs(2));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// Regression (issue 27): lint-haproxy checked agent-send against 256
 /// bytes even for an agent run with a larger -max-line-bytes.
 #[test]

@@ -183,6 +183,7 @@ macro_rules! settings {
 settings! {
     flags {
         listen_addr: "listen-addr", Listener, ":9777", "agent-check listener (haproxy agent-port); empty disables";
+        listen_allow: "listen-allow", Text, "", "CIDR[,CIDR...]: only these source addresses get agent answers (others are closed at accept, unanswered); empty: everyone";
         monitoring_addr: "monitoring-addr", Listener, ":9778", "/-/metrics, /-/liveness, /-/readiness listener; empty disables";
         pprof_addr: "pprof-addr", Listener, "127.0.0.1:9779", "debugging endpoints (/debug/state); empty disables";
         consul_addr: "consul-addr", Addr, "127.0.0.1:8500", "consul agent: host:port, http://host:port[/prefix] or unix:///path; else CONSUL_HTTP_ADDR";
@@ -197,7 +198,7 @@ settings! {
         read_timeout: "read-timeout", Duration, "5s", "time a connection has to send its request line (Go duration)";
         max_line_bytes: "max-line-bytes", Int, "256", "longest request line accepted, 1..65536";
         reply_up: "reply-up", Bool, "false", "append \" up\" to every reply (the agent's health vote): needed on haproxy 3.3/3.4 for a server without a default-server line before it";
-        max_connections: "max-connections", Int, "20000", "open agent connections before accepting pauses";
+        max_connections: "max-connections", Int, "20000", "open agent connections; at the limit a new one evicts the oldest without a complete line";
         consul_wait: "consul-wait", Duration, "5m", "consul blocking-query wait, 1s..10m";
         consul_max_body_bytes: "consul-max-body-bytes", Int, "67108864", "largest consul response body accepted (inflated, for a gzip body), at least 1024";
         consul_gzip: "consul-gzip", Text, "auto", "ask consul for gzip bodies: auto (unless consul is on loopback or a unix socket), true or false";

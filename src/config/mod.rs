@@ -101,6 +101,8 @@ pub enum LogFormat {
 pub struct Config {
     /// `None`: agent listener disabled (empty `-listen-addr`).
     pub listen_addr: Option<ListenAddr>,
+    /// `-listen-allow`: sources served on the agent port (empty: all).
+    pub listen_allow: crate::agent::allow::Allow,
     pub monitoring_addr: Option<ListenAddr>,
     pub pprof_addr: Option<ListenAddr>,
     pub consul: ConsulConfig,
@@ -170,6 +172,25 @@ pub fn parse(
 }
 
 impl ConsulConfig {
+    /// What must never be shown of an error body: the token, the basic
+    /// auth as sent (base64) and decoded (`user:password`, the password).
+    pub fn secrets(&self) -> Vec<Vec<u8>> {
+        use base64::Engine as _;
+        let mut secrets: Vec<Vec<u8>> = self.token.iter().map(|t| t.clone().into_bytes()).collect();
+        if let Some(auth) = &self.basic_auth {
+            secrets.push(auth.clone().into_bytes());
+            if let Ok(pair) = base64::engine::general_purpose::STANDARD.decode(auth) {
+                if let Some(at) = pair.iter().position(|&b| b == b':') {
+                    secrets.push(pair[at + 1..].to_vec());
+                }
+                secrets.push(pair);
+            }
+        }
+        // The longest first, so a secret inside another is not cut out of it.
+        secrets.sort_by_key(|s| std::cmp::Reverse(s.len()));
+        secrets
+    }
+
     /// Whether requests carry `Accept-Encoding: gzip`.
     pub fn asks_gzip(&self) -> bool {
         match (self.gzip, &self.endpoint) {

@@ -94,6 +94,8 @@ const ALL_FLAGS: &[&str] = &[
     "-monitoring-addr=127.0.0.1:1002",
     "--pprof-addr",
     "127.0.0.1:1003",
+    "-listen-allow",
+    "10.0.0.0/8",
     "--consul-addr=10.0.0.1:1004",
     "-kv-prefix",
     "/a/b/",
@@ -134,6 +136,8 @@ fn assert_all_flags(c: &Config) {
         Some(ListenAddr::Addr(v4([127, 0, 0, 1], 1003)))
     );
     assert_eq!(c.consul.endpoint, tcp([10, 0, 0, 1], 1004));
+    assert!(c.listen_allow.permits([10, 9, 9, 9].into()));
+    assert!(!c.listen_allow.permits([192, 0, 2, 1].into()));
     assert_eq!(c.kv_prefix, "a/b");
     assert_eq!(c.read_timeout, Duration::from_millis(1500));
     assert_eq!(c.max_line_bytes, 100);
@@ -160,6 +164,7 @@ const ALL_ENV: &[(&str, &str)] = &[
     ("GITLAB_HAPROXY_AGENT_LISTEN_ADDR", "127.0.0.1:2001"),
     ("GITLAB_HAPROXY_AGENT_MONITORING_ADDR", "127.0.0.1:2002"),
     ("GITLAB_HAPROXY_AGENT_PPROF_ADDR", "127.0.0.1:2003"),
+    ("GITLAB_HAPROXY_AGENT_LISTEN_ALLOW", "192.0.2.1"),
     ("GITLAB_HAPROXY_AGENT_CONSUL_ADDR", "10.0.0.2:2004"),
     ("GITLAB_HAPROXY_AGENT_KV_PREFIX", "env/prefix"),
     ("GITLAB_HAPROXY_AGENT_READ_TIMEOUT", "2s"),
@@ -199,6 +204,8 @@ fn every_flag_from_the_environment() {
         Some(ListenAddr::Addr(v4([127, 0, 0, 1], 2003)))
     );
     assert_eq!(c.consul.endpoint, tcp([10, 0, 0, 2], 2004));
+    assert!(c.listen_allow.permits([192, 0, 2, 1].into()));
+    assert!(!c.listen_allow.permits([10, 9, 9, 9].into()));
     assert_eq!(c.kv_prefix, "env/prefix");
     assert_eq!(c.read_timeout, Duration::from_secs(2));
     assert_eq!(c.max_line_bytes, 200);
@@ -392,6 +399,8 @@ fn bad_values_name_the_flag() {
         (&["-max-line-bytes", "-1"], "invalid value \"-1\" for flag -max-line-bytes: not a whole number"),
         (&["-max-line-bytes", "+5"], "invalid value \"+5\" for flag -max-line-bytes: not a whole number"),
         (&["-max-connections", "0"], "invalid value \"0\" for flag -max-connections: must be between 1 and 10000000"),
+        (&["-listen-allow", "10.0.0.0/8,10.1.0.0/33"], "invalid value \"10.0.0.0/8,10.1.0.0/33\" for flag -listen-allow: \"10.1.0.0/33\": prefix length longer than the address"),
+        (&["-listen-allow", "haproxy1"], "invalid value \"haproxy1\" for flag -listen-allow: \"haproxy1\": not an IP address or CIDR (like 10.0.0.0/8 or fd00::/8)"),
         (&["-max-connections", "1e3"], "invalid value \"1e3\" for flag -max-connections: not a whole number"),
         (&["-consul-wait", "x"], "invalid value \"x\" for flag -consul-wait: not a duration (use Go syntax like 5s, 100ms, 1m30s)"),
         (&["-consul-max-body-bytes", "1023"], "invalid value \"1023\" for flag -consul-max-body-bytes: must be at least 1024"),
@@ -598,12 +607,11 @@ fn dev_mode_watches_the_dev_kv_unless_told_otherwise() {
     assert_eq!(c.consul.endpoint, tcp([127, 0, 0, 1], 8500));
     assert!(c.consul_follows_dev_kv());
 
-    let c = ok(&["-dev", "-dev-kv-addr", ":8600"], &[]);
-    assert_eq!(c.dev_kv_addr, Some(ListenAddr::AnyDualStack(8600)));
+    let c = ok(&["-dev", "-dev-kv-addr", "127.0.0.1:8600"], &[]);
     assert_eq!(c.consul.endpoint, tcp([127, 0, 0, 1], 8600));
     assert_eq!(c.consul.host_header, "127.0.0.1:8600");
 
-    let c = ok(&["-dev", "-dev-kv-addr", "[::]:0"], &[]);
+    let c = ok(&["-dev", "-dev-kv-addr", "[::1]:0"], &[]);
     assert_eq!(
         c.consul.endpoint,
         ConsulEndpoint::Tcp("[::1]:0".parse().unwrap())
@@ -621,6 +629,75 @@ fn dev_mode_watches_the_dev_kv_unless_told_otherwise() {
 
     // -dev-kv-addr without -dev is not used.
     assert_eq!(ok(&["-dev-kv-addr", "x"], &[]).dev_kv_addr, None);
+}
+
+/// Issue 39: `-dev -dev-kv-addr 0.0.0.0:P` served a KV without ACLs to
+/// the network; the agent and monitoring ports listened on every
+/// interface in -dev too.
+#[test]
+fn dev_mode_stays_local() {
+    for addr in [":8600", "0.0.0.0:8600", "[::]:0", "192.0.2.1:8500"] {
+        let e = err(&["-dev", "-dev-kv-addr", addr], &[]);
+        assert_eq!(e, format!("invalid value {addr:?} for flag -dev-kv-addr: must be a loopback address (127.0.0.1:PORT or [::1]:PORT): the dev KV has no ACLs"));
+    }
+    let c = ok(&["-dev"], &[]);
+    assert_eq!(
+        c.listen_addr,
+        Some(ListenAddr::Addr(v4([127, 0, 0, 1], 9777)))
+    );
+    assert_eq!(
+        c.monitoring_addr,
+        Some(ListenAddr::Addr(v4([127, 0, 0, 1], 9778)))
+    );
+    let c = ok(
+        &["-dev", "-listen-addr", ":9777"],
+        &[("GITLAB_HAPROXY_AGENT_MONITORING_ADDR", ":1")],
+    );
+    assert_eq!(
+        c.listen_addr,
+        Some(ListenAddr::AnyDualStack(9777)),
+        "given: kept"
+    );
+    assert_eq!(
+        c.monitoring_addr,
+        Some(ListenAddr::AnyDualStack(1)),
+        "given: kept"
+    );
+    assert_eq!(
+        ok(&[], &[]).listen_addr,
+        Some(ListenAddr::AnyDualStack(9777))
+    );
+}
+
+/// Issue 39: a token sent in clear to a non-loopback consul got no word.
+#[test]
+fn a_token_going_in_clear_to_a_remote_consul_gets_one_warning() {
+    let clear = |env: &[(&str, &str)]| {
+        let c = ok(&[], env);
+        c.warnings.iter().filter(|w| w.contains("in clear")).count()
+    };
+    let token = ("CONSUL_HTTP_TOKEN", "t0k3n");
+    assert_eq!(clear(&[token, ("CONSUL_HTTP_ADDR", "10.0.0.5:8500")]), 1);
+    assert_eq!(clear(&[token]), 0, "loopback");
+    assert_eq!(
+        clear(&[token, ("CONSUL_HTTP_ADDR", "unix:///run/consul.sock")]),
+        0
+    );
+    assert_eq!(
+        clear(&[("CONSUL_HTTP_ADDR", "10.0.0.5:8500")]),
+        0,
+        "no token"
+    );
+    assert_eq!(
+        clear(&[token, ("CONSUL_HTTP_ADDR", "https://10.0.0.5:8501")]),
+        0
+    );
+    let c = ok(&[], &[token, ("CONSUL_HTTP_ADDR", "10.0.0.5:8500")]);
+    assert!(
+        !c.warnings.iter().any(|w| w.contains("t0k3n")),
+        "{:?}",
+        c.warnings
+    );
 }
 
 #[test]
@@ -794,6 +871,28 @@ fn token_file_beats_token() {
         ],
     );
     assert_eq!(c.consul.token.as_deref(), Some("file-token"));
+    let _ = std::fs::remove_file(path);
+}
+
+/// Issue 39: `/dev/zero` as the token file ran out of memory, a FIFO
+/// blocked start-up, a world-writable token file got no word.
+#[test]
+fn a_token_file_is_read_only_as_a_small_regular_file_and_a_loose_mode_is_named() {
+    use std::os::unix::fs::PermissionsExt;
+    let e = err(&[], &[("CONSUL_HTTP_TOKEN_FILE", "/dev/zero")]);
+    assert!(e.contains("\"/dev/zero\": not a regular file"), "{e}");
+    let path = temp_file("token-mode", "tok\n");
+    let file = ("CONSUL_HTTP_TOKEN_FILE", path.to_str().unwrap());
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666)).unwrap();
+    let c = ok(&[], &[file]);
+    assert_eq!(c.consul.token.as_deref(), Some("tok"));
+    assert_eq!(c.warnings.len(), 1, "{:?}", c.warnings);
+    assert!(c.warnings[0].contains("has mode 666"), "{:?}", c.warnings);
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+    assert!(ok(&[], &[file]).warnings.is_empty());
+    std::fs::write(&path, vec![b'a'; 70_000]).unwrap();
+    let e = err(&[], &[file]);
+    assert!(e.contains("70000 bytes, more than 65536"), "{e}");
     let _ = std::fs::remove_file(path);
 }
 

@@ -234,7 +234,8 @@ fn contains(hay: &[u8], needle: &[u8]) -> bool {
 
 /// The file's bytes (IO).
 fn read(raw: &Raw, path: &Path) -> Result<Vec<u8>, UsageError> {
-    std::fs::read(path).map_err(|e| raw.invalid(format!("cannot read {}: {e}", path.display())))
+    crate::files::read_regular(path, crate::files::MAX_PEM_BYTES)
+        .map_err(|e| raw.invalid(format!("cannot read {}: {e}", path.display())))
 }
 
 /// Every PEM certificate in `bytes` (read from `raw`'s file); at least one.

@@ -19,6 +19,7 @@ use super::addr::{parse_consul_addr, parse_listen_addr, ConsulAddr, ListenAddr};
 use super::flags::{LowArgs, Raw, Source};
 use super::tls::consul_tls;
 use super::{usage_error, Config, ConsulConfig, ConsulEndpoint, GzipMode, LogFormat, UsageError};
+use crate::agent::allow::Allow;
 use crate::decimal::parse_uint;
 use crate::gocompat::{parse_go_bool, parse_signed_duration};
 
@@ -33,8 +34,10 @@ impl Raw {
 
 /// Checks every setting, in the order that decides which error is reported.
 pub(super) fn config(low: &LowArgs) -> Result<Config, UsageError> {
-    let listen_addr = listen(&low.listen_addr.value())?;
-    let monitoring_addr = listen(&low.monitoring_addr.value())?;
+    let mut listen_addr = listen(&low.listen_addr.value())?;
+    let raw = low.listen_allow.value();
+    let listen_allow = Allow::parse(&raw.value).map_err(|e| raw.invalid(e))?;
+    let mut monitoring_addr = listen(&low.monitoring_addr.value())?;
     let pprof_addr = listen(&low.pprof_addr.value())?;
     let kv_prefix = kv_prefix(&low.kv_prefix.value())?;
     let read_timeout = read_timeout(&low.read_timeout.value())?;
@@ -53,9 +56,28 @@ pub(super) fn config(low: &LowArgs) -> Result<Config, UsageError> {
     let gzip = gzip_mode(&low.consul_gzip.value())?;
     let max_stale = duration(&low.consul_max_stale.value())?;
     let dev_kv_addr = dev_kv_addr(low)?;
+    if dev_kv_addr.is_some() {
+        // -dev stays local: listeners not given bind to loopback.
+        for (addr, flag) in [
+            (&mut listen_addr, &low.listen_addr),
+            (&mut monitoring_addr, &low.monitoring_addr),
+        ] {
+            if let (Some(ListenAddr::AnyDualStack(port)), None) = (&addr, flag.explicit()) {
+                *addr = Some(ListenAddr::Addr(
+                    (std::net::Ipv4Addr::LOCALHOST, *port).into(),
+                ));
+            }
+        }
+    }
     let mut warnings = Vec::new();
     let limits = (wait, max_body_bytes);
     let mut consul = consul_config(low, dev_kv_addr.as_ref(), limits, &mut warnings)?;
+    if let (Some(_), None, ConsulEndpoint::Tcp(at)) = (&consul.token, &consul.tls, &consul.endpoint)
+    {
+        if !at.ip().is_loopback() {
+            warnings.push(format!("the ACL token goes to consul at {at} in clear (http, not loopback): use https (-consul-http-ssl, an https:// address) or a local consul agent"));
+        }
+    }
     consul.gzip = gzip;
     consul.max_stale = max_stale;
     let (log_format, log_level) = log_settings(low)?;
@@ -69,6 +91,7 @@ pub(super) fn config(low: &LowArgs) -> Result<Config, UsageError> {
     );
     Ok(Config {
         listen_addr,
+        listen_allow,
         monitoring_addr,
         pprof_addr,
         consul,
@@ -195,7 +218,10 @@ fn dev_kv_addr(low: &LowArgs) -> Result<Option<ListenAddr>, UsageError> {
     }
     let raw = low.dev_kv_addr.value();
     match listen(&raw)? {
-        Some(addr) => Ok(Some(addr)),
+        Some(ListenAddr::Addr(at)) if at.ip().is_loopback() => Ok(Some(ListenAddr::Addr(at))),
+        Some(_) => Err(raw.invalid(
+            "must be a loopback address (127.0.0.1:PORT or [::1]:PORT): the dev KV has no ACLs",
+        )),
         None => Err(raw.invalid("must not be empty with -dev")),
     }
 }
@@ -372,6 +398,12 @@ fn token(low: &LowArgs, warnings: &mut Vec<String>) -> Result<Option<String>, Us
         let token = text.trim();
         if !token.is_empty() {
             check_token(token, file)?;
+            if let Some(mode) = crate::files::loose_mode(std::path::Path::new(&file.value)) {
+                warnings.push(format!(
+                    "{} {:?} has mode {mode:o}: others can read or write the ACL token (chmod 600, or 640 for a group)",
+                    file.source, file.value
+                ));
+            }
             return Ok(Some(token.to_string()));
         }
         let instead = match &low.consul_http_token {
@@ -399,7 +431,7 @@ fn token(low: &LowArgs, warnings: &mut Vec<String>) -> Result<Option<String>, Us
 /// The token file's text (IO: reads the file named by `file`).
 fn read_token_file(file: &Raw) -> Result<String, UsageError> {
     let path = &file.value;
-    let data = std::fs::read(path)
+    let data = crate::files::read_regular(path.as_ref(), crate::files::MAX_TOKEN_BYTES)
         .map_err(|e| usage_error(format!("{}: cannot read {path:?}: {e}", file.source)))?;
     String::from_utf8(data)
         .map_err(|_| usage_error(format!("{}: {path:?} is not UTF-8 text", file.source)))

@@ -223,7 +223,7 @@ impl<C: Connect> Client<C> {
         Client {
             connector,
             spec: RequestSpec::new(config),
-            watch: Watch::new(prefix, seed, config.max_stale),
+            watch: Watch::new(prefix, seed, config.max_stale).hiding(config.secrets()),
             phase: Phase::Idle { conn: None },
             retired: Vec::new(),
             next_conn_id: 0,

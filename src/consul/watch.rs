@@ -82,7 +82,7 @@ impl Failure {
 
     /// The failure of a complete response that is not a listing (`None`
     /// for 200 and 404, which are).
-    fn of_status(status: u16, body: &[u8]) -> Option<Failure> {
+    fn of_status(status: u16, body: &[u8], secrets: &[Vec<u8>]) -> Option<Failure> {
         let (reason, configuration) = match status {
             200 | 404 => return None,
             // Interim responses are skipped by the client; any other 2xx
@@ -95,7 +95,7 @@ impl Failure {
         };
         Some(Failure {
             reason,
-            detail: http_detail(status, body),
+            detail: http_detail(status, body, secrets),
             configuration,
         })
     }
@@ -180,6 +180,8 @@ pub struct Watch {
     last_entries: usize,
     /// `-consul-max-stale` (`None`: off, the leader answers).
     max_stale: Option<Duration>,
+    /// Never shown in an error body ([`crate::safe::error_body`]).
+    secrets: Vec<Vec<u8>>,
     /// The request in flight carries `stale`.
     asked_stale: bool,
     /// The last answer was too stale: ask the leader next.
@@ -192,6 +194,12 @@ impl Watch {
     /// `prefix` without leading/trailing `/`; `seed` feeds the backoff
     /// jitter (any value; tests pass a fixed one); `max_stale` is
     /// `-consul-max-stale` (zero: off).
+    /// The same watch, replacing `secrets` (the token ...) in the error
+    /// bodies it reports.
+    pub fn hiding(self, secrets: Vec<Vec<u8>>) -> Watch {
+        Watch { secrets, ..self }
+    }
+
     pub fn new(prefix: &str, seed: u64, max_stale: Duration) -> Watch {
         Watch {
             prefix: prefix.to_owned(),
@@ -205,6 +213,7 @@ impl Watch {
             rng: Jitter::new(seed),
             last_entries: 0,
             max_stale: (!max_stale.is_zero()).then_some(max_stale),
+            secrets: Vec::new(),
             asked_stale: false,
             consistent_next: false,
             stale_reasks: 0,
@@ -322,7 +331,7 @@ impl Watch {
     pub fn on_response(&mut self, now: Instant, head: &ResponseHead, body: Vec<u8>) -> Response {
         let asked_stale = std::mem::take(&mut self.asked_stale);
         self.consistent_next = false;
-        if let Some(f) = Failure::of_status(head.status, &body) {
+        if let Some(f) = Failure::of_status(head.status, &body, &self.secrets) {
             return Response::Done(self.fail(now, f));
         }
         if asked_stale {
@@ -488,8 +497,8 @@ fn parse_index(v: &[u8]) -> Option<u64> {
     s.parse().ok()
 }
 
-fn http_detail(status: u16, body: &[u8]) -> String {
-    let text = crate::logging::escape(body.trim_ascii(), 200);
+fn http_detail(status: u16, body: &[u8], secrets: &[Vec<u8>]) -> String {
+    let text = crate::safe::error_body(body, secrets);
     if text.is_empty() {
         format!("HTTP {status}")
     } else {
@@ -505,6 +514,24 @@ fn encode_path(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Issue 39: an error body echoing the request headers put the ACL
+    /// token into the log, `/debug/state` and `status`.
+    #[test]
+    fn an_error_body_is_shown_without_the_token() {
+        let config = crate::consul::memstream::config(1 << 20);
+        let config = crate::config::ConsulConfig {
+            token: Some("s3cr3t-acl-token".into()),
+            ..config
+        };
+        let body = b"403 denied; you sent X-Consul-Token: s3cr3t-acl-token\x1b[2J\xc2\x9b";
+        let f = Failure::of_status(403, body, &config.secrets()).unwrap();
+        assert!(!f.detail.contains("s3cr3t"), "{}", f.detail);
+        assert!(f.detail.contains("<redacted>"), "{}", f.detail);
+        assert!(!f.detail.chars().any(crate::safe::hidden), "{}", f.detail);
+        let w = Watch::new("p", 1, Duration::ZERO).hiding(config.secrets());
+        assert_eq!(w.secrets, [b"s3cr3t-acl-token".to_vec()]);
+    }
 
     const BODY: &[u8] = br#"[{"LockIndex":0,"Key":"p/be/s1","Flags":0,"Value":"ZHJhaW4=","CreateIndex":5,"ModifyIndex":7}]"#;
 

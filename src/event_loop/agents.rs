@@ -4,9 +4,17 @@
 //!
 //! Always holds: a check whose line is in the socket at accept costs four
 //! system calls (`accept4`, `recvfrom`, `sendto`, `close`) and no table
-//! slot; only one that must wait gets a registration and a timer.
+//! slot; only one that must wait gets a registration and a timer. At
+//! `-max-connections` a new connection evicts the oldest one still waiting
+//! for its line (a flood of idle connections cannot keep haproxy's checks
+//! in the backlog); the gate closes only when none waits for a line. A
+//! source outside `-listen-allow` is closed at accept, unread. Each accept
+//! costs O(1) amortized: the eviction order is a queue, its stale entries
+//! dropped as they reach the front or once they outnumber the open
+//! connections.
 
-use std::time::Instant;
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
 
 use log::{debug, trace, warn};
 use mio::event::Source;
@@ -22,6 +30,18 @@ use crate::agent::Outcome;
 /// Accept at most this many per turn, so one busy listener cannot starve
 /// the rest of the loop; the loop comes back at once if more are waiting.
 const ACCEPT_BATCH: usize = 256;
+
+/// Eviction warnings at most this often.
+const EVICT_WARN_EVERY: Duration = Duration::from_secs(10);
+
+/// Agent connections in the table, oldest first, as (key, generation):
+/// the eviction order. Entries of closed or answered connections are
+/// skipped at the front and compacted when they pile up.
+#[derive(Default)]
+pub struct AcceptOrder {
+    queue: VecDeque<(usize, u32)>,
+    last_warning: Option<Instant>,
+}
 
 /// An agent connection waiting for the rest of its line (or for room to
 /// write its reply).
@@ -50,7 +70,12 @@ impl EventLoop {
             return;
         }
         for _ in 0..ACCEPT_BATCH {
-            match self.agent_gate.admit(self.agents.len()) {
+            // At the limit, a connection still waiting for its line counts
+            // as room: it is evicted once a new one is really accepted.
+            let full = self.agents.len() >= self.max_connections;
+            let victim = if full { self.oldest_idle() } else { None };
+            let open = self.agents.len() - usize::from(victim.is_some());
+            match self.agent_gate.admit(open) {
                 Admit::Yes => {}
                 Admit::No => return,
                 Admit::Closing => {
@@ -62,7 +87,16 @@ impl EventLoop {
                 return;
             };
             match listener.accept().map_err(AcceptError::from) {
-                Ok((stream, _)) => self.serve_new(stream),
+                Ok((stream, peer)) => {
+                    if !self.listen_allow.permits(peer.ip()) {
+                        self.metrics.connections_disallowed += 1;
+                        continue; // dropped: closed unread, no reply
+                    }
+                    if let Some(key) = victim {
+                        self.evict_agent(key, now);
+                    }
+                    self.serve_new(stream)
+                }
                 Err(AcceptError::Drained) => return,
                 Err(AcceptError::Retry) => {}
                 Err(AcceptError::Failed(e)) => {
@@ -97,6 +131,7 @@ impl EventLoop {
         match self.agents.insert(self.poll.registry(), slot, want) {
             Ok(key) => {
                 self.agents.arm(key, accepted + self.read_timeout);
+                self.remember_order(key);
                 self.metrics.open_connections = self.agents.len() as u64;
             }
             Err((slot, e)) => {
@@ -104,6 +139,48 @@ impl EventLoop {
                 self.count(Outcome::IoError, accepted, &slot.conn);
             }
         }
+    }
+
+    /// The oldest open connection still waiting for its line; entries in
+    /// front of it (closed, reused or answering) are dropped on the way.
+    fn oldest_idle(&mut self) -> Option<usize> {
+        while let Some(&(key, gen)) = self.accept_order.queue.front() {
+            let live = self.agents.gen(key) == Some(gen);
+            if live && self.agents.get(key).is_some_and(|s| s.conn.awaiting_line()) {
+                return Some(key);
+            }
+            self.accept_order.queue.pop_front();
+        }
+        None
+    }
+
+    /// Queues a new table slot for eviction; drops the stale entries once
+    /// they outnumber the live ones (amortized O(1) per connection).
+    fn remember_order(&mut self, key: usize) {
+        let Some(gen) = self.agents.gen(key) else {
+            return;
+        };
+        let order = &mut self.accept_order.queue;
+        order.push_back((key, gen));
+        if order.len() > 2 * self.agents.len() + 1024 {
+            let agents = &self.agents;
+            order.retain(|&(k, g)| agents.gen(k) == Some(g));
+        }
+    }
+
+    /// Closes `key` (waiting for its line) to make room at the limit:
+    /// counted, and a warning at most every [`EVICT_WARN_EVERY`].
+    fn evict_agent(&mut self, key: usize, now: Instant) {
+        self.accept_order.queue.pop_front();
+        self.metrics.connections_evicted += 1;
+        let last = &mut self.accept_order.last_warning;
+        if last.is_none_or(|t| now >= t + EVICT_WARN_EVERY) {
+            *last = Some(now);
+            warn!(limit = self.max_connections, evicted_total = self.metrics.connections_evicted;
+                "connection limit reached: evicting the oldest connection without a complete line (a flood of idle connections? see -listen-allow)");
+        }
+        let outcome = self.agents.get(key).map(|s| s.conn.on_timeout());
+        self.close_agent(key, outcome.unwrap_or(Outcome::Timeout));
     }
 
     pub(super) fn agent_event(&mut self, key: usize, now: Instant) {

@@ -70,7 +70,7 @@ use crate::state::expiry::Expiry;
 use crate::state::file::Loaded;
 use crate::state::unasked::{Asking, Unasked};
 use crate::state::{Clock, HeldFile, Swapper};
-use agents::AgentSlot;
+use agents::{AcceptOrder, AgentSlot};
 use gate::AcceptGate;
 use http::HttpSlot;
 use poll_errors::{PollErrors, Verdict};
@@ -121,6 +121,10 @@ pub struct EventLoop {
 
     agents: ConnTable<AgentSlot>,
     agent_gate: AcceptGate,
+    /// Who is evicted first at `-max-connections`.
+    accept_order: AcceptOrder,
+    /// `-listen-allow`: sources whose agent connections are served.
+    listen_allow: crate::agent::allow::Allow,
     /// Read buffer for agent lines (`-max-line-bytes` + 1).
     scratch: Vec<u8>,
     hints: Hints,
@@ -233,6 +237,8 @@ impl EventLoop {
             poll_errors: PollErrors::default(),
             agents: ConnTable::new(AGENT_BASE, 1024),
             agent_gate: AcceptGate::new(config.max_connections),
+            accept_order: AcceptOrder::default(),
+            listen_allow: config.listen_allow.clone(),
             scratch: vec![0; config.max_line_bytes + 1],
             hints: Hints::default(),
             https: ConnTable::new(HTTP_BASE, 0),

@@ -57,6 +57,10 @@ pub struct Metrics {
     pub request_duration: Histogram,
     pub open_connections: u64,
     pub gate_closings: u64,
+    /// Agent connections closed at the limit to make room for a new one.
+    pub connections_evicted: u64,
+    /// Agent connections closed at accept: source outside `-listen-allow`.
+    pub connections_disallowed: u64,
     pub accept_errors: u64,
     /// Poll (epoll_wait) errors other than EINTR.
     pub poll_errors: u64,
@@ -303,6 +307,16 @@ fn agent_requests(o: &mut Exposition, v: &View<'_>) {
         "connection_limit_reached_total",
         "Times accepting paused because -max-connections was reached (gate closings).",
         m.gate_closings,
+    );
+    o.counter(
+        "connections_evicted_total",
+        "Agent connections without a complete line closed at -max-connections to make room for a new one (a flood of idle connections?).",
+        m.connections_evicted,
+    );
+    o.counter(
+        "connections_disallowed_total",
+        "Agent connections closed at accept without a reply: source address outside -listen-allow.",
+        m.connections_disallowed,
     );
     o.counter(
         "accept_errors_total",

@@ -80,7 +80,14 @@ pub enum Refused {
     Version(u32),
     OtherPrefix(String),
     TooOld(Duration),
+    /// Written further ahead of our clock than [`CLOCK_ALLOWANCE`]: it
+    /// would never age out (a file forged, or a clock far off).
+    Future(Duration),
 }
+
+/// How far ahead of our clock a file's written-at may be (clocks of
+/// hosts sharing a volume, a clock stepped back a little).
+pub const CLOCK_ALLOWANCE: Duration = Duration::from_secs(300);
 
 impl std::fmt::Display for Refused {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -93,6 +100,12 @@ impl std::fmt::Display for Refused {
             Refused::Version(v) => write!(f, "format version {v}, this build reads {VERSION}"),
             Refused::OtherPrefix(p) => write!(f, "written for another -kv-prefix ({p:?})"),
             Refused::TooOld(age) => write!(f, "older than -state-max-age ({}s old)", age.as_secs()),
+            Refused::Future(ahead) => write!(
+                f,
+                "written {}s in the future (more than {}s ahead of this clock: it would never age out)",
+                ahead.as_secs(),
+                CLOCK_ALLOWANCE.as_secs()
+            ),
         }
     }
 }
@@ -143,6 +156,11 @@ pub fn decode(
         return Err(Refused::OtherPrefix(doc.prefix));
     }
     let written = SystemTime::UNIX_EPOCH + Duration::from_millis(doc.written_unix_ms);
+    if let Ok(ahead) = written.duration_since(now) {
+        if ahead > CLOCK_ALLOWANCE {
+            return Err(Refused::Future(ahead));
+        }
+    }
     let age = now.duration_since(written).unwrap_or(Duration::ZERO);
     if age > max_age {
         return Err(Refused::TooOld(age));
@@ -312,6 +330,16 @@ mod tests {
         // Written "later" than now (the clock moved back): age 0, used.
         let ahead = decode(&bytes, PREFIX, now - Duration::from_secs(60), DAY).unwrap();
         assert_eq!(ahead.age, Duration::ZERO);
+        // Issue 39: a file dated far in the future never aged out.
+        let far = decode(
+            &bytes,
+            PREFIX,
+            now - CLOCK_ALLOWANCE - Duration::from_secs(1),
+            DAY,
+        );
+        let far = far.unwrap_err();
+        assert!(matches!(far, Refused::Future(_)), "{far:?}");
+        assert!(far.to_string().contains("in the future"), "{far}");
         let with_sum = |doc: &str| {
             let mut b = doc.as_bytes().to_vec();
             b.extend_from_slice(

@@ -42,6 +42,8 @@ pub(crate) struct Kv {
     /// Where the records are ([`meta_prefix`]).
     meta: String,
     max_line: usize,
+    /// Never shown in an error body.
+    secrets: Vec<Vec<u8>>,
 }
 
 /// The records' prefix for a state prefix: its last segment replaced by
@@ -183,6 +185,7 @@ impl Kv {
             prefix: config.kv_prefix,
             meta,
             max_line: config.max_line_bytes,
+            secrets: config.consul.secrets(),
         })
     }
 
@@ -250,7 +253,7 @@ impl Kv {
             )),
             Ok(r) if ok.contains(&r.head.status) => Ok((r.head.status, r.body)),
             Ok(r) => {
-                let text = crate::logging::escape(r.body.trim_ascii(), 200);
+                let text = crate::safe::error_body(&r.body, &self.secrets);
                 Err(format!(
                     "{method} {shown}: consul answered HTTP {}: {text}",
                     r.head.status
@@ -297,7 +300,7 @@ impl Kv {
                 .map(|pairs| (pairs, filtered))
                 .map_err(|e| format!("GET {path}: {e}")),
             status => {
-                let text = crate::logging::escape(r.body.trim_ascii(), 200);
+                let text = crate::safe::error_body(&r.body, &self.secrets);
                 Err(format!(
                     "GET {shown}: consul answered HTTP {status}: {text}"
                 ))
@@ -369,7 +372,7 @@ impl Kv {
             )),
             Ok(r) => {
                 let status = r.head.status;
-                let text = crate::logging::escape(r.body.trim_ascii(), 200);
+                let text = crate::safe::error_body(&r.body, &self.secrets);
                 match status {
                     200 | 409 => match plan::parse_answer(status, &r.body) {
                         Ok(answer) => Delivery::Answered(answer),

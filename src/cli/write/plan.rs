@@ -11,7 +11,6 @@ use base64::Engine as _;
 use serde::Deserialize;
 use serde_json::json;
 
-use super::record;
 use crate::contract::{parse_identity, parse_value, Desired};
 
 /// consul before 1.14 refuses a transaction of more operations
@@ -296,10 +295,10 @@ pub fn check_identity(identity: &str, max_line: Option<usize>) -> Result<(), Str
             "identity {shown:?} can never be asked for by haproxy (empty, ending in /, surrounded by whitespace, or holding control bytes)"
         ));
     }
-    let invisible = identity.chars().find(|&c| record::invisible(c));
+    let invisible = identity.chars().find(|&c| crate::safe::hidden(c));
     if let (Some(c), Some(_)) = (invisible, max_line) {
         return Err(format!(
-            "identity {shown:?} holds U+{:04X}, an invisible or bidi character (pasted text?): type it; a key that really holds one can be written with consul kv put",
+            "identity {shown:?} holds U+{:04X}, a control, invisible or bidi character (pasted text?): type it; a key that really holds one can be written with consul kv put",
             u32::from(c)
         ));
     }
@@ -925,6 +924,7 @@ mod tests {
         for (id, code) in [
             ("be_web/srv1\u{200B}", "U+200B"),
             ("be_web/\u{202E}1vrs", "U+202E"),
+            ("be_web/srv\u{9B}1", "U+009B"),
         ] {
             let bad = words(&[&format!("{id}=drain")]).unwrap_err();
             assert!(

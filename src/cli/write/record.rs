@@ -58,7 +58,7 @@ pub fn check_text(flag: &str, text: &str) -> Result<(), String> {
             text.len()
         ));
     }
-    let bad = text.chars().find(|&c| c.is_control() || invisible(c));
+    let bad = text.chars().find(|&c| crate::safe::hidden(c));
     match bad {
         Some(c) => Err(format!(
             "-{flag} holds U+{:04X}, a control, bidi or invisible character: a terminal would not show what was written",
@@ -66,24 +66,6 @@ pub fn check_text(flag: &str, text: &str) -> Result<(), String> {
         )),
         None => Ok(()),
     }
-}
-
-/// A character a terminal does not show, or shows elsewhere: the bidi
-/// overrides and isolates and the format characters listed at
-/// [`check_text`].
-pub fn invisible(c: char) -> bool {
-    matches!(
-        c,
-        '\u{00AD}'
-            | '\u{061C}'
-            | '\u{180E}'
-            | '\u{200B}'..='\u{200F}'
-            | '\u{2028}'..='\u{202E}'
-            | '\u{2060}'..='\u{206F}'
-            | '\u{FEFF}'
-            | '\u{FFF9}'..='\u{FFFB}'
-            | '\u{E0000}'..='\u{E007F}'
-    )
 }
 
 /// Who writes: `-by`, else `$SUDO_USER`, else `$USER`; then `@host`

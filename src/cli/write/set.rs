@@ -264,12 +264,16 @@ fn set_words(w: &Args, io: &mut Io<'_>, max_line: usize) -> Result<Vec<(String, 
     if !w.positional.is_empty() {
         return Err("give IDENTITY=VALUE words or -f, not both".into());
     }
-    let mut text = Vec::new();
-    let read = match file {
-        "-" => io.stdin.take(MAX_FILE).read_to_end(&mut text),
-        path => std::fs::File::open(path).and_then(|f| f.take(MAX_FILE).read_to_end(&mut text)),
+    let text = match file {
+        "-" => {
+            let mut text = Vec::new();
+            let read = io.stdin.take(MAX_FILE).read_to_end(&mut text);
+            read.map_err(|e| format!("cannot read {file}: {e}"))?;
+            text
+        }
+        path => crate::files::read_regular(path.as_ref(), MAX_FILE)
+            .map_err(|e| format!("cannot read {path}: {e}"))?,
     };
-    read.map_err(|e| format!("cannot read {file}: {e}"))?;
     let text = String::from_utf8(text).map_err(|_| format!("{file} is not UTF-8"))?;
     // An editor's byte-order mark is not part of the first identity.
     let text = text.strip_prefix('\u{feff}').unwrap_or(&text);
