@@ -768,8 +768,20 @@ fn every_write_carries_its_record_in_the_same_transaction() {
         "{command}"
     );
     assert!(rec.to_string().len() <= 4096);
-    // The same value again without -for clears the expiry: written.
+    // The same value again without -for keeps the expiry (unchanged);
+    // -for none and -reason '' clear them: written.
     let (code, out, _) = run(kv.addr, &p, &["set", "be/a=drain"]);
+    assert_eq!(code, 0);
+    assert!(out.contains("(unchanged)"), "{out}");
+    assert_eq!(
+        entry(kv.addr, &format!("{p}/be/a")).unwrap()["Flags"],
+        until
+    );
+    let (code, out, _) = run(
+        kv.addr,
+        &p,
+        &["set", "be/a=drain", "-for", "none", "-reason", ""],
+    );
     assert_eq!(code, 0);
     assert!(
         out.contains("be/a: drain 100% until ") && out.contains("-> drain 100%\n"),
@@ -788,6 +800,71 @@ fn every_write_carries_its_record_in_the_same_transaction() {
         assert_eq!(get(kv.addr, &format!("{p}/{id}")), None);
         assert_eq!(get(kv.addr, &format!("{m}/{id}")), None, "{id}'s record");
     }
+}
+
+/// SPEC §13, "a record survives the runbook": `set ID=drain -reason
+/// INC-123 -for 2h`, then the runbook's `set ID=maint`, keeps the reason
+/// and the expiry and says so; `ramp` keeps them on every step; the undo
+/// line of a write that replaced them, run as printed, restores them.
+#[test]
+fn the_runbook_keeps_the_record_and_the_printed_undo_restores_it() {
+    let kv = Kv::dev();
+    let p = format!("{}/state", unique_prefix("runbook"));
+    let m = meta(&p);
+    let key = format!("{p}/be/a");
+    let flags = || entry(kv.addr, &key).unwrap()["Flags"].as_u64().unwrap();
+    let reason = || record(kv.addr, &format!("{m}/be/a")).unwrap().0["reason"].clone();
+    let words = ["set", "be/a=drain", "-reason", "INC-123", "-for", "2h"];
+    let (code, out, err) = run(kv.addr, &p, &words);
+    assert_eq!(code, 0, "{out}{err}");
+    let until = flags();
+    let shown = format!(
+        "keeps reason \"INC-123\", until {}",
+        gitlab_haproxy_agent::logging::utc_seconds(until)
+    );
+    // Step 3 of the runbook.
+    let (code, out, err) = run(kv.addr, &p, &["set", "be/a=maint"]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains(&format!("-> maint 100% ({shown})")), "{out}");
+    assert_eq!((flags(), reason()), (until, "INC-123".into()));
+    let (rec, _) = record(kv.addr, &format!("{m}/be/a")).unwrap();
+    assert_eq!(rec["until"].as_u64(), Some(until), "{rec}");
+    // Its undo puts drain back, the record as it was.
+    let (code, o, e) = sh(line_after(&out, "undo: "));
+    assert_eq!(code, 0, "{o}{e}");
+    assert_eq!(value(kv.addr, &key).as_deref(), Some("drain"));
+    assert_eq!((flags(), reason()), (until, "INC-123".into()));
+    // A write that clears both: its undo restores both (-until, -reason).
+    let words = ["set", "be/a=50%", "-reason", "", "-for", "none"];
+    let (code, out, err) = run(kv.addr, &p, &words);
+    assert_eq!(code, 0, "{out}{err}");
+    assert_eq!((flags(), reason()), (0, serde_json::Value::Null));
+    let undo = line_after(&out, "undo: ");
+    assert!(undo.contains("-reason INC-123 -until 20"), "{undo}");
+    let (code, o, e) = sh(undo);
+    assert_eq!(code, 0, "{undo}: {o}{e}");
+    assert_eq!(value(kv.addr, &key).as_deref(), Some("drain"));
+    assert_eq!((flags(), reason()), (until, "INC-123".into()));
+    // A ramp keeps them on every step, and says so.
+    let ramp_words = [
+        "ramp", "be/a", "-from", "0%", "-to", "50%", "-over", "2s", "-steps", "2",
+    ];
+    let (code, out, err) = run(kv.addr, &p, &ramp_words);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains(&format!("be/a: {shown}")), "{out}");
+    assert_eq!(value(kv.addr, &key).as_deref(), Some("50%"));
+    assert_eq!((flags(), reason()), (until, "INC-123".into()));
+    // -until sets an absolute expiry (an offset is read as such).
+    let words = ["set", "be/a=drain", "-until", "2030-01-01T02:00:00+02:00"];
+    let (code, out, err) = run(kv.addr, &p, &words);
+    assert_eq!(code, 0, "{out}{err}");
+    assert_eq!(flags(), 1_893_456_000);
+    let (code, _, err) = run(kv.addr, &p, &["set", "be/a=drain", "-until", "tomorrow"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("RFC 3339") && err.lines().count() == 1,
+        "{err}"
+    );
 }
 
 /// `ramp` writes a record with each step in the step's transaction,
