@@ -622,10 +622,19 @@ fn refusal(kv: &mut Kv, keys: &[Guarded<'_>], errors: &[(usize, String)]) -> Ref
 /// checks (repeatable).
 pub(super) const HAPROXY_CONFIG: &str = "haproxy-config";
 
-/// Weights other than 0% and 100% for `weighted` identities: with
-/// `-haproxy-config`, refused for a server of a static-algorithm backend
-/// (haproxy ignores them: "Backend is using a static LB algorithm"), each
-/// named with its backend and `balance`; without it, one warning.
+/// The variable giving it when the flag is not given.
+pub const HAPROXY_CONFIG_ENV: &str = "GITLAB_HAPROXY_AGENT_HAPROXY_CONFIG";
+
+/// The configuration read when neither gives one, if it exists.
+pub const DEFAULT_HAPROXY_CONFIG: &str = "/etc/haproxy/haproxy.cfg";
+
+/// Weights other than 0% and 100% for `weighted` identities: refused for
+/// a server of a static-algorithm backend (haproxy ignores them: "Backend
+/// is using a static LB algorithm"), each named with its backend and
+/// `balance`, as the configuration shows it: `-haproxy-config` (an
+/// unreadable one is an error), else [`HAPROXY_CONFIG_ENV`], else
+/// [`DEFAULT_HAPROXY_CONFIG`]; when neither of these can be read, one
+/// warning naming the path tried.
 pub(super) fn static_weights(
     w: &Args,
     io: &mut Io<'_>,
@@ -635,16 +644,28 @@ pub(super) fn static_weights(
     if weighted.is_empty() {
         return Ok(());
     }
-    let configs = w.values(HAPROXY_CONFIG);
+    let mut configs: Vec<String> = w
+        .values(HAPROXY_CONFIG)
+        .into_iter()
+        .map(str::to_owned)
+        .collect();
     if configs.is_empty() {
-        let _ = writeln!(
-            io.err,
-            "gitlab-haproxy-agent {command}: warning: a backend with a static algorithm (balance static-rr, or hashing with hash-type map-based) ignores weights other than 0% and 100%; give -haproxy-config to check"
-        );
-        return Ok(());
+        let (path, from) = match (io.env)(HAPROXY_CONFIG_ENV).filter(|p| !p.is_empty()) {
+            Some(p) => (p, HAPROXY_CONFIG_ENV),
+            None => (DEFAULT_HAPROXY_CONFIG.to_owned(), "the default"),
+        };
+        let mut files = Vec::new();
+        if let Err(e) = crate::cli::lint::read_config(&path, &mut files) {
+            let _ = writeln!(
+                io.err,
+                "gitlab-haproxy-agent {command}: warning: no haproxy configuration read ({from}: {e}), so a backend with a static algorithm (balance static-rr, or hashing with hash-type map-based), which ignores weights other than 0% and 100%, cannot be checked; give -haproxy-config FILE"
+            );
+            return Ok(());
+        }
+        configs.push(path);
     }
     let mut files = Vec::new();
-    for name in configs {
+    for name in &configs {
         crate::cli::lint::read_config(name, &mut files)?;
     }
     let env = crate::cli::lint::config_env(io.env);

@@ -43,10 +43,12 @@ key, the ramp stops, writes nothing more, and exits 1. A step consul refuses,
 or whose answer never comes (the keys are then read again), stops it with the
 command that resumes it from what the keys hold (exit 1); so do SIGINT and
 SIGTERM, after the write in flight (exit 130, 143). Identities are checked as
-set checks them, each named once. A server that -haproxy-config FILE shows in
-a backend with a static algorithm (static-rr, map-based hashing) cannot ramp:
-haproxy ignores weights other than 0% and 100% there, so the ramp is refused
-(exit 2); without -haproxy-config a warning says so. -dry-run prints the
+set checks them, each named once. A server that the haproxy configuration
+(-haproxy-config FILE, else $GITLAB_HAPROXY_AGENT_HAPROXY_CONFIG, else
+/etc/haproxy/haproxy.cfg when it exists) shows in a backend with a static
+algorithm (static-rr, map-based hashing) cannot ramp: haproxy ignores weights
+other than 0% and 100% there, so the ramp is refused (exit 2); when no
+configuration can be read, a warning names the path tried. -dry-run prints the
 schedule and writes nothing. Every write also writes each key's record in its
 transaction (as set; at most 32 keys: 64 operations with their records), and
 the last deletes it with the key. Every step keeps each key's recorded reason

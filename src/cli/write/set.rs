@@ -39,9 +39,11 @@ never retried. An answer that never comes is unknown: the keys are read again
 and each said applied or unknown. Prints the command that undoes what was
 written. -dry-run prints the changes and writes nothing; -json prints one JSON
 document. N% other than 0% and 100% is refused (exit 2) for a server that
--haproxy-config FILE shows in a backend with a static algorithm (static-rr,
-map-based hashing: haproxy ignores such weights); without -haproxy-config, a
-warning says so. Consul is reached with the daemon's flags and variables
+the haproxy configuration shows in a backend with a static algorithm
+(static-rr, map-based hashing: haproxy ignores such weights): -haproxy-config
+FILE (repeatable; a directory as haproxy reads it), else
+$GITLAB_HAPROXY_AGENT_HAPROXY_CONFIG, else /etc/haproxy/haproxy.cfg when it
+exists; when none can be read, a warning names the path tried. Consul is reached with the daemon's flags and variables
 (-consul-addr, CONSUL_HTTP_ADDR, the token and TLS settings, -kv-prefix).
 Every key written gets a record in the same transaction (a JSON value under
 -record-prefix, default -kv-prefix's last segment replaced by meta): who (-by,
