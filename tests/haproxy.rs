@@ -909,10 +909,7 @@ fn set_of_three_servers_changes_them_in_the_same_interval() {
         ],
     );
     assert_eq!(code, 0, "{out}{err}");
-    assert!(
-        out.contains("written: 3 key(s) in 1 transaction(s)"),
-        "{out}"
-    );
+    assert!(out.contains("written: 3 keys in 1 transaction"), "{out}");
     let first = wait_for(3 * SEC, "a server drained", || {
         let st = hap.stat();
         srv.iter()

@@ -81,6 +81,7 @@ impl Report {
         if self.agent_checked == 0 {
             text += "no server with agent-check here: the agent is asked by none of these servers (add agent-check, agent-port and agent-send to those it drives)\n";
         }
+        let counted = crate::columns::counted;
         text += &format!(
             "{}, {}, {}\n",
             counted(
@@ -92,14 +93,6 @@ impl Report {
             counted(self.warnings, "warning", "warnings")
         );
         text
-    }
-}
-
-/// `1 error`, `2 errors`.
-pub fn counted(n: usize, one: &str, many: &str) -> String {
-    match n {
-        1 => format!("1 {one}"),
-        n => format!("{n} {many}"),
     }
 }
 

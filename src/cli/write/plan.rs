@@ -274,13 +274,23 @@ pub fn parse_sets<'a>(
             (Ok(()), Ok(d)) => good.push((identity.to_owned(), Target::Set(d))),
             (Err(why), _) => bad.push(format!("{place}: {why}")),
             (_, Err(e)) => bad.push(format!(
-                "{place}: {identity}: value {:?} is invalid ({}): the agent would ignore it and answer ready 100%",
+                "{place}: {identity}: value {:?} is invalid ({}): the agent would ignore it and answer ready 100%{}",
                 cut(value, SHOWN_VALUE_BYTES),
-                e.label()
+                e.label(),
+                meant(value)
             )),
         }
     }
     finish(good, bad)
+}
+
+/// A hint for a value a `%` short of a weight (`50`: did you mean 50%?).
+fn meant(value: &str) -> String {
+    let pct = format!("{}%", value.trim());
+    match parse_value(pct.as_bytes()) {
+        Ok(_) if !value.trim().is_empty() => format!("; did you mean {pct}?"),
+        _ => String::new(),
+    }
 }
 
 /// `IDENTITY=VALUE` at the last `=`; a file line may also be `IDENTITY
@@ -1049,6 +1059,16 @@ mod tests {
                 " && gitlab-haproxy-agent set be/a=drain"
             ))
         );
+    }
+
+    #[test]
+    fn a_number_without_its_percent_sign_gets_did_you_mean() {
+        let bad = words(&["be/x=50", "be/y=drian"]).unwrap_err();
+        assert!(
+            bad[0].ends_with("answer ready 100%; did you mean 50%?"),
+            "{bad:?}"
+        );
+        assert!(bad[1].ends_with("answer ready 100%"), "{bad:?}");
     }
 
     #[test]

@@ -15,6 +15,7 @@ use super::{
 };
 use crate::cli::Args;
 use crate::cli::{usage_error, Io, FINDING, OK, USAGE};
+use crate::columns::counted;
 use crate::config::daemon_flag;
 use crate::consul::kv::KvPair;
 use crate::contract::Desired;
@@ -447,9 +448,9 @@ fn report(
     } else if !written.is_empty() {
         let _ = writeln!(
             io.out,
-            "written: {} key(s) in {} transaction(s)",
-            written.len(),
-            outcome.transactions
+            "written: {} in {}",
+            counted(written.len(), "key", "keys"),
+            counted(outcome.transactions, "transaction", "transactions")
         );
     } else if outcome.failed.is_empty() {
         let _ = writeln!(io.out, "nothing to change");
@@ -457,8 +458,8 @@ fn report(
     if outcome.orphans > 0 {
         let _ = writeln!(
             io.out,
-            "deleted {} orphan record(s): their keys were already gone",
-            outcome.orphans
+            "deleted {}: their keys were already gone",
+            counted(outcome.orphans, "orphan record", "orphan records")
         );
     }
     if !outcome.failed.is_empty() {
