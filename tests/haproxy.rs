@@ -653,6 +653,8 @@ fn a_reboot_with_consul_down_keeps_drains_only_with_a_state_file() {
 fn operator(args: &[&str]) -> (i32, String, String) {
     let out = std::process::Command::new(support::BIN)
         .args(args)
+        .env_remove("CONSUL_HTTP_ADDR")
+        .env_remove("CONSUL_HTTP_TOKEN")
         .output()
         .expect("run an operator command");
     let text = |b: Vec<u8>| String::from_utf8_lossy(&b).into_owned();
@@ -734,12 +736,23 @@ fn the_operator_finds_a_typod_key_and_fixes_it() {
         "the typo changed nothing"
     );
     assert_eq!(a.metric("gitlab_haproxy_agent_state_unasked_keys"), 1.0);
-    let (code, out, _) = operator(&["status", "-pprof-addr", &pprof]);
+    // Every operator command gets the test's own addresses: never the
+    // machine's 127.0.0.1:8500 (a README try's dev KV may listen there).
+    let consul = format!("http://{}", kv.addr);
+    let status = [
+        "status",
+        "-pprof-addr",
+        &pprof,
+        "-consul-addr",
+        &consul,
+        "-kv-prefix",
+        &prefix,
+    ];
+    let (code, out, _) = operator(&status);
     assert_eq!(code, 1, "{out}");
     assert!(
-        out.lines()
-            .any(|l| l.starts_with("be_web/srv01")
-                && l.ends_with("UNASKED: did you mean be_web/srv1?")),
+        out.lines().any(|l| l.starts_with("be_web/srv01")
+            && l.ends_with("UNASKED: did you mean be_web/srv1?; no record")),
         "{out}"
     );
     // The single-quoted agent-send never ends its line: every check of
@@ -758,7 +771,7 @@ fn the_operator_finds_a_typod_key_and_fixes_it() {
     let (code, out, _) = operator(&["ask", "be_web/srv1", "-listen-addr", &listen]);
     assert_eq!((code, out.as_str()), (0, "drain 100%\n"));
     let doc = wait_for(5 * SEC, "status 0: srv1 asked since its write", || {
-        let (code, out, _) = operator(&["status", "-pprof-addr", &pprof, "-json"]);
+        let (code, out, _) = operator(&[&status[..], &["-json"]].concat());
         let doc: serde_json::Value = serde_json::from_str(&out).unwrap();
         (code == 0).then_some(doc)
     });
