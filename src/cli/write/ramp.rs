@@ -62,18 +62,10 @@ pub fn run(args: &[OsString], io: &mut Io<'_>) -> u8 {
     let w = match Args::parse_with(
         args,
         &[
-            "to",
-            "over",
-            "from",
-            "steps",
-            "then",
-            HAPROXY_CONFIG,
-            "by",
-            "reason",
-            "for",
-            "until",
-            RECORD_PREFIX,
-        ],
+            &["to", "over", "from", "steps", "then", HAPROXY_CONFIG][..],
+            &RECORD_FLAGS,
+        ]
+        .concat(),
         &["dry-run"],
         daemon_flag,
     ) {

@@ -87,21 +87,11 @@ pub fn run_unset(args: &[OsString], io: &mut Io<'_>) -> u8 {
 
 fn run(args: &[OsString], io: &mut Io<'_>, command: &str) -> u8 {
     let (help, values): (&str, &[&'static str]) = match command {
-        "set" => (
-            SET_HELP,
-            &[
-                "f",
-                HAPROXY_CONFIG,
-                "by",
-                "reason",
-                "for",
-                "until",
-                RECORD_PREFIX,
-            ],
-        ),
-        _ => (UNSET_HELP, &RECORD_FLAGS),
+        "set" => (SET_HELP, &["f", HAPROXY_CONFIG]),
+        _ => (UNSET_HELP, &[]),
     };
-    let w = match Args::parse_with(args, values, &["dry-run", "json"], daemon_flag) {
+    let values = [values, &RECORD_FLAGS].concat();
+    let w = match Args::parse_with(args, &values, &["dry-run", "json"], daemon_flag) {
         Ok(w) if w.help => {
             let _ = io.out.write_all(help.as_bytes());
             return OK;
