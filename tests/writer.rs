@@ -854,6 +854,18 @@ fn the_runbook_keeps_the_record_and_the_printed_undo_restores_it() {
     assert!(out.contains(&format!("be/a: {shown}")), "{out}");
     assert_eq!(value(kv.addr, &key).as_deref(), Some("50%"));
     assert_eq!((flags(), reason()), (until, "INC-123".into()));
+    // A ramp's -then write keeps them too; -for none clears the expiry on
+    // every step.
+    let then = [
+        "ramp", "be/a", "-from", "50%", "-to", "0%", "-over", "1s", "-steps", "1", "-then", "maint",
+    ];
+    let (code, out, err) = run(kv.addr, &p, &then);
+    assert_eq!(code, 0, "{out}{err}");
+    assert_eq!(value(kv.addr, &key).as_deref(), Some("maint"));
+    assert_eq!((flags(), reason()), (until, "INC-123".into()));
+    let (code, out, err) = run(kv.addr, &p, &[&then[..], &["-for", "none"]].concat());
+    assert_eq!(code, 0, "{out}{err}");
+    assert_eq!((flags(), reason()), (0, "INC-123".into()));
     // -until sets an absolute expiry (an offset is read as such).
     let words = ["set", "be/a=drain", "-until", "2030-01-01T02:00:00+02:00"];
     let (code, out, err) = run(kv.addr, &p, &words);
