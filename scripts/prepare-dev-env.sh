@@ -26,6 +26,26 @@ for arg in "$@"; do
 done
 
 step() { printf '\n==> %s\n' "$*"; }
+have() { printf '    ok: %s\n' "$*"; }
+# Runs a quiet install with a progress line every 10 s, so that a minute of
+# apt-get or cargo install is not silence; its output is shown if it fails.
+progress() { # COMMAND...
+  local log pid start rc
+  log=$(mktemp) start=$SECONDS
+  "$@" >"$log" 2>&1 &
+  pid=$!
+  while kill -0 "$pid" 2>/dev/null; do
+    sleep 1
+    if kill -0 "$pid" 2>/dev/null && (( (SECONDS - start) % 10 == 0 )); then
+      printf '    ... %ss, still running: %s\n' "$((SECONDS - start))" "$*"
+    fi
+  done
+  rc=0; wait "$pid" || rc=$?
+  if [ "$rc" != 0 ]; then cat "$log" >&2; fi
+  rm -f "$log"
+  [ "$rc" = 0 ] && printf '    done in %ss\n' "$((SECONDS - start))"
+  return "$rc"
+}
 as_root() {
   if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi
 }
@@ -39,35 +59,36 @@ command -v cargo >/dev/null 2>&1 || { echo "prepare-dev-env.sh: cargo not found:
 export DEBIAN_FRONTEND=noninteractive
 apt_updated=""
 apt_install() { # PACKAGE...
-  [ -n "$apt_updated" ] || { as_root apt-get update -qq; apt_updated=1; }
-  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@" >/dev/null
+  [ -n "$apt_updated" ] || { progress as_root apt-get update -qq; apt_updated=1; }
+  progress as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@"
 }
 
+step "checking what is installed"
 if ! command -v haproxy >/dev/null 2>&1 && [ ! -x /usr/sbin/haproxy ]; then
   step "apt-get install haproxy"
   apt_install haproxy
-fi
+else have haproxy; fi
 if ! command -v systemd-analyze >/dev/null 2>&1; then
   # tests/haproxy_reload.rs verifies the haproxy.service drop-in with it.
   step "apt-get install systemd (for systemd-analyze)"
   apt_install systemd
-fi
+else have systemd-analyze; fi
 if ! command -v openssl >/dev/null 2>&1; then
   # The TLS tests make their certificates with the openssl CLI.
   step "apt-get install openssl"
   apt_install openssl
-fi
+else have openssl; fi
 if ! python3 -c 'import yaml' >/dev/null 2>&1; then
   # tests/kubernetes.rs reads the Kubernetes example with PyYAML.
   step "apt-get install python3-yaml"
   apt_install python3-yaml
-fi
+else have python3-yaml; fi
 if ! command -v promtool >/dev/null 2>&1 || ! command -v prometheus >/dev/null 2>&1; then
   # The binaries alone: the prometheus package would also start a server.
   step "prometheus and promtool (from Debian's prometheus package, no server)"
-  [ -n "$apt_updated" ] || { as_root apt-get update -qq; apt_updated=1; }
-  as_root scripts/install-prometheus.sh /usr/local/bin
-fi
+  [ -n "$apt_updated" ] || { progress as_root apt-get update -qq; apt_updated=1; }
+  progress as_root scripts/install-prometheus.sh /usr/local/bin
+else have prometheus and promtool; fi
 
 # Release builds (scripts/release.sh, which tests/release.rs runs) link with
 # zig through cargo-zigbuild (glibc 2.17 symbols): ziglang from PyPI
@@ -83,21 +104,21 @@ ensure_zigbuild() {
     pip=(python3 -m pip install --quiet --disable-pip-version-check "ziglang==$zig_pin")
     [ "$(id -u)" = 0 ] || pip+=(--user)
     # A Debian system Python refuses plain installs (PEP 668).
-    "${pip[@]}" 2>/dev/null || "${pip[@]}" --break-system-packages
-  fi
+    progress sh -c '"$@" 2>/dev/null || "$@" --break-system-packages' sh "${pip[@]}"
+  else have zig; fi
   if ! cargo zigbuild --help >/dev/null 2>&1; then
-    step "cargo install --locked cargo-zigbuild@$zigbuild_pin"
-    cargo install --locked --quiet --version "$zigbuild_pin" cargo-zigbuild
-  fi
+    step "cargo install --locked cargo-zigbuild@$zigbuild_pin (a few minutes: it compiles)"
+    progress cargo install --locked --quiet --version "$zigbuild_pin" cargo-zigbuild
+  else have cargo-zigbuild; fi
 }
 
 ensure_cargo_fuzz() {
   local fuzz_pin
   fuzz_pin=$(pin CARGO_FUZZ_VERSION)
   if ! cargo fuzz --help >/dev/null 2>&1; then
-    step "cargo install --locked cargo-fuzz@$fuzz_pin"
-    cargo install --locked --quiet --version "$fuzz_pin" cargo-fuzz
-  fi
+    step "cargo install --locked cargo-fuzz@$fuzz_pin (a few minutes: it compiles)"
+    progress cargo install --locked --quiet --version "$fuzz_pin" cargo-fuzz
+  else have cargo-fuzz; fi
 }
 
 # tests/py_consul.rs drives the dev KV with a consul client from PyPI.
@@ -109,8 +130,8 @@ ensure_py_consul() {
     pip=(python3 -m pip install --quiet --disable-pip-version-check "py-consul==$(pin PY_CONSUL_VERSION)")
     [ "$(id -u)" = 0 ] || pip+=(--user)
     # A Debian system Python refuses plain installs (PEP 668).
-    "${pip[@]}" 2>/dev/null || "${pip[@]}" --break-system-packages
-  fi
+    progress sh -c '"$@" 2>/dev/null || "$@" --break-system-packages' sh "${pip[@]}"
+  else have py-consul; fi
 }
 
 ensure_py_consul

@@ -4,6 +4,14 @@
 //! padded to its widest cell (counted in chars), two spaces between
 //! columns, no trailing spaces. Always holds: pure.
 
+/// A count with its noun: `1 error`, `2 errors`, `0 errors`.
+pub fn counted(n: usize, one: &str, many: &str) -> String {
+    match n {
+        1 => format!("1 {one}"),
+        n => format!("{n} {many}"),
+    }
+}
+
 /// The rows as aligned lines, each ending in `\n`.
 pub fn aligned<const N: usize>(rows: &[[String; N]]) -> String {
     let widths: Vec<usize> = (0..N)

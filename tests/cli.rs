@@ -535,12 +535,17 @@ fn operator_commands_against_an_agent_without_state() {
     assert!(out.is_empty());
     assert!(err.contains("closed without answering"), "{err}");
     assert!(err.contains("no complete consul read"), "{err}");
-    let (code, out, _) = run(&["status", "-pprof-addr", &pprof], &[]);
+    // Its own consul (down) for the records, never the machine's :8500.
+    let consul = ["-consul-addr", "127.0.0.1:1", "-kv-prefix", &prefix];
+    let (code, out, _) = run(
+        &[&["status", "-pprof-addr", &pprof][..], &consul].concat(),
+        &[],
+    );
     assert_eq!(code, Some(1));
     assert!(out.starts_with("NOT ANSWERING"), "{out}");
     // The variable the daemon reads names the address too.
     let env = [("GITLAB_HAPROXY_AGENT_PPROF_ADDR", pprof.as_str())];
-    let (code, out, _) = run(&["status", "-json"], &env);
+    let (code, out, _) = run(&[&["status", "-json"][..], &consul].concat(), &env);
     assert_eq!(code, Some(1));
     let doc: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(
@@ -590,12 +595,14 @@ fn operator_commands_against_a_synced_agent() {
     assert!(String::from_utf8_lossy(&out.stdout).starts_with("invalid: health_word: "));
     // Asked since its write (the checks here stand in for haproxy).
     let pprof = a.pprof.unwrap().to_string();
+    let consul = format!("http://{}", kv.addr);
     let out = wait_for(
         Duration::from_secs(5),
         "status 0: be/s1 asked since its write",
         || {
             a.check("be/s1\n");
-            let (code, out, _) = run(&["status", "-pprof-addr", &pprof], &[]);
+            let args = ["status", "-pprof-addr", &pprof, "-consul-addr", &consul];
+            let (code, out, _) = run(&args, &[]);
             assert!(!out.contains("UNASKED"), "{out}");
             (code == Some(0)).then_some(out)
         },
@@ -615,6 +622,7 @@ fn operator_commands_against_a_synced_agent() {
 fn status_counts_an_ask_in_the_second_of_the_write_as_asked() {
     let (a, kv) = dev_agent();
     let pprof = a.pprof.unwrap().to_string();
+    let consul = format!("http://{}", kv.addr);
     for value in ["drain", "maint", "drain"] {
         kv.put("gitlab-haproxy-agent/state/be/s1", value);
         std::thread::sleep(Duration::from_millis(100));
@@ -622,7 +630,8 @@ fn status_counts_an_ask_in_the_second_of_the_write_as_asked() {
         wait_for(Duration::from_secs(5), "the write applied", || {
             (a.check("be/s1\n").as_deref() == Some(want.as_str())).then_some(())
         });
-        let (code, out, _) = run(&["status", "-pprof-addr", &pprof], &[]);
+        let args = ["status", "-pprof-addr", &pprof, "-consul-addr", &consul];
+        let (code, out, _) = run(&args, &[]);
         assert!(!out.contains("WAITING"), "{value}: {out}");
         assert_eq!(code, Some(0), "{value}: {out}");
     }

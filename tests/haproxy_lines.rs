@@ -303,10 +303,31 @@ fn a_static_algorithm_ignores_intermediate_weights_and_the_lint_says_so() {
         Some("ready"),
         "100% is written as ready"
     );
-    let (code, _, err) = set("25%", &[]);
+    // Without the flag: GITLAB_HAPROXY_AGENT_HAPROXY_CONFIG (else
+    // /etc/haproxy/haproxy.cfg) is read, so the check runs by default; the
+    // warning only when no configuration can be read, naming the path.
+    let consul = format!("http://{}", kv.addr);
+    let by_env = |path: &str| {
+        let out = std::process::Command::new(BIN)
+            .args(["set", "be_static/srv1=25%", "-consul-addr", &consul])
+            .args(["-kv-prefix", &prefix])
+            .env("GITLAB_HAPROXY_AGENT_HAPROXY_CONFIG", path)
+            .stdin(std::process::Stdio::null())
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        (out.status.code().unwrap_or(-1), err)
+    };
+    let (code, err) = by_env(config);
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("be_static/srv1 uses balance static-rr"),
+        "{err}"
+    );
+    let (code, err) = by_env("/nonexistent/haproxy.cfg");
     assert_eq!(code, 0, "{err}");
     assert!(
-        err.contains("warning: a backend with a static algorithm"),
+        err.contains("warning: no haproxy configuration read (GITLAB_HAPROXY_AGENT_HAPROXY_CONFIG: cannot read /nonexistent/haproxy.cfg"),
         "{err}"
     );
 }

@@ -214,6 +214,50 @@ fn a_directory_is_read_as_haproxy_reads_it() {
     );
 }
 
+/// The game day's fleet-style `conf.d`: `setenv` in a global file and
+/// `"${AGENT_PORT}"` in a backend file, which `haproxy -c` accepts, is
+/// linted as haproxy reads it (exit 0, no finding); a directory of
+/// `*.conf` files only, which haproxy refuses, is exit 1 and said so.
+#[test]
+fn a_conf_d_with_setenv_reads_as_haproxy_reads_it_and_one_without_cfg_is_an_error() {
+    let dir = Dir::new("confd");
+    dir.write(
+        "00-global.cfg",
+        &HEAD.replace("global\n", "global\n    setenv AGENT_PORT 9777\n"),
+    );
+    let web = server("srv1", "agent-addr 127.0.0.1 agent-send \"be_web/srv1\\n\"")
+        .replace("agent-port 9777", "agent-port \"${AGENT_PORT}\"");
+    assert!(web.contains("${AGENT_PORT}"), "{web}");
+    dir.write("10-web.cfg", &format!("backend be_web\n{web}"));
+    haproxy_accepts(&dir.0);
+    let (code, out, err) = lint(&[dir.0.as_os_str()]);
+    assert_eq!(
+        (code, out.as_str(), err.as_str()),
+        (
+            Some(0),
+            "1 server with agent-check, 0 errors, 0 warnings\n",
+            ""
+        )
+    );
+    let conf = Dir::new("confd-conf");
+    conf.write("haproxy.conf", HEAD);
+    let refused = Command::new(haproxy_bin())
+        .args(["-c", "-f"])
+        .arg(&conf.0)
+        .output()
+        .unwrap();
+    assert_ne!(refused.status.code(), Some(0), "haproxy refuses it too");
+    let (code, out, _) = lint(&[conf.0.as_os_str()]);
+    assert_eq!(code, Some(1), "{out}");
+    assert!(
+        out.starts_with(&format!(
+            "{}: error: this directory holds no *.cfg file",
+            conf.0.display()
+        )),
+        "{out}"
+    );
+}
+
 #[test]
 fn a_condition_nested_50000_deep_is_refused_not_a_crash() {
     let dir = Dir::new("deep");
@@ -226,7 +270,8 @@ fn a_condition_nested_50000_deep_is_refused_not_a_crash() {
     let (code, out, err) = lint(&[file.as_os_str()]);
     let want = format!(
         "{}:14: error: haproxy refuses this line: unparsable conditional sub-expression: nested deeper than haproxy's parser allows (MAX_CFG_RECURSION 1024, about 340 parentheses)\n\
-         0 servers with agent-check, 1 errors, 0 warnings\n",
+         no server with agent-check here: the agent is asked by none of these servers (add agent-check, agent-port and agent-send to those it drives)\n\
+         0 servers with agent-check, 1 error, 0 warnings\n",
         file.display()
     );
     assert_eq!(

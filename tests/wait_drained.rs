@@ -639,15 +639,27 @@ fn a_reload_with_sessions_open_is_drained_only_through_the_master_socket() {
     let master = lb.hap.master_socket().display().to_string();
 
     // A reload during a wait on the worker socket: not drained, though the
-    // new worker's socket shows 0 sessions.
+    // new worker's socket shows 0 sessions; and no wait can change that,
+    // so the run ends at once (not at its -timeout 10m), naming the master
+    // socket.
     let w = WaitDrained::start(&format!(
-        "app/s1 -haproxy-socket {unix} -timeout 4s -interval {iv}"
+        "app/s1 -haproxy-socket {unix} -timeout 10m -interval {iv}"
     ));
     std::thread::sleep(2 * INTERVAL);
+    let reloaded = Instant::now();
     lb.hap.reload();
-    let (code, out, err, _) = w.finish(15 * SEC);
+    let (code, out, err, at) = w.finish(30 * SEC);
     assert_eq!(code, 1, "{out}{err}");
     assert!(out.contains("haproxy reloaded during the wait"), "{out}");
+    assert!(
+        out.contains("waiting would not change it; ask the master with -haproxy-master-socket"),
+        "{out}"
+    );
+    assert!(
+        at - reloaded < 15 * SEC,
+        "{:?} after the reload",
+        at - reloaded
+    );
     let old: Vec<u32> = lb
         .hap
         .workers()

@@ -107,10 +107,7 @@ fn set_reads_prints_writes_in_one_transaction_and_prints_the_undo() {
     );
     assert!(out.contains("be/b: ready 50% -> maint 100%\n"), "{out}");
     assert!(out.contains("be/c: drain 100% (unchanged)\n"), "{out}");
-    assert!(
-        out.contains("written: 2 key(s) in 1 transaction(s)"),
-        "{out}"
-    );
+    assert!(out.contains("written: 2 keys in 1 transaction"), "{out}");
     let (a, b) = (
         get(kv.addr, &format!("{p}/be/a")).unwrap(),
         get(kv.addr, &format!("{p}/be/b")).unwrap(),
@@ -291,8 +288,14 @@ fn one_hundred_thirty_keys_go_in_three_transactions() {
         assert_eq!(code, 0, "{err}");
         assert!(
             out.contains(&format!(
-                "written: {n} key(s) in {} transaction(s)",
-                n.div_ceil(32)
+                "written: {n} {} in {} {}",
+                if n == 1 { "key" } else { "keys" },
+                n.div_ceil(32),
+                if n <= 32 {
+                    "transaction"
+                } else {
+                    "transactions"
+                }
             )),
             "{out}"
         );
@@ -301,10 +304,7 @@ fn one_hundred_thirty_keys_go_in_three_transactions() {
     let puts_before = proxy.request_heads().len();
     let (code, out, err) = run(proxy.addr, &p, &["set", "-f", &path]);
     assert_eq!(code, 0, "{err}");
-    assert!(
-        out.contains("written: 130 key(s) in 5 transaction(s)"),
-        "{out}"
-    );
+    assert!(out.contains("written: 130 keys in 5 transactions"), "{out}");
     let puts: Vec<String> = proxy
         .request_heads_since(puts_before)
         .into_iter()
@@ -768,8 +768,20 @@ fn every_write_carries_its_record_in_the_same_transaction() {
         "{command}"
     );
     assert!(rec.to_string().len() <= 4096);
-    // The same value again without -for clears the expiry: written.
+    // The same value again without -for keeps the expiry (unchanged);
+    // -for none and -reason '' clear them: written.
     let (code, out, _) = run(kv.addr, &p, &["set", "be/a=drain"]);
+    assert_eq!(code, 0);
+    assert!(out.contains("(unchanged)"), "{out}");
+    assert_eq!(
+        entry(kv.addr, &format!("{p}/be/a")).unwrap()["Flags"],
+        until
+    );
+    let (code, out, _) = run(
+        kv.addr,
+        &p,
+        &["set", "be/a=drain", "-for", "none", "-reason", ""],
+    );
     assert_eq!(code, 0);
     assert!(
         out.contains("be/a: drain 100% until ") && out.contains("-> drain 100%\n"),
@@ -788,6 +800,83 @@ fn every_write_carries_its_record_in_the_same_transaction() {
         assert_eq!(get(kv.addr, &format!("{p}/{id}")), None);
         assert_eq!(get(kv.addr, &format!("{m}/{id}")), None, "{id}'s record");
     }
+}
+
+/// SPEC §13, "a record survives the runbook": `set ID=drain -reason
+/// INC-123 -for 2h`, then the runbook's `set ID=maint`, keeps the reason
+/// and the expiry and says so; `ramp` keeps them on every step; the undo
+/// line of a write that replaced them, run as printed, restores them.
+#[test]
+fn the_runbook_keeps_the_record_and_the_printed_undo_restores_it() {
+    let kv = Kv::dev();
+    let p = format!("{}/state", unique_prefix("runbook"));
+    let m = meta(&p);
+    let key = format!("{p}/be/a");
+    let flags = || entry(kv.addr, &key).unwrap()["Flags"].as_u64().unwrap();
+    let reason = || record(kv.addr, &format!("{m}/be/a")).unwrap().0["reason"].clone();
+    let words = ["set", "be/a=drain", "-reason", "INC-123", "-for", "2h"];
+    let (code, out, err) = run(kv.addr, &p, &words);
+    assert_eq!(code, 0, "{out}{err}");
+    let until = flags();
+    let shown = format!(
+        "keeps reason \"INC-123\", until {}",
+        gitlab_haproxy_agent::logging::utc_seconds(until)
+    );
+    // Step 3 of the runbook.
+    let (code, out, err) = run(kv.addr, &p, &["set", "be/a=maint"]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains(&format!("-> maint 100% ({shown})")), "{out}");
+    assert_eq!((flags(), reason()), (until, "INC-123".into()));
+    let (rec, _) = record(kv.addr, &format!("{m}/be/a")).unwrap();
+    assert_eq!(rec["until"].as_u64(), Some(until), "{rec}");
+    // Its undo puts drain back, the record as it was.
+    let (code, o, e) = sh(line_after(&out, "undo: "));
+    assert_eq!(code, 0, "{o}{e}");
+    assert_eq!(value(kv.addr, &key).as_deref(), Some("drain"));
+    assert_eq!((flags(), reason()), (until, "INC-123".into()));
+    // A write that clears both: its undo restores both (-until, -reason).
+    let words = ["set", "be/a=50%", "-reason", "", "-for", "none"];
+    let (code, out, err) = run(kv.addr, &p, &words);
+    assert_eq!(code, 0, "{out}{err}");
+    assert_eq!((flags(), reason()), (0, serde_json::Value::Null));
+    let undo = line_after(&out, "undo: ");
+    assert!(undo.contains("-reason INC-123 -until 20"), "{undo}");
+    let (code, o, e) = sh(undo);
+    assert_eq!(code, 0, "{undo}: {o}{e}");
+    assert_eq!(value(kv.addr, &key).as_deref(), Some("drain"));
+    assert_eq!((flags(), reason()), (until, "INC-123".into()));
+    // A ramp keeps them on every step, and says so.
+    let ramp_words = [
+        "ramp", "be/a", "-from", "0%", "-to", "50%", "-over", "2s", "-steps", "2",
+    ];
+    let (code, out, err) = run(kv.addr, &p, &ramp_words);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains(&format!("be/a: {shown}")), "{out}");
+    assert_eq!(value(kv.addr, &key).as_deref(), Some("50%"));
+    assert_eq!((flags(), reason()), (until, "INC-123".into()));
+    // A ramp's -then write keeps them too; -for none clears the expiry on
+    // every step.
+    let then = [
+        "ramp", "be/a", "-from", "50%", "-to", "0%", "-over", "1s", "-steps", "1", "-then", "maint",
+    ];
+    let (code, out, err) = run(kv.addr, &p, &then);
+    assert_eq!(code, 0, "{out}{err}");
+    assert_eq!(value(kv.addr, &key).as_deref(), Some("maint"));
+    assert_eq!((flags(), reason()), (until, "INC-123".into()));
+    let (code, out, err) = run(kv.addr, &p, &[&then[..], &["-for", "none"]].concat());
+    assert_eq!(code, 0, "{out}{err}");
+    assert_eq!((flags(), reason()), (0, "INC-123".into()));
+    // -until sets an absolute expiry (an offset is read as such).
+    let words = ["set", "be/a=drain", "-until", "2030-01-01T02:00:00+02:00"];
+    let (code, out, err) = run(kv.addr, &p, &words);
+    assert_eq!(code, 0, "{out}{err}");
+    assert_eq!(flags(), 1_893_456_000);
+    let (code, _, err) = run(kv.addr, &p, &["set", "be/a=drain", "-until", "tomorrow"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("RFC 3339") && err.lines().count() == 1,
+        "{err}"
+    );
 }
 
 /// `ramp` writes a record with each step in the step's transaction,
@@ -915,7 +1004,7 @@ fn an_orphan_record_is_deleted_on_the_next_write_of_its_identity() {
     kv.delete_tree(&format!("{p}/be/b"));
     let (code, out, err) = run(kv.addr, &p, &["unset", "be/a"]);
     assert_eq!(code, 0, "{err}");
-    assert!(out.contains("deleted 1 orphan record(s)"), "{out}");
+    assert!(out.contains("deleted 1 orphan record:"), "{out}");
     assert_eq!(get(kv.addr, &format!("{m}/be/a")), None);
     let (code, out, _) = run(kv.addr, &p, &["set", "be/b=ready"]);
     assert_eq!(code, 0);
@@ -1231,7 +1320,7 @@ fn transactions_are_cut_by_bytes_as_well_as_operations() {
     assert_eq!(code, 0, "{err}");
     // Each key is about 20 KB with its record's key: 25 fit in 512 KiB.
     assert!(
-        out.contains("written: 60 key(s) in 3 transaction(s)"),
+        out.contains("written: 60 keys in 3 transactions"),
         "{}",
         &out[out.len().saturating_sub(300)..]
     );

@@ -3,12 +3,15 @@
 //! record read back is written again within 4 KiB when its free text is
 //! within the writers' bounds, and reads back the same but for the cut
 //! command line; `check_text` never panics and refuses every control
-//! character and bidi override.
+//! character and bidi override; `parse_until` (`-until TIME`) never panics
+//! and gives only an expiry the agent reads as one.
 //!
 //! Input: a record's bytes.
 #![no_main]
 
-use gitlab_haproxy_agent::cli::write::record::{check_text, decode, MAX_RECORD, MAX_TEXT};
+use gitlab_haproxy_agent::cli::write::record::{
+    check_text, decode, parse_until, MAX_RECORD, MAX_TEXT,
+};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
@@ -16,6 +19,12 @@ fuzz_target!(|data: &[u8]| {
         if check_text("reason", text).is_ok() {
             assert!(text.len() <= MAX_TEXT);
             assert!(!text.chars().any(|c| c.is_control()));
+        }
+        if let Ok(until) = parse_until(text) {
+            assert_eq!(
+                gitlab_haproxy_agent::state::expiry::of_flags(u64::from(until)),
+                until
+            );
         }
     }
     let Ok(r) = decode(data) else {

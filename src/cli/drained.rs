@@ -39,15 +39,17 @@ the identities name, asking haproxy itself:
                         ipv4@HOST:PORT / ipv6@[HOST]:PORT as haproxy writes
                         them; asked show info, show stat, show servers state.
                         It sees its own process only: a reload during the
-                        wait is not drained, a process younger than an hour
-                        (or hard-stop-after) gets a warning
+                        wait is not drained and ends the wait at once, a
+                        process younger than an hour (or hard-stop-after)
+                        gets a warning
   -prometheus URL       http://HOST:PORT[/prefix] of a Prometheus scraping
                         haproxy's prometheus-exporter: sums
                         haproxy_server_current_sessions and _queue over
                         every instance; an instance that reported the server
                         within -prometheus-lookback (10m) and not now, or
-                        whose process start time changed (a reload) or is
-                        not exported, is not drained; -expect-instances N
+                        whose process start time changed (a reload: ends
+                        the wait at once) or is not exported, is not
+                        drained; -expect-instances N
                         wants at least N instances reporting each server
 An identity is backend/server (split at the first /), or with
 -haproxy-config FILE (repeatable; a directory as haproxy reads it) the
@@ -61,8 +63,8 @@ its admin state, nor DRAIN or MAINT) gets a warning (0 sessions by chance);
 -require-drain counts it as not drained. Polls every -interval (default
 1s; each source gets at most that long to answer): a live table on a
 terminal, else one line per change; -json prints the last poll as one
-document. Exit 0: all drained; 1: the timeout (or a server no source
-lists), naming each server still holding sessions, where and how many; 2:
+document. Exit 0: all drained; 1: the timeout (or at once: a server no
+source lists, a reload a source cannot see behind), naming each server still holding sessions, where and how many; 2:
 usage.
 ";
 
@@ -342,7 +344,9 @@ fn wait(plan: &Plan, io: &mut Io<'_>) -> u8 {
         // A server no source lists will not appear by waiting: said at once.
         let unlisted = first && !poll.unlisted().is_empty();
         first = false;
-        let over = unlisted || Instant::now() >= deadline;
+        // So is a reload that a worker's socket or Prometheus cannot see
+        // behind: not drained for the rest of the run.
+        let over = unlisted || poll.settled() || Instant::now() >= deadline;
         show_poll(&mut view, &poll, plan, elapsed, io);
         if drained || over {
             let text = match view {

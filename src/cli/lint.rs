@@ -13,13 +13,18 @@ usage: gitlab-haproxy-agent lint-haproxy FILE... [-listen-addr ADDR] [-max-line-
 Reads haproxy configuration files as haproxy does (sections, defaults and
 default-server inheritance, server-template, quoting, .if blocks; a
 directory FILE stands for its *.cfg files in alphabetical order, as with
-haproxy -f) and, for every server with agent-check, reports what keeps the
+haproxy -f, and one holding none is an error; global's setenv, presetenv,
+unsetenv and resetenv apply in order before ${VAR} expands, and a variable
+set nowhere is named) and, for every server with agent-check (saying so
+when there is none), reports what keeps the
 agent's replies from working: errors (no explicit weight; agent-send
 missing, without a real newline, or a first line the agent does not answer;
 agent-port or agent-addr not reaching ADDR) and warnings (no slowstart, no
 agent-inter, an identity that is not <backend>/<server>, two servers
 sending the same identity, a static algorithm (static-rr, or map-based
-hashing) that ignores N% weights and slowstart). On haproxy 3.3 and 3.4, a
+hashing) that ignores N% weights and slowstart; a server-template, whose
+slots all send one identity, gets one finding per line). A word a few letters
+from an agent keyword (agent-sned) gets did you mean. On haproxy 3.3 and 3.4, a
 server with no default-server line before it is an error (it stays DOWN
 after maint: add a default-server line, or run the agent with -reply-up);
 V is the haproxy line linted for (e.g. 3.4), PATH a haproxy binary whose
@@ -77,9 +82,14 @@ pub(super) fn run(args: &[std::ffi::OsString], io: &mut Io<'_>) -> u8 {
             }
         };
     let mut files = Vec::new();
+    let mut empty = Vec::new();
     for name in &a.positional {
+        let before = files.len();
         if let Err(e) = read_config(name, &mut files) {
             return usage_error(io, "lint-haproxy", &e);
+        }
+        if files.len() == before && std::fs::metadata(name).is_ok_and(|m| m.is_dir()) {
+            empty.push(name);
         }
     }
     let env = config_env(io.env);
@@ -90,7 +100,16 @@ pub(super) fn run(args: &[std::ffi::OsString], io: &mut Io<'_>) -> u8 {
         haproxy,
     };
     let report = crate::lint::lint(&files, &target, &local_addresses(), &env);
-    let code = if report.errors > 0 { FINDING } else { OK };
+    let code = match report.errors + empty.len() {
+        0 => OK,
+        _ => FINDING,
+    };
+    for dir in empty {
+        // haproxy -f DIR loads only DIR's *.cfg files: none is no
+        // configuration at all, which haproxy refuses.
+        let dir = crate::safe::output(&dir);
+        let _ = writeln!(io.out, "{dir}: error: this directory holds no *.cfg file: haproxy -f {dir} reads only *.cfg files, so it would load nothing here");
+    }
     // Names read from the configurations are outside text.
     let _ = io
         .out

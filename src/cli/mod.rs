@@ -56,19 +56,23 @@ Operator commands (the first word; exit 0 ok, 1 a finding, 2 usage):
         ask the running agent for IDENTITY exactly as haproxy does; print the reply line
   check-value VALUE|-
         print the reply a KV value produces, or why the agent would ignore it (- reads stdin)
-  status [-pprof-addr ADDR] [-json]
-        every diverted key: value, reply, when this haproxy last asked; unasked ones marked
-  lint-haproxy FILE... [-listen-addr ADDR] [-max-line-bytes N]
-        check the agent-check settings of haproxy configuration files
-  wait-drained IDENTITY... -timeout DURATION [-haproxy-socket ADDR]... [-prometheus URL]
+  status [-pprof-addr ADDR] [-record-prefix PREFIX] [-json] [consul flags]
+        every diverted key: value, reply, when this haproxy last asked, BY, SINCE, REASON, UNTIL
+  lint-haproxy FILE|DIR... [-listen-addr ADDR] [-max-line-bytes N] [-haproxy-version V | -haproxy-bin PATH] [-reply-up]
+        check the agent-check settings of haproxy configuration files, read as haproxy reads them
+  wait-drained IDENTITY... -timeout DURATION [-haproxy-master-socket ADDR]... [-haproxy-socket ADDR]...
+               [-prometheus URL] [-haproxy-config FILE]... [-require-drain] [-interval 1s] [-json]
         wait until haproxy holds no session or queue for the servers named
-  save-server-state -haproxy-master-socket ADDR [-o FILE | -haproxy-config FILE]
+  save-server-state (-haproxy-master-socket ADDR | -haproxy-socket ADDR) [-o FILE | -haproxy-config FILE] [-timeout 5s]
         save haproxy's server state to its server-state-file, before every reload and stop
-  set IDENTITY=VALUE... | -f FILE   [-dry-run] [-json]
-        write servers' states, checked, in one guarded consul transaction; prints the undo
+  set IDENTITY=VALUE... | -f FILE   [-reason TEXT] [-for DURATION|none | -until TIME] [-by WHO]
+               [-haproxy-config FILE]... [-dry-run] [-json]
+        write servers' states, checked, in one guarded consul transaction, each with its record
+        (a reason and an expiry not given are kept); prints the undo
   unset IDENTITY... [-dry-run] [-json]
         delete servers' keys (back to ready 100%), guarded as set
   ramp IDENTITY... -to PCT -over DURATION [-from PCT] [-steps N|P1,P2,...] [-then drain|maint|unset]
+               [-reason TEXT] [-for DURATION|none | -until TIME] [-haproxy-config FILE]... [-dry-run]
         write intermediate weights on a schedule, stopping if anyone else writes
 The writers take the daemon's consul flags and variables (-consul-addr, token, TLS, -kv-prefix).
 Each takes -h for its own help.

@@ -252,6 +252,9 @@ struct Report {
     /// Consul requests failed in a row, and the last error.
     failures: u64,
     last_error: Option<String>,
+    /// The watch holds a blocking query open (consul answers it at the
+    /// next change, or at -consul-wait): a read that is old is not stale.
+    holding: bool,
     rows: Vec<Row>,
     /// The agent's clock, Unix seconds (expiries are counted on it).
     now: u64,
@@ -307,6 +310,7 @@ impl Report {
             keys: doc["state"]["keys"].as_u64().unwrap_or(0),
             failures: doc["watcher"]["consecutive_failures"].as_u64().unwrap_or(0),
             last_error: doc["watcher"]["last_error"].as_str().map(str::to_owned),
+            holding: doc["watcher"]["phase"] == "awaiting_head",
             unknown_identities: asking["unknown_identities_count"].as_u64().unwrap_or(0),
             rows,
             now,
@@ -343,7 +347,10 @@ impl Report {
             ),
             Some("consul") => {
                 let age = self.age_seconds.map_or("?".into(), |a| format!("{a:.0}s"));
-                format!("answering from consul: index {}, last read {age} ago", self.index)
+                match self.holding {
+                    true => format!("answering from consul: index {}, watching: a blocking query is held open and consul answers it at the next change (last answer {age} ago)", self.index),
+                    false => format!("answering from consul: index {}, last read {age} ago (the watch is between reads)", self.index),
+                }
             }
             Some("state_file") => format!(
                 "answering from the state file (index {}): consul not read since the start; KV writes are not seen yet",
@@ -391,8 +398,7 @@ impl Report {
         if !self.rows.is_empty() {
             lines.push(crate::columns::aligned(&cells).trim_end().to_owned());
         }
-        let plural =
-            |n: u64, one: &str, many: &str| format!("{n} {}", if n == 1 { one } else { many });
+        let plural = |n: u64, one: &str, many: &str| crate::columns::counted(n as usize, one, many);
         lines.push(format!(
             "{} diverted of {}; {} (no check within {}s), {} for a first check since the write; {} past its expiry; {} asked without a key",
             self.rows.len(),
@@ -574,6 +580,26 @@ mod tests {
         ])
     }
 
+    /// An old read under a held blocking query is a healthy watch, not a
+    /// stale one: the headline tells them apart.
+    #[test]
+    fn the_headline_tells_a_held_blocking_query_from_a_read_between_polls() {
+        let mut d = doc();
+        d["age_seconds"] = json!(77.0);
+        let held = Report::of(&d, Ok(records())).unwrap().headline();
+        assert!(
+            held.contains("watching: a blocking query is held open")
+                && held.contains("last answer 77s ago"),
+            "{held}"
+        );
+        d["watcher"]["phase"] = json!("idle");
+        let idle = Report::of(&d, Ok(records())).unwrap().headline();
+        assert_eq!(
+            idle,
+            "answering from consul: index 42, last read 77s ago (the watch is between reads)"
+        );
+    }
+
     #[test]
     fn the_table_shows_diverted_keys_and_marks_the_unasked_with_the_identity_meant() {
         let mut d = doc();
@@ -583,7 +609,7 @@ mod tests {
         assert!(!r.ok());
         assert_eq!(
             r.table(),
-            "answering from consul: index 42, last read 2s ago\n\
+            "answering from consul: index 42, watching: a blocking query is held open and consul answers it at the next change (last answer 2s ago)\n\
              IDENTITY      VALUE  REPLY       LAST ASKED  BY         SINCE      REASON               UNTIL\n\
              be_web/srv01  drain  drain 100%  never       -          -          -                    -                UNASKED: did you mean be_web/srv1?; no record\n\
              be_web/srv2   50%    ready 50%   1s ago      alice@lb1  2h10m ago  INC-123 db failover  EXPIRED 20m ago\n\

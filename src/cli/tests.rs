@@ -226,7 +226,7 @@ fn lint_takes_the_listen_address_from_each_flag_form_then_the_environment_then_9
     let file = dir.join("listen.cfg");
     std::fs::write(&file, "backend be\n load-server-state-from-file local\n server s1 127.0.0.1:80 weight 100 slowstart 1s agent-check agent-port 9777 agent-inter 1s agent-send \"be/s1\\n\"\n").unwrap();
     let file = file.to_str().unwrap();
-    let ok = "1 servers with agent-check, 0 errors, 0 warnings\n";
+    let ok = "1 server with agent-check, 0 errors, 0 warnings\n";
     assert_eq!(
         run_with("lint-haproxy", &[file], b"", &[]),
         (OK, ok.into(), String::new())

@@ -107,6 +107,9 @@ pub struct Row {
     pub problem: Option<String>,
     /// The source answered and does not list the server.
     pub unlisted: bool,
+    /// The problem cannot go away within the run: a reload seen through a
+    /// worker's stats socket, or Prometheus's within its lookback.
+    pub settled: bool,
     /// Warnings about what this source cannot see.
     pub notes: Vec<String>,
 }
@@ -126,6 +129,7 @@ impl Row {
             holders: Vec::new(),
             problem: None,
             unlisted: false,
+            settled: false,
             notes: Vec::new(),
         }
     }
@@ -174,6 +178,12 @@ impl Poll {
         !self.rows.is_empty() && self.rows.iter().all(|r| r.drained(rules))
     }
 
+    /// A row whose "not drained" no wait can change (a reload a stats
+    /// socket or Prometheus cannot see behind): the run ends at once.
+    pub fn settled(&self) -> bool {
+        self.rows.iter().any(|r| r.settled)
+    }
+
     /// The servers that every source answered without listing (a typo,
     /// or a server no haproxy has): no wait will change that.
     pub fn unlisted(&self) -> Vec<&str> {
@@ -213,6 +223,7 @@ pub fn judge(
                         socket_row(&mut row, servers.get(key));
                         if let Some(why) = seen.reloaded(source) {
                             row.problem = Some(why);
+                            row.settled = true;
                         } else if let Some(note) = young(&process[1], rules, now) {
                             row.notes.push(note);
                         }
@@ -684,9 +695,11 @@ mod tests {
         };
         let poll = super::judge(&targets, &at(10, 1_000), &RULES, &mut seen, now);
         assert!(poll.drained(&RULES));
+        assert!(!poll.settled());
         assert_eq!(poll.rows[0].warning(), None, "started long ago");
         let poll = super::judge(&targets, &at(20, 99_000), &RULES, &mut seen, now);
         assert!(!poll.drained(&RULES));
+        assert!(poll.settled(), "no wait changes it: the run ends at once");
         assert!(poll.rows[0]
             .problem
             .as_deref()
@@ -764,6 +777,7 @@ mod tests {
                     .starts_with("lb1: reloaded or restarted within the lookback or the wait"),
                 "{poll:?}"
             );
+            assert!(poll.settled(), "no wait changes it: the run ends at once");
         }
         // A reload shortly before the run: the start time changed within
         // the lookback (`changes`), not during the run.
@@ -777,6 +791,7 @@ mod tests {
             problem(&poll).starts_with("lb1: reloaded or restarted"),
             "{poll:?}"
         );
+        assert!(poll.settled());
         // No start time exported (a scrape with scope=server): a reload
         // could not be seen.
         let blind: Starts = &[("lb1", 5.0, 0.0)];
@@ -785,6 +800,7 @@ mod tests {
             &reading(vec![lb1(), lb2()], &["lb1", "lb2"], blind),
             &RULES,
         );
+        assert!(!poll.settled(), "a scrape may export it later");
         assert!(
             problem(&poll).starts_with("lb2: exports no haproxy_process_start_time_seconds"),
             "{poll:?}"

@@ -137,8 +137,11 @@ impl Seen {
                 "reported it during the wait or the lookback before it, and not now (a scrape gap, or a stopped haproxy): cannot tell".to_owned(),
             ),
         ];
+        // The first is a reload: no wait within the run changes it.
+        let settled = !problems[0].0.is_empty();
         if let Some((names, why)) = problems.into_iter().find(|(names, _)| !names.is_empty()) {
             row.problem = Some(format!("{}: {why}", names.join(", ")));
+            row.settled = settled;
             return;
         }
         let young = which(&|name| {

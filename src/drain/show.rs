@@ -159,6 +159,9 @@ pub fn summary(poll: &Poll, rules: &Rules, elapsed: Duration) -> String {
     for r in poll.rows.iter().filter(|r| !r.drained(rules)) {
         text += &format!("  {}\n", line(r, rules));
     }
+    if poll.settled() {
+        text += "  a reload this source cannot see behind settles it: waiting would not change it; ask the master with -haproxy-master-socket, which sees the old workers\n";
+    }
     text
 }
 

@@ -78,9 +78,19 @@ impl Report {
         for (file, line, rest) in &self.lines {
             text += &format!("{file}:{line}: {rest}\n");
         }
+        if self.agent_checked == 0 {
+            text += "no server with agent-check here: the agent is asked by none of these servers (add agent-check, agent-port and agent-send to those it drives)\n";
+        }
+        let counted = crate::columns::counted;
         text += &format!(
-            "{} servers with agent-check, {} errors, {} warnings\n",
-            self.agent_checked, self.errors, self.warnings
+            "{}, {}, {}\n",
+            counted(
+                self.agent_checked,
+                "server with agent-check",
+                "servers with agent-check"
+            ),
+            counted(self.errors, "error", "errors"),
+            counted(self.warnings, "warning", "warnings")
         );
         text
     }
@@ -129,7 +139,12 @@ pub fn lint(
                 "warning"
             }
         };
-        let rest = format!("{}/{}: {word}: {}", s.backend, s.name, f.message);
+        // A template's finding names the slots of its line.
+        let name = match &s.template {
+            Some(last) if *last != s.name => format!("{}..{last}", s.name),
+            _ => s.name.clone(),
+        };
+        let rest = format!("{}/{name}: {word}: {}", s.backend, f.message);
         report.lines.push((names[s.file].clone(), s.line, rest));
     }
     report
@@ -242,7 +257,7 @@ mod tests {
 
     #[test]
     fn a_clean_server_has_no_line_but_the_summary() {
-        let ok = "1 servers with agent-check, 0 errors, 0 warnings\n";
+        let ok = "1 server with agent-check, 0 errors, 0 warnings\n";
         assert_eq!(report(&[("a.cfg", CONFIG)]), ok);
     }
 
@@ -264,10 +279,13 @@ mod tests {
         assert_eq!(lines[2], "3 servers with agent-check, 2 errors, 0 warnings");
     }
 
+    const NONE: &str = "no server with agent-check here: the agent is asked by none of these servers (add agent-check, agent-port and agent-send to those it drives)";
+
     #[test]
     fn refused_lines_count_as_errors() {
         let out = report(&[("refused.cfg", "backend be\n server s1 'x\n")]);
-        assert_eq!(out, "refused.cfg:2: error: haproxy refuses this line: unmatched quote\n0 servers with agent-check, 1 errors, 0 warnings\n");
+        let want = format!("refused.cfg:2: error: haproxy refuses this line: unmatched quote\n{NONE}\n0 servers with agent-check, 1 error, 0 warnings\n");
+        assert_eq!(out, want);
     }
 
     #[test]
@@ -276,7 +294,63 @@ mod tests {
             ".if defined(HAPROXY_LOCALPEER) && defined(HAPROXY_STARTUP_VERSION)\n{CONFIG}.endif\n\
                       .if defined(HAPROXY_CFGFILES) || defined(HAPROXY_MWORKER)\n{CONFIG}.endif\n";
         let out = report(&[("v.cfg", &config.replace("{CONFIG}", CONFIG))]);
-        assert_eq!(out, "1 servers with agent-check, 0 errors, 0 warnings\n");
+        assert_eq!(out, "1 server with agent-check, 0 errors, 0 warnings\n");
+    }
+
+    /// haproxy applies `global`'s setenv, presetenv, unsetenv and resetenv
+    /// in order before expanding `${VAR}` on the lines after them; a
+    /// variable set nowhere is named, not what it does to the line.
+    #[test]
+    fn global_environment_lines_apply_in_order_and_an_unset_variable_is_named() {
+        let server = " server s1 127.0.0.1:80 weight 100 slowstart 1s agent-check agent-port \"${AGENT_PORT}\" agent-inter 1s agent-send \"be/s1\\n\"\n";
+        let ok = "1 server with agent-check, 0 errors, 0 warnings\n";
+        for global in [
+            "global\n setenv AGENT_PORT 9777\n",
+            "global\n presetenv AGENT_PORT 9777\n",
+            "global\n setenv AGENT_PORT 1\n unsetenv AGENT_PORT\n presetenv AGENT_PORT 9777\n",
+            "global\n setenv AGENT_PORT 9777\n resetenv AGENT_PORT\n",
+        ] {
+            let config = format!("{global}backend be\n{server}");
+            assert_eq!(report(&[("e.cfg", &config)]), ok, "{global}");
+        }
+        for global in [
+            "",
+            "global\n setenv AGENT_PORT 9777\n unsetenv AGENT_PORT\n",
+            "global\n setenv AGENT_PORT 9777\n resetenv OTHER\n",
+        ] {
+            let config = format!("{global}backend be\n{server}");
+            let out = report(&[("e.cfg", &config)]);
+            let line = global.lines().count() + 2;
+            let want = format!("e.cfg:{line}: be/s1: error: ${{AGENT_PORT}} is not set here: haproxy would read \"\" (setenv it in global, or export it to haproxy)\n1 server with agent-check, 1 error, 0 warnings\n");
+            assert_eq!(out, want, "{global}");
+        }
+        // A later file sees an earlier file's global (conf.d).
+        let global = ("00-global.cfg", "global\n setenv AGENT_PORT 9777\n");
+        let backend = format!("backend be\n{server}");
+        assert_eq!(report(&[global, ("10-be.cfg", &backend)]), ok);
+    }
+
+    #[test]
+    fn a_near_miss_of_an_agent_keyword_gets_did_you_mean() {
+        let config = CONFIG.replace("agent-send", "agent-sned");
+        let out = report(&[("t.cfg", &config)]);
+        assert_eq!(out, "t.cfg:2: be/s1: error: unknown keyword 'agent-sned': did you mean 'agent-send'? (haproxy refuses the line)\n1 server with agent-check, 1 error, 0 warnings\n");
+        let config = CONFIG.replace("agent-inter", "agent-intre");
+        assert!(report(&[("t.cfg", &config)]).contains("did you mean 'agent-inter'?"));
+    }
+
+    #[test]
+    fn a_server_template_gets_one_finding_a_line_naming_its_slots() {
+        let config = "backend be\n server-template web 1-5 127.0.0.1:80 weight 100 agent-check agent-port 9777 agent-inter 1s agent-send \"be/web\\n\"\n";
+        let out = report(&[("t.cfg", config)]);
+        let lines: Vec<&str> = out.lines().collect();
+        assert_eq!(lines.len(), 3, "{out}");
+        assert!(
+            lines[0].starts_with("t.cfg:2: be/web1..web5: warning: no slowstart"),
+            "{out}"
+        );
+        assert!(lines[1].starts_with("t.cfg:2: be/web1..web5: warning: every slot of this server-template sends \"be/web\""), "{out}");
+        assert_eq!(lines[2], "5 servers with agent-check, 0 errors, 2 warnings");
     }
 
     #[test]
@@ -295,6 +369,7 @@ mod tests {
         )]);
         let want = "r.cfg:1: error: haproxy refuses this line: unknown keyword 'server' out of section\n\
                     r.cfg:3: error: haproxy refuses this line: unknown keyword '\\' (haproxy has no line continuation: a trailing \\ is a word)\n\
+                    no server with agent-check here: the agent is asked by none of these servers (add agent-check, agent-port and agent-send to those it drives)\n\
                     0 servers with agent-check, 2 errors, 0 warnings\n";
         assert_eq!(out, want);
     }

@@ -65,6 +65,31 @@ pub struct Settings {
     /// without one at agent health 0 (`srv_settings_init` sets no
     /// `agent.health`; only `srv_settings_cpy` from a default-server does).
     pub default_server: bool,
+    /// Words a few letters from an agent keyword (`agent-sned`): (the
+    /// word, the keyword meant).
+    pub near_misses: Vec<(String, &'static str)>,
+}
+
+/// The agent keywords a near miss is checked against.
+const AGENT_KEYWORDS: [&str; 5] = [
+    "agent-check",
+    "agent-send",
+    "agent-port",
+    "agent-addr",
+    "agent-inter",
+];
+
+/// The agent keyword `word` is a few letters from (an edit distance of 1
+/// or 2, a swap counting 1), if it is not one.
+pub fn near_agent_keyword(word: &[u8]) -> Option<&'static str> {
+    let word = std::str::from_utf8(word).ok()?;
+    if AGENT_KEYWORDS.contains(&word) || !(8..=14).contains(&word.len()) {
+        return None;
+    }
+    let mut row = Vec::new();
+    AGENT_KEYWORDS.into_iter().find(|k| {
+        crate::state::unasked::edit_distance(word.as_bytes(), k.as_bytes(), 2, &mut row).is_some()
+    })
 }
 
 /// A proxy's load-balancing algorithm, as `balance` and `hash-type` set
@@ -147,6 +172,10 @@ pub struct Server {
     pub balance: Balance,
     /// Its proxy's `load-server-state-from-file`.
     pub load_state: LoadState,
+    /// Made by a `server-template` line: the name of the line's last slot.
+    pub template: Option<String>,
+    /// Variables its line names that are set nowhere (haproxy reads "").
+    pub unset: Vec<String>,
 }
 
 /// A line haproxy refuses, or the one where the lint stopped making servers.
@@ -318,7 +347,12 @@ impl Settings {
                 (b"addr", Some(v)) if !self.agent_addr_explicit => {
                     self.agent_addr = Some(v.text.clone());
                 }
-                _ => {}
+                _ => {
+                    if let Some(meant) = near_agent_keyword(keyword) {
+                        let word = String::from_utf8_lossy(keyword).into_owned();
+                        self.near_misses.push((word, meant));
+                    }
+                }
             }
             i += 1 + usize::from(takes_arg);
         }
@@ -360,7 +394,68 @@ struct Builder {
     aborted: bool,
     /// [`MAX_SERVERS`] was reached: no more servers are made.
     full: bool,
+    /// `global`'s `setenv`, `presetenv`, `unsetenv` and `resetenv` so far.
+    vars: Vars,
     model: Model,
+}
+
+/// The environment as `global`'s `setenv`, `presetenv`, `unsetenv` and
+/// `resetenv` leave it for the lines after them (haproxy applies each as
+/// it reads it, `cfg_parse_global` in `src/cfgparse-global.c`), over the
+/// environment the lint was given.
+#[derive(Default)]
+struct Vars {
+    /// Set (`Some`) or unset (`None`) by a line.
+    set: std::collections::HashMap<String, Option<String>>,
+    /// After `resetenv`: the only names of the given environment kept.
+    kept: Option<std::collections::HashSet<String>>,
+}
+
+impl Vars {
+    fn get(&self, name: &str, env: &dyn Fn(&str) -> Option<String>) -> Option<String> {
+        if let Some(v) = self.set.get(name) {
+            return v.clone();
+        }
+        match &self.kept {
+            Some(kept) if !kept.contains(name) => None,
+            _ => env(name),
+        }
+    }
+
+    /// A `global` line: applied when it is one of the four.
+    fn apply(&mut self, words: &[Word], env: &dyn Fn(&str) -> Option<String>) {
+        let text = |i: usize| {
+            words
+                .get(i)
+                .map(|w| String::from_utf8_lossy(&w.text).into_owned())
+        };
+        let names = || (1..words.len()).filter_map(text);
+        match words[0].text.as_slice() {
+            b"setenv" | b"presetenv" if words.len() == 3 => {
+                let (Some(name), Some(value)) = (text(1), text(2)) else {
+                    return;
+                };
+                let keep = words[0].text == b"presetenv" && self.get(&name, env).is_some();
+                if !keep {
+                    self.set.insert(name, Some(value));
+                }
+            }
+            b"unsetenv" => {
+                for name in names() {
+                    self.set.insert(name, None);
+                }
+            }
+            b"resetenv" => {
+                let names: std::collections::HashSet<String> = names().collect();
+                self.set.retain(|name, _| names.contains(name));
+                self.kept = Some(match self.kept.take() {
+                    Some(kept) => kept.intersection(&names).cloned().collect(),
+                    None => names,
+                });
+            }
+            _ => {}
+        }
+    }
 }
 
 /// Reads the files (name, bytes), in the order haproxy would (`-f` order).
@@ -382,15 +477,24 @@ pub fn build(files: &[(String, Vec<u8>)], env: &dyn Fn(&str) -> Option<String>) 
 }
 
 impl Builder {
-    fn file(&mut self, file: usize, name: &str, text: &[u8], env: &dyn Fn(&str) -> Option<String>) {
+    fn file(
+        &mut self,
+        file: usize,
+        name: &str,
+        text: &[u8],
+        given: &dyn Fn(&str) -> Option<String>,
+    ) {
         let mut section = Section::None;
         let mut label = String::new();
         let mut conditions = Conditions::default();
         for (line, bytes) in tokenize::physical_lines(text) {
+            let vars = &self.vars;
+            let env = &|name: &str| vars.get(name, given);
             let ctx = Context {
                 env,
                 file: name,
                 section: &label,
+                unset: Default::default(),
             };
             let words = match tokenize::parse_line(bytes, line, &ctx) {
                 Ok(words) => words,
@@ -415,7 +519,8 @@ impl Builder {
                         label = String::from_utf8_lossy(texts.get(1).unwrap_or(&texts[0])).into();
                         section = self.section(file, line, &texts);
                     } else {
-                        self.keyword(file, line, &mut section, &words);
+                        let unset = ctx.unset.into_inner();
+                        self.keyword((file, line, unset), &mut section, &words, given);
                     }
                 }
                 _ => {}
@@ -485,8 +590,16 @@ impl Builder {
         }
     }
 
-    /// A keyword line inside a section (or before any).
-    fn keyword(&mut self, file: usize, line: usize, section: &mut Section, words: &[Word]) {
+    /// A keyword line inside a section (or before any), with the
+    /// variables it names that are set nowhere; `given`: the environment
+    /// the lint was given.
+    fn keyword(
+        &mut self,
+        (file, line, unset): (usize, usize, Vec<String>),
+        section: &mut Section,
+        words: &[Word],
+        given: &dyn Fn(&str) -> Option<String>,
+    ) {
         let keyword = words[0].text.as_slice();
         let refused = match (section, keyword) {
             (Section::None, _) if !keyword.starts_with(b".") => {
@@ -542,6 +655,10 @@ impl Builder {
                 }
                 None
             }
+            (Section::Global, b"setenv" | b"presetenv" | b"unsetenv" | b"resetenv") => {
+                self.vars.apply(words, given);
+                None
+            }
             (Section::Global, b"hard-stop-after") => {
                 // 0 is haproxy's "never" (TICK_ETERNITY), as when unset.
                 self.model.hard_stop_after = words
@@ -560,7 +677,8 @@ impl Builder {
                 let mut settings = default_server.clone();
                 let refused = settings.apply(&words[3..]);
                 let name = (name.clone(), words[1].text.clone());
-                self.servers(file, line, name, &words[2].text, settings, None);
+                let at = (file, line, unset);
+                self.servers(at, name, &words[2].text, settings, None);
                 refused
             }
             (
@@ -579,7 +697,8 @@ impl Builder {
                 let refused = settings.apply(&words[4..]);
                 let high = high.min(low.saturating_add(MAX_TEMPLATE - 1));
                 let name = (name.clone(), words[1].text.clone());
-                self.servers(file, line, name, &words[3].text, settings, Some(low..=high));
+                let at = (file, line, unset);
+                self.servers(at, name, &words[3].text, settings, Some(low..=high));
                 refused
             }
             _ => None,
@@ -594,8 +713,7 @@ impl Builder {
     /// (`None`); stops at [`MAX_SERVERS`] in all.
     fn servers(
         &mut self,
-        file: usize,
-        line: usize,
+        (file, line, unset): (usize, usize, Vec<String>),
         (backend, prefix): (String, Vec<u8>),
         address: &[u8],
         settings: Settings,
@@ -609,6 +727,17 @@ impl Builder {
         let wanted = numbers.end() - numbers.start() + 1;
         let room = MAX_SERVERS - self.model.servers.len();
         let prefix = String::from_utf8_lossy(&prefix);
+        let last = template.then(|| {
+            format!(
+                "{prefix}{}",
+                numbers.end().min(
+                    &numbers
+                        .start()
+                        .saturating_add(room as u64)
+                        .saturating_sub(1)
+                )
+            )
+        });
         let servers = numbers.take(room).map(|n| Server {
             file,
             line,
@@ -622,6 +751,8 @@ impl Builder {
             settings: settings.clone(),
             balance: Balance::default(),
             load_state: LoadState::None,
+            template: last.clone(),
+            unset: unset.clone(),
         });
         self.model.servers.extend(servers);
         if wanted > room as u64 {

@@ -62,6 +62,14 @@ pub fn check(
         if !server.settings.agent_check {
             continue;
         }
+        // A template's slots share their line: its first slot speaks for
+        // them all ([`crate::lint::lint`] names the line's slots).
+        let earlier = index.checked_sub(1).map(|i| &servers[i]);
+        if server.template.is_some()
+            && earlier.is_some_and(|e| (e.file, e.line) == (server.file, server.line))
+        {
+            continue;
+        }
         let mut add = |severity, message| {
             findings.push(Finding {
                 server: index,
@@ -69,24 +77,44 @@ pub fn check(
                 message,
             })
         };
+        // A variable set nowhere shifts or empties the words after it:
+        // said instead of what that makes of them.
+        if !server.unset.is_empty() {
+            for name in &server.unset {
+                add(Severity::Error, format!("${{{name}}} is not set here: haproxy would read \"\" (setenv it in global, or export it to haproxy)"));
+            }
+            continue;
+        }
         let s = &server.settings;
+        for (word, meant) in &s.near_misses {
+            add(
+                Severity::Error,
+                format!(
+                    "unknown keyword '{word}': did you mean '{meant}'? (haproxy refuses the line)"
+                ),
+            );
+        }
+        let meant = |k: &str| s.near_misses.iter().any(|(_, m)| *m == k);
         if !s.weight {
             add(Severity::Error, NO_WEIGHT.to_owned());
         }
         let identity = match agent_send(server, agent.max_line) {
             Ok(identity) => Some(identity),
+            Err(_) if meant("agent-send") => None,
             Err(message) => {
                 add(Severity::Error, message);
                 None
             }
         };
         for message in reach(server, agent.listen, local) {
-            add(Severity::Error, message);
+            if !(meant("agent-port") && message.starts_with("no agent-port")) {
+                add(Severity::Error, message);
+            }
         }
         if !s.slowstart {
             add(Severity::Warning, NO_SLOWSTART.to_owned());
         }
-        if !s.agent_inter {
+        if !s.agent_inter && !meant("agent-inter") {
             add(Severity::Warning, NO_AGENT_INTER.to_owned());
         }
         if let Some((severity, message)) = agent_health_trap(server, agent) {
@@ -97,7 +125,10 @@ pub fn check(
         }
         let Some(identity) = identity else { continue };
         let own = format!("{}/{}", server.backend, server.name);
-        if identity != own.as_bytes() {
+        if server.template.is_some() {
+            let shown = identity.escape_ascii();
+            add(Severity::Warning, format!("every slot of this server-template sends \"{shown}\": the agent gives them one reply, so no slot can be drained or weighted alone; write one server line per server to drive them one by one"));
+        } else if identity != own.as_bytes() {
             let shown = identity.escape_ascii();
             add(Severity::Warning, format!("agent-send identity \"{shown}\" is not \"{own}\", this server's <backend>/<server>"));
         }

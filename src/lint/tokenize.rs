@@ -72,6 +72,9 @@ pub struct Context<'a> {
     pub file: &'a str,
     /// haproxy's `.SECTION`: the current section's name (or keyword).
     pub section: &'a str,
+    /// The variables the line names that are set nowhere (no default
+    /// either): haproxy reads them as empty.
+    pub unset: std::cell::RefCell<Vec<String>>,
 }
 
 /// Splits a file into `(line number, line without its \n)`, as `fgets`
@@ -226,6 +229,9 @@ impl Parser {
             }
             i += 1;
         }
+        if value.is_none() {
+            ctx.unset.borrow_mut().push(name.clone());
+        }
         Ok(self.expanded(line, i, value, expand, name.starts_with('.')))
     }
 
@@ -291,6 +297,7 @@ mod tests {
             env: &env,
             file: "h.cfg",
             section: "be",
+            unset: Default::default(),
         };
         let words = parse_line(line.as_bytes(), 7, &ctx)?;
         Ok(words
@@ -342,6 +349,7 @@ mod tests {
             env: &env,
             file: "f",
             section: "s",
+            unset: Default::default(),
         };
         let tails: Vec<bool> = parse_line(br#"'a\n' "a\n" 'a'b a'b'"#, 1, &ctx)
             .unwrap()
@@ -396,6 +404,18 @@ mod tests {
             words(r#""$.LINE" "$.FILE" "${.SECTION}""#),
             ["7", "h.cfg", "be"]
         );
+    }
+
+    #[test]
+    fn a_variable_set_nowhere_is_named_and_one_with_a_default_is_not() {
+        let ctx = Context {
+            env: &env,
+            file: "h.cfg",
+            section: "be",
+            unset: Default::default(),
+        };
+        parse_line(br#""${PORT}" "$HOST" "${X-1}" "$.LINE" "$Y""#, 1, &ctx).unwrap();
+        assert_eq!(ctx.unset.into_inner(), ["PORT", "Y"]);
     }
 
     #[test]

@@ -25,7 +25,7 @@ use crate::consul::exchange::Exchange;
 use crate::consul::kv::{decode_list, KvPair};
 use crate::consul::watch::ErrorReason;
 use crate::http::{percent_encode, EncodeSet};
-use plan::{Held, TxnAnswer};
+use plan::{Held, Target, TxnAnswer};
 
 pub use ramp::run as ramp;
 pub use set::{run_set as set, run_unset as unset};
@@ -69,18 +69,40 @@ pub fn meta_prefix(prefix: &str, given: Option<&str>) -> Result<String, String> 
     Ok(meta)
 }
 
-/// The writer's words for its records: `-by`, `-reason`, `-for` and the
-/// command line, checked (exit 2 otherwise).
+/// The writer's words for its records: `-by`, `-reason`, `-for` or
+/// `-until`, and the command line, checked (exit 2 otherwise).
 pub(crate) struct Recorder {
     by: String,
-    reason: Option<String>,
-    /// `-for`.
-    pub(crate) hold: Option<std::time::Duration>,
+    /// `-reason`: `None` keeps the reason recorded, `Some(None)` (`-reason
+    /// ''`) clears it.
+    reason: Option<Option<String>>,
+    /// `-for` or `-until`.
+    pub(crate) until: Until,
     command: String,
 }
 
+/// What a write does to a key's expiry (its consul Flags).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Until {
+    /// Neither `-for` nor `-until`: the expiry the key holds stays.
+    Keep,
+    /// `-for none`.
+    Clear,
+    /// `-for DURATION`, from the write.
+    For(std::time::Duration),
+    /// `-until TIME` (Unix seconds, within the window of [`crate::state::expiry::of_flags`]).
+    At(u32),
+}
+
+impl Until {
+    /// A new expiry is given (`-for DURATION` or `-until`).
+    pub(crate) fn sets(self) -> bool {
+        matches!(self, Until::For(_) | Until::At(_))
+    }
+}
+
 /// The writers' flags for the records.
-pub(crate) const RECORD_FLAGS: [&str; 4] = ["by", "reason", "for", RECORD_PREFIX];
+pub(crate) const RECORD_FLAGS: [&str; 5] = ["by", "reason", "for", "until", RECORD_PREFIX];
 
 impl Recorder {
     pub(crate) fn of(
@@ -94,48 +116,98 @@ impl Recorder {
                 record::check_text(flag, text)?;
             }
         }
-        let hold = match w.value("for") {
-            None => None,
-            Some(text) => match crate::gocompat::parse_go_duration(text) {
-                Some(Some(d)) if d.as_secs() > 0 => Some(d),
+        let until = match (w.value("for"), w.value("until")) {
+            (Some(_), Some(_)) => return Err("give -for or -until, not both".into()),
+            (None, None) => Until::Keep,
+            (Some("none"), None) => Until::Clear,
+            (Some(text), None) => match crate::gocompat::parse_go_duration(text) {
+                Some(Some(d)) if d.as_secs() > 0 => Until::For(d),
                 _ => {
                     return Err(format!(
-                    "-for {text:?} is not a positive duration of a second or more (2h, 30m, 1h30m)"
+                    "-for {text:?} is not a positive duration of a second or more (2h, 30m, 1h30m), nor none"
                 ))
                 }
             },
+            (None, Some(text)) => Until::At(record::parse_until(text)?),
         };
         let mut words = vec!["gitlab-haproxy-agent".to_owned(), verb.to_owned()];
         words.extend(args.iter().map(|a| a.to_string_lossy().into_owned()));
+        let login = login_name();
         Ok(Recorder {
-            by: record::who(w.value("by"), env, &host_name()),
-            reason: w.value("reason").map(str::to_owned),
-            hold,
+            by: record::who(w.value("by"), env, login.as_deref(), &host_name()),
+            reason: w
+                .value("reason")
+                .map(|r| (!r.is_empty()).then(|| r.to_owned())),
+            until,
             command: record::command_line(&words),
         })
     }
 
-    /// The expiry of a write at `now` (Unix seconds): refused when it is
-    /// not one the daemon would read as such (2020..2100).
-    pub(crate) fn expiry(&self, now: u64) -> Result<u32, String> {
-        let Some(d) = self.hold else { return Ok(0) };
-        let until = now.saturating_add(d.as_secs());
-        match crate::state::expiry::of_flags(until) {
-            0 => Err(format!(
-                "-for {}s from now ends past 2100-01-01, which consul Flags cannot say here",
-                d.as_secs()
-            )),
-            e => Ok(e),
+    /// The expiry a write at `now` gives: `None` keeps the key's, `Some(0)`
+    /// clears it; refused when it is not one the daemon would read as such
+    /// (2020..2100).
+    pub(crate) fn expiry(&self, now: u64) -> Result<Option<u32>, String> {
+        match self.until {
+            Until::Keep => Ok(None),
+            Until::Clear => Ok(Some(0)),
+            Until::At(at) => Ok(Some(at)),
+            Until::For(d) => {
+                match crate::state::expiry::of_flags(now.saturating_add(d.as_secs())) {
+                    0 => Err(format!(
+                    "-for {}s from now ends past 2100-01-01, which consul Flags cannot say here",
+                    d.as_secs()
+                )),
+                    e => Ok(Some(e)),
+                }
+            }
         }
     }
 
-    /// The record of writing `value` at `now` until `expiry` (0: none).
-    pub(crate) fn record(&self, value: &crate::contract::Desired, now: u64, expiry: u32) -> String {
+    /// What a write of `target` carries over from the key it replaces (its
+    /// recorded reason, its expiry `was`), given the expiry asked for
+    /// (`new`, from [`Recorder::expiry`]).
+    pub(crate) fn carry(
+        &self,
+        target: plan::Target,
+        reason: Option<String>,
+        was: u32,
+        new: Option<u32>,
+    ) -> plan::Carried {
+        let Target::Set(d) = target else {
+            return plan::Carried::default();
+        };
+        let kept_reason = self.reason.is_none() && reason.is_some();
+        let reason = match &self.reason {
+            None => reason,
+            Some(given) => given.clone(),
+        };
+        // A key answering ready 100% has nothing to expire.
+        let diverted = d.reply() != crate::contract::Desired::READY.reply();
+        let (until, kept_until) = match new {
+            _ if !diverted => (0, false),
+            Some(e) => (e, false),
+            None => (was, was != 0),
+        };
+        plan::Carried {
+            reason,
+            until,
+            kept_reason,
+            kept_until,
+        }
+    }
+
+    /// The record of writing `value` at `now` with what it carries.
+    pub(crate) fn record(
+        &self,
+        value: &crate::contract::Desired,
+        now: u64,
+        carried: &plan::Carried,
+    ) -> String {
         record::Record {
             by: self.by.clone(),
             when: now,
-            reason: self.reason.clone(),
-            until: (expiry != 0).then_some(u64::from(expiry)),
+            reason: carried.reason.clone(),
+            until: (carried.until != 0).then_some(u64::from(carried.until)),
             value: value.to_string(),
             command: self.command.clone(),
         }
@@ -143,11 +215,50 @@ impl Recorder {
     }
 }
 
+/// The reason recorded for a key held as `held` (none for an absent key:
+/// its record, if any, is an orphan).
+pub(crate) fn recorded_reason(
+    records: &HashMap<String, KvPair>,
+    identity: &str,
+    held: &Held,
+) -> Option<String> {
+    if *held == Held::Absent {
+        return None;
+    }
+    let pair = records.get(identity)?;
+    record::decode(&pair.value).ok()?.reason
+}
+
 /// Now, in Unix seconds, on this host's clock.
 pub(crate) fn unix_now() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())
+}
+
+/// The login name of this process's uid, for the records' `by` when
+/// neither `$SUDO_USER` nor `$USER` is set.
+fn login_name() -> Option<String> {
+    let mut buf = vec![0u8; 4096];
+    // SAFETY: an all-zero passwd is a valid value for getpwuid_r to fill.
+    let mut pwd: libc::passwd = unsafe { std::mem::zeroed() };
+    let mut found: *mut libc::passwd = std::ptr::null_mut();
+    // SAFETY: every pointer is valid for the call; buf outlives pwd's use.
+    let rc = unsafe {
+        libc::getpwuid_r(
+            libc::getuid(),
+            &mut pwd,
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+            &mut found,
+        )
+    };
+    if rc != 0 || found.is_null() || pwd.pw_name.is_null() {
+        return None;
+    }
+    // SAFETY: getpwuid_r succeeded: pw_name is a C string inside buf.
+    let name = unsafe { std::ffi::CStr::from_ptr(pwd.pw_name) };
+    Some(name.to_string_lossy().into_owned()).filter(|n| !n.is_empty())
 }
 
 /// This host's name, for the records' `by`.
@@ -514,10 +625,19 @@ fn refusal(kv: &mut Kv, keys: &[Guarded<'_>], errors: &[(usize, String)]) -> Ref
 /// checks (repeatable).
 pub(super) const HAPROXY_CONFIG: &str = "haproxy-config";
 
-/// Weights other than 0% and 100% for `weighted` identities: with
-/// `-haproxy-config`, refused for a server of a static-algorithm backend
-/// (haproxy ignores them: "Backend is using a static LB algorithm"), each
-/// named with its backend and `balance`; without it, one warning.
+/// The variable giving it when the flag is not given.
+pub const HAPROXY_CONFIG_ENV: &str = "GITLAB_HAPROXY_AGENT_HAPROXY_CONFIG";
+
+/// The configuration read when neither gives one, if it exists.
+pub const DEFAULT_HAPROXY_CONFIG: &str = "/etc/haproxy/haproxy.cfg";
+
+/// Weights other than 0% and 100% for `weighted` identities: refused for
+/// a server of a static-algorithm backend (haproxy ignores them: "Backend
+/// is using a static LB algorithm"), each named with its backend and
+/// `balance`, as the configuration shows it: `-haproxy-config` (an
+/// unreadable one is an error), else [`HAPROXY_CONFIG_ENV`], else
+/// [`DEFAULT_HAPROXY_CONFIG`]; when neither of these can be read, one
+/// warning naming the path tried.
 pub(super) fn static_weights(
     w: &Args,
     io: &mut Io<'_>,
@@ -527,16 +647,28 @@ pub(super) fn static_weights(
     if weighted.is_empty() {
         return Ok(());
     }
-    let configs = w.values(HAPROXY_CONFIG);
+    let mut configs: Vec<String> = w
+        .values(HAPROXY_CONFIG)
+        .into_iter()
+        .map(str::to_owned)
+        .collect();
     if configs.is_empty() {
-        let _ = writeln!(
-            io.err,
-            "gitlab-haproxy-agent {command}: warning: a backend with a static algorithm (balance static-rr, or hashing with hash-type map-based) ignores weights other than 0% and 100%; give -haproxy-config to check"
-        );
-        return Ok(());
+        let (path, from) = match (io.env)(HAPROXY_CONFIG_ENV).filter(|p| !p.is_empty()) {
+            Some(p) => (p, HAPROXY_CONFIG_ENV),
+            None => (DEFAULT_HAPROXY_CONFIG.to_owned(), "the default"),
+        };
+        let mut files = Vec::new();
+        if let Err(e) = crate::cli::lint::read_config(&path, &mut files) {
+            let _ = writeln!(
+                io.err,
+                "gitlab-haproxy-agent {command}: warning: no haproxy configuration read ({from}: {e}), so a backend with a static algorithm (balance static-rr, or hashing with hash-type map-based), which ignores weights other than 0% and 100%, cannot be checked; give -haproxy-config FILE"
+            );
+            return Ok(());
+        }
+        configs.push(path);
     }
     let mut files = Vec::new();
-    for name in configs {
+    for name in &configs {
         crate::cli::lint::read_config(name, &mut files)?;
     }
     let env = crate::cli::lint::config_env(io.env);

@@ -166,38 +166,87 @@ pub fn moved(targets: &[Target], held: &[Held], guards: &[u64]) -> Option<usize>
         .position(|((t, h), &g)| h.index() != g && !t.is_held_in(h, g))
 }
 
+/// What a write carries in its record and Flags: the reason and the
+/// expiry (Unix seconds, 0: none), and whether each was kept from the key
+/// it replaces (SPEC §13, "a record survives the runbook").
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Carried {
+    pub reason: Option<String>,
+    pub until: u32,
+    pub kept_reason: bool,
+    pub kept_until: bool,
+}
+
+impl Carried {
+    /// `keeps reason "INC-123", until 2026-12-04T23:28:18Z`, or `None`
+    /// when nothing was kept.
+    pub fn keeps(&self) -> Option<String> {
+        let mut kept = Vec::new();
+        if let (true, Some(r)) = (self.kept_reason, &self.reason) {
+            kept.push(format!("reason {r:?}"));
+        }
+        if self.kept_until {
+            kept.push(format!("until {}", until(self.until)));
+        }
+        (!kept.is_empty()).then(|| format!("keeps {}", kept.join(", ")))
+    }
+}
+
+/// An expiry as shown (Unix seconds, UTC).
+fn until(e: u32) -> String {
+    crate::logging::utc_seconds(u64::from(e))
+}
+
 /// One key's change.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Change {
     pub identity: String,
     pub before: Held,
     pub after: Target,
-    /// The expiry its Flags carry before and after (Unix seconds, 0: none).
-    pub expiry: [u32; 2],
+    /// The reason recorded before (none without a record, or for an
+    /// absent key).
+    pub reason: Option<String>,
+    /// The expiry its Flags carry before (Unix seconds, 0: none).
+    pub expiry: u32,
+    /// What the write carries.
+    pub carried: Carried,
 }
 
 impl Change {
-    /// Nothing to write: the reply and the expiry stay as they are.
+    /// Nothing to write: the reply, the reason and the expiry stay as they
+    /// are.
     pub fn is_noop(&self) -> bool {
-        self.after.is_noop(&self.before) && self.expiry[0] == self.expiry[1]
+        self.after.is_noop(&self.before)
+            && self.expiry == self.carried.until
+            && self.reason == self.carried.reason
     }
 
-    /// `IDENTITY: before -> after`, or that it is unchanged.
+    /// `IDENTITY: before -> after`, or that it is unchanged; with what the
+    /// write keeps of the record it replaces.
     pub fn line(&self) -> String {
-        let until = |e: u32| match e {
+        let after_until = |e: u32| match e {
             0 => String::new(),
-            e => format!(" until {}", crate::logging::utc_seconds(u64::from(e))),
+            e => format!(" until {}", until(e)),
         };
-        let before = format!("{}{}", self.before.render(), until(self.expiry[0]));
-        match self.is_noop() {
-            true => format!("{}: {before} (unchanged)", self.identity),
-            false => format!(
-                "{}: {before} -> {}{}",
-                self.identity,
-                self.after.render(),
-                until(self.expiry[1])
-            ),
+        let before = format!("{}{}", self.before.render(), after_until(self.expiry));
+        if self.is_noop() {
+            return format!("{}: {before} (unchanged)", self.identity);
         }
+        let c = &self.carried;
+        let shown = match c.kept_until {
+            true => 0,
+            false => c.until,
+        };
+        let mut line = format!(
+            "{}: {before} -> {}{}",
+            self.identity,
+            self.after.render(),
+            after_until(shown)
+        );
+        if let Some(keeps) = c.keeps() {
+            line.push_str(&format!(" ({keeps})"));
+        }
+        line
     }
 }
 
@@ -224,13 +273,23 @@ pub fn parse_sets<'a>(
             (Ok(()), Ok(d)) => good.push((identity.to_owned(), Target::Set(d))),
             (Err(why), _) => bad.push(format!("{place}: {why}")),
             (_, Err(e)) => bad.push(format!(
-                "{place}: {identity}: value {:?} is invalid ({}): the agent would ignore it and answer ready 100%",
+                "{place}: {identity}: value {:?} is invalid ({}): the agent would ignore it and answer ready 100%{}",
                 cut(value, SHOWN_VALUE_BYTES),
-                e.label()
+                e.label(),
+                meant(value)
             )),
         }
     }
     finish(good, bad)
+}
+
+/// A hint for a value a `%` short of a weight (`50`: did you mean 50%?).
+fn meant(value: &str) -> String {
+    let pct = format!("{}%", value.trim());
+    match parse_value(pct.as_bytes()) {
+        Ok(_) if !value.trim().is_empty() => format!("; did you mean {pct}?"),
+        _ => String::new(),
+    }
 }
 
 /// `IDENTITY=VALUE` at the last `=`; a file line may also be `IDENTITY
@@ -504,30 +563,63 @@ pub fn shell_word(w: &str) -> String {
     }
 }
 
-/// The command line that puts every changed key back as it was: a `set`
-/// of the earlier values and an `unset` of the keys that were absent (or
-/// held a value the agent ignored, which `set` refuses to write: see
-/// [`unrestorable`]). `common`: the consul words the command was given,
-/// repeated. It runs as printed: words are quoted for a shell, and `--`
-/// comes before the identities when one starts with `-`.
+/// The command line that puts every changed key back as it was: `set`s of
+/// the earlier values, with the reason and the expiry each had where the
+/// write changed them (`-reason`, `''` for none; `-until`, or `-for
+/// none`), one `set` for each such pair; and an `unset` of the keys that
+/// were absent (or held a value the agent ignored, which `set` refuses to
+/// write: see [`unrestorable`]). `common`: the consul words the command
+/// was given, repeated. It runs as printed: words are quoted for a shell,
+/// and `--` comes before the identities when one starts with `-`.
 pub fn undo_line(changed: &[&Change], common: &[String], max_line: usize) -> Option<String> {
-    let mut sets = Vec::new();
+    let mut sets: Vec<(Vec<String>, Vec<String>)> = Vec::new();
     let mut unsets = Vec::new();
     for c in changed {
         match &c.before {
             // `set` refuses an identity no haproxy can ask for:
             // [`unrestorable`] names it.
             Held::Valid(_, _) if check_identity(&c.identity, Some(max_line)).is_err() => {}
-            Held::Valid(d, _) => sets.push(format!("{}={d}", c.identity)),
+            Held::Valid(d, _) => {
+                let flags = restoring(c, *d);
+                let word = format!("{}={d}", c.identity);
+                match sets.iter_mut().find(|(f, _)| *f == flags) {
+                    Some((_, words)) => words.push(word),
+                    None => sets.push((flags, vec![word])),
+                }
+            }
             Held::Absent | Held::Invalid(..) => unsets.push(c.identity.clone()),
         }
     }
-    let lines: Vec<String> = [("set", sets), ("unset", unsets)]
-        .iter()
-        .filter(|(_, w)| !w.is_empty())
-        .map(|(verb, w)| command_line(verb, common, w))
+    let mut lines: Vec<String> = sets
+        .into_iter()
+        .map(|(flags, words)| command_line("set", &[common, &flags].concat(), &words))
         .collect();
+    if !unsets.is_empty() {
+        lines.push(command_line("unset", common, &unsets));
+    }
     (!lines.is_empty()).then(|| lines.join(" && "))
+}
+
+/// The record flags that put back the reason and the expiry `c` replaced
+/// over `d` (its earlier value): none where the write kept them (a `set`
+/// without them keeps what the key holds).
+fn restoring(c: &Change, d: Desired) -> Vec<String> {
+    let mut flags = Vec::new();
+    if c.reason != c.carried.reason {
+        flags.extend(["-reason".to_owned(), c.reason.clone().unwrap_or_default()]);
+    }
+    // A key answering ready 100% carries no expiry (`set` refuses one).
+    let expiry = match d.reply() == Desired::READY.reply() {
+        true => 0,
+        false => c.expiry,
+    };
+    if expiry != c.carried.until {
+        match expiry {
+            0 => flags.extend(["-for".to_owned(), "none".to_owned()]),
+            e => flags.extend(["-until".to_owned(), until(e)]),
+        }
+    }
+    flags
 }
 
 /// `gitlab-haproxy-agent VERB COMMON... [--] WORDS...`, quoted for a shell.
@@ -579,7 +671,9 @@ mod tests {
             identity: "L".repeat(300),
             before: Held::Valid(Desired::DRAIN, 7),
             after: Target::Unset,
-            expiry: [0, 0],
+            expiry: 0,
+            reason: None,
+            carried: Carried::default(),
         };
         let short = Change {
             identity: "be/a".into(),
@@ -692,7 +786,9 @@ mod tests {
                 identity: "be/s1".into(),
                 before,
                 after,
-                expiry: [0, 0],
+                expiry: 0,
+                reason: None,
+                carried: Carried::default(),
             }
             .line()
         };
@@ -753,19 +849,25 @@ mod tests {
             identity: "be/a".into(),
             before: Held::Valid(pct(50), 3),
             after: Target::Set(Desired::DRAIN),
-            expiry: [0, 0],
+            expiry: 0,
+            reason: None,
+            carried: Carried::default(),
         };
         let b = Change {
             identity: "be/b b".into(),
             before: Held::Absent,
             after: Target::Set(Desired::DRAIN),
-            expiry: [0, 0],
+            expiry: 0,
+            reason: None,
+            carried: Carried::default(),
         };
         let c = Change {
             identity: "be/c".into(),
             before: Held::Valid(Desired::MAINT, 3),
             after: Target::Unset,
-            expiry: [0, 0],
+            expiry: 0,
+            reason: None,
+            carried: Carried::default(),
         };
         let common = ["-kv-prefix".to_owned(), "x y".to_owned()];
         assert_eq!(
@@ -876,7 +978,12 @@ mod tests {
             identity: "be/a".into(),
             before: Held::Valid(Desired::DRAIN, 3),
             after: Target::Set(Desired::DRAIN),
-            expiry: [0, 1_800_000_000],
+            expiry: 0,
+            reason: None,
+            carried: Carried {
+                until: 1_800_000_000,
+                ..Carried::default()
+            },
         };
         assert!(!c.is_noop());
         assert_eq!(
@@ -884,13 +991,83 @@ mod tests {
             "be/a: drain 100% -> drain 100% until 2027-01-15T08:00:00Z"
         );
         let same = Change {
-            expiry: [1_800_000_000; 2],
+            expiry: 1_800_000_000,
             ..c
         };
         assert_eq!(
             same.line(),
             "be/a: drain 100% until 2027-01-15T08:00:00Z (unchanged)"
         );
+    }
+
+    /// The runbook: `set be/a=drain -reason INC-123 -for 2h`, then `set
+    /// be/a=maint`: the second keeps the reason and the expiry, says so,
+    /// and its undo puts back drain (keeping them too); a write that
+    /// changed them has an undo that restores them.
+    #[test]
+    fn a_write_keeps_the_record_says_so_and_its_undo_restores_it() {
+        let kept = Change {
+            identity: "be/a".into(),
+            before: Held::Valid(Desired::DRAIN, 3),
+            after: Target::Set(Desired::MAINT),
+            expiry: 1_800_000_000,
+            reason: Some("INC-123".into()),
+            carried: Carried {
+                reason: Some("INC-123".into()),
+                until: 1_800_000_000,
+                kept_reason: true,
+                kept_until: true,
+            },
+        };
+        assert_eq!(
+            kept.line(),
+            "be/a: drain 100% until 2027-01-15T08:00:00Z -> maint 100% (keeps reason \"INC-123\", until 2027-01-15T08:00:00Z)"
+        );
+        assert_eq!(
+            undo_line(&[&kept], &[], 256).as_deref(),
+            Some("gitlab-haproxy-agent set be/a=drain")
+        );
+        let replaced = Change {
+            carried: Carried {
+                reason: Some("INC-9".into()),
+                until: 0,
+                ..Carried::default()
+            },
+            ..kept.clone()
+        };
+        assert_eq!(
+            undo_line(&[&replaced], &[], 256).as_deref(),
+            Some("gitlab-haproxy-agent set -reason INC-123 -until 2027-01-15T08:00:00Z be/a=drain")
+        );
+        let bare = Change {
+            identity: "be/b".into(),
+            expiry: 0,
+            reason: None,
+            carried: Carried {
+                reason: Some("INC-9".into()),
+                until: 1_800_000_000,
+                ..Carried::default()
+            },
+            ..kept.clone()
+        };
+        assert_eq!(
+            undo_line(&[&replaced, &bare, &kept], &[], 256).as_deref(),
+            Some(concat!(
+                "gitlab-haproxy-agent set -reason INC-123 -until 2027-01-15T08:00:00Z be/a=drain",
+                " && gitlab-haproxy-agent set -reason '' -for none be/b=drain",
+                " && gitlab-haproxy-agent set be/a=drain"
+            ))
+        );
+    }
+
+    #[test]
+    fn a_number_without_its_percent_sign_gets_did_you_mean() {
+        let bad = words(&["be/x=50", "be/y=drian"]).unwrap_err();
+        assert!(
+            bad[0].ends_with("answer ready 100%; did you mean 50%?"),
+            "{bad:?}"
+        );
+        assert!(bad[1].ends_with("answer ready 100%"), "{bad:?}");
     }
 
     #[test]
@@ -970,7 +1147,9 @@ mod tests {
             identity: identity.into(),
             before,
             after: Target::Set(Desired::DRAIN),
-            expiry: [0, 0],
+            expiry: 0,
+            reason: None,
+            carried: Carried::default(),
         };
         let a = change("-x/a", Held::Valid(pct(50), 3));
         let b = change("be/a=b", Held::Valid(Desired::MAINT, 3));

@@ -17,8 +17,8 @@ use super::machine::{Answer, Machine, Next, Stop, Write1};
 use super::plan::{self, Held, Target, TxnAnswer};
 use super::schedule::{check_rate, offset, parse_pct, secs, Steps};
 use super::{
-    refusal, static_weights, unix_now, Delivery, Guarded, Kv, Recorder, HAPROXY_CONFIG,
-    RECORD_FLAGS, RECORD_PREFIX,
+    recorded_reason, refusal, static_weights, unix_now, Delivery, Guarded, Kv, Recorder, Until,
+    HAPROXY_CONFIG, RECORD_FLAGS, RECORD_PREFIX,
 };
 use crate::cli::Args;
 use crate::cli::{usage_error, Io, FINDING, OK};
@@ -27,8 +27,8 @@ use crate::contract::Desired;
 
 const HELP: &str = "\
 usage: gitlab-haproxy-agent ramp IDENTITY... -to PCT -over DURATION [-from PCT]
-       [-steps N | -steps P1,P2,...] [-then drain|maint|unset [-for DURATION]]
-       [-reason TEXT] [-by WHO] [-record-prefix PREFIX] [-dry-run]
+       [-steps N | -steps P1,P2,...] [-then drain|maint|unset
+       [-for DURATION | -until TIME]] [-for none] [-reason TEXT] [-by WHO] [-record-prefix PREFIX] [-dry-run]
        [-haproxy-config FILE]... [consul flags]
 
 Writes intermediate weights (N% values) on a schedule, every named key in one
@@ -43,31 +43,29 @@ key, the ramp stops, writes nothing more, and exits 1. A step consul refuses,
 or whose answer never comes (the keys are then read again), stops it with the
 command that resumes it from what the keys hold (exit 1); so do SIGINT and
 SIGTERM, after the write in flight (exit 130, 143). Identities are checked as
-set checks them, each named once. A server that -haproxy-config FILE shows in
-a backend with a static algorithm (static-rr, map-based hashing) cannot ramp:
-haproxy ignores weights other than 0% and 100% there, so the ramp is refused
-(exit 2); without -haproxy-config a warning says so. -dry-run prints the
+set checks them, each named once. A server that the haproxy configuration
+(-haproxy-config FILE, else $GITLAB_HAPROXY_AGENT_HAPROXY_CONFIG, else
+/etc/haproxy/haproxy.cfg when it exists) shows in a backend with a static
+algorithm (static-rr, map-based hashing) cannot ramp: haproxy ignores weights
+other than 0% and 100% there, so the ramp is refused (exit 2); when no
+configuration can be read, a warning names the path tried. -dry-run prints the
 schedule and writes nothing. Every write also writes each key's record in its
 transaction (as set; at most 32 keys: 64 operations with their records), and
-the last deletes it with the key; -for (with -then drain|maint only) puts the
-expiry, counted from the -then write, in the keys' Flags.
+the last deletes it with the key. Every step keeps each key's recorded reason
+(unless -reason; -reason '' clears it) and its expiry (unless -for none
+clears it), and says so before the first; -for or -until (with -then
+drain|maint only) puts a new expiry, counted from the -then write, in the keys'
+Flags.
 ";
 
 pub fn run(args: &[OsString], io: &mut Io<'_>) -> u8 {
     let w = match Args::parse_with(
         args,
         &[
-            "to",
-            "over",
-            "from",
-            "steps",
-            "then",
-            HAPROXY_CONFIG,
-            "by",
-            "reason",
-            "for",
-            RECORD_PREFIX,
-        ],
+            &["to", "over", "from", "steps", "then", HAPROXY_CONFIG][..],
+            &RECORD_FLAGS,
+        ]
+        .concat(),
         &["dry-run"],
         daemon_flag,
     ) {
@@ -82,8 +80,8 @@ pub fn run(args: &[OsString], io: &mut Io<'_>) -> u8 {
         Ok(opened) => opened,
         Err(e) => return usage_error(io, "ramp", &e),
     };
-    let held = match kv.read(&w.positional) {
-        Ok(h) => h,
+    let (held, was) = match read(&mut kv, &w.positional) {
+        Ok(read) => read,
         Err(e) => {
             let _ = writeln!(io.err, "gitlab-haproxy-agent ramp: nothing written: {e}");
             return FINDING;
@@ -96,6 +94,7 @@ pub fn run(args: &[OsString], io: &mut Io<'_>) -> u8 {
     if let Err(e) = static_weights(&w, io, "ramp", &weighted(&w.positional, &writes)) {
         return usage_error(io, "ramp", &format!("nothing written: {e}"));
     }
+    keeps_lines(io, &w.positional, &recorder, (&writes, &was));
     if w.flag("dry-run") {
         dry_run(io, &w.positional, &ramp, &writes);
         return OK;
@@ -116,6 +115,7 @@ pub fn run(args: &[OsString], io: &mut Io<'_>) -> u8 {
         records: record_words(&w),
         ramp: &ramp,
         recorder: &recorder,
+        was: &was,
         live: std::io::stdout().is_terminal(),
     };
     let mut machine = Machine::new(writes, &held);
@@ -131,6 +131,41 @@ fn weighted<'a>(ids: &'a [String], writes: &[Write1]) -> Vec<&'a str> {
         .filter(|&(k, _)| writes.iter().any(|w| w.targets[k].intermediate()))
         .map(|(_, i)| i.as_str())
         .collect()
+}
+
+/// The keys as held, and what each carries into the ramp's writes: its
+/// recorded reason and its expiry.
+fn read(kv: &mut Kv, ids: &[String]) -> Result<(Vec<Held>, Vec<Was>), String> {
+    let held = kv.read_expiring(ids)?;
+    let records = kv.records()?;
+    Ok(ids
+        .iter()
+        .zip(held)
+        .map(|(id, (h, expiry))| {
+            let reason = recorded_reason(&records, id, &h);
+            (h, (reason, expiry))
+        })
+        .unzip())
+}
+
+/// A key's recorded reason and expiry before the ramp.
+type Was = (Option<String>, u32);
+
+/// What the ramp keeps of each key's record, said once before it starts
+/// (`be/a: keeps reason "INC-123", until ...`).
+fn keeps_lines(
+    io: &mut Io<'_>,
+    ids: &[String],
+    recorder: &Recorder,
+    (writes, was): (&[Write1], &[Was]),
+) {
+    let Some(first) = writes.first() else { return };
+    for ((id, t), (reason, expiry)) in ids.iter().zip(&first.targets).zip(was) {
+        let carried = recorder.carry(*t, reason.clone(), *expiry, None);
+        if let Some(keeps) = carried.keeps() {
+            let _ = writeln!(io.out, "{id}: {keeps}");
+        }
+    }
 }
 
 /// The ramp as asked, the records' words, and consul; the identities
@@ -218,9 +253,9 @@ impl Ramp {
     /// `maint` (the divert that expires), and a transaction per step: at
     /// most [`plan::BATCH`] operations, two per key (its record).
     fn check_records(&self, ids: &[String], recorder: &Recorder) -> Result<(), String> {
-        if recorder.hold.is_some() && !matches!(self.then, Some(Target::Set(_))) {
+        if recorder.until.sets() && !matches!(self.then, Some(Target::Set(_))) {
             return Err(
-                "-for needs -then drain or -then maint: it is the expiry of that divert".into(),
+                "-for and -until need -then drain or -then maint: they are the expiry of that divert (-for none clears the keys' expiry)".into(),
             );
         }
         if ids.len() > plan::BATCH / 2 {
@@ -304,6 +339,9 @@ struct Run<'a> {
     records: Vec<String>,
     ramp: &'a Ramp,
     recorder: &'a Recorder,
+    /// Each key's recorded reason and expiry before the ramp: every step
+    /// keeps them unless told otherwise.
+    was: &'a [Was],
     /// Standard output is a terminal: one live progress line.
     live: bool,
 }
@@ -374,10 +412,14 @@ fn send(kv: &mut Kv, run: &Run<'_>, m: &Machine, k: usize) -> Answer {
     let write = &m.writes()[k];
     let keys: Vec<String> = run.ids.iter().map(|i| kv.key(i)).collect();
     let now = unix_now();
-    // The -then write carries the expiry, counted from it.
+    // The -then write carries a new expiry, counted from it; every other
+    // keeps the key's (or clears it: -for none).
     let expiry = match k + 1 == m.writes().len() && run.ramp.then.is_some() {
-        true => run.recorder.expiry(now).unwrap_or(0),
-        false => 0,
+        true => run.recorder.expiry(now).unwrap_or(None),
+        false => match run.recorder.until {
+            Until::Clear => Some(0),
+            _ => None,
+        },
     };
     let ops: Vec<serde_json::Value> = run
         .ids
@@ -385,13 +427,15 @@ fn send(kv: &mut Kv, run: &Run<'_>, m: &Machine, k: usize) -> Answer {
         .zip(&keys)
         .zip(&write.targets)
         .zip(m.guards())
-        .flat_map(|(((id, key), t), &guard)| {
+        .zip(run.was)
+        .flat_map(|((((id, key), t), &guard), (reason, was))| {
+            let carried = run.recorder.carry(*t, reason.clone(), *was, expiry);
             let record = match t {
-                Target::Set(d) => Some(run.recorder.record(d, now, expiry)),
+                Target::Set(d) => Some(run.recorder.record(d, now, &carried)),
                 Target::Unset => None,
             };
             [
-                plan::op(key, *t, guard, expiry),
+                plan::op(key, *t, guard, carried.until),
                 plan::record_op(&kv.record_key(id), record.as_deref()),
             ]
         })

@@ -68,18 +68,41 @@ pub fn check_text(flag: &str, text: &str) -> Result<(), String> {
     }
 }
 
-/// Who writes: `-by`, else `$SUDO_USER`, else `$USER`; then `@host`
-/// unless it already names one.
-pub fn who(by: Option<&str>, env: &dyn Fn(&str) -> Option<String>, host: &str) -> String {
+/// Who writes: `-by`, else `$SUDO_USER`, else `$USER`, else `login` (the
+/// uid's login name); then `@host` unless it already names one.
+pub fn who(
+    by: Option<&str>,
+    env: &dyn Fn(&str) -> Option<String>,
+    login: Option<&str>,
+    host: &str,
+) -> String {
     let user = by
         .filter(|b| !b.is_empty())
         .map(str::to_owned)
         .or_else(|| env("SUDO_USER").filter(|u| !u.is_empty()))
         .or_else(|| env("USER").filter(|u| !u.is_empty()))
+        .or_else(|| login.map(str::to_owned))
         .unwrap_or_else(|| "unknown".to_owned());
     match user.contains('@') || host.is_empty() {
         true => user,
         false => format!("{user}@{host}"),
+    }
+}
+
+/// `-until TIME`: RFC 3339 (`2026-12-04T23:28:18Z`, or with an offset,
+/// `+02:00`) to Unix seconds, within the window the daemon reads as an
+/// expiry (2020-01-01 to 2100-01-01).
+pub fn parse_until(text: &str) -> Result<u32, String> {
+    let format = &time::format_description::well_known::Rfc3339;
+    let at = time::OffsetDateTime::parse(text, format).map_err(|e| {
+        format!("-until {text:?} is not an RFC 3339 time (2026-12-04T23:28:18Z, or with an offset: +02:00): {e}")
+    })?;
+    let secs = u64::try_from(at.unix_timestamp()).unwrap_or(0);
+    match crate::state::expiry::of_flags(secs) {
+        0 => Err(format!(
+            "-until {text:?} is outside 2020-01-01..2100-01-01, which the agent reads as an expiry"
+        )),
+        e => Ok(e),
     }
 }
 
@@ -218,17 +241,38 @@ mod tests {
             "USER" => Some("root".to_owned()),
             _ => None,
         };
-        assert_eq!(who(None, &env, "lb1"), "alice@lb1");
+        assert_eq!(who(None, &env, None, "lb1"), "alice@lb1");
         assert_eq!(
-            who(Some(""), &env, "lb1"),
+            who(Some(""), &env, None, "lb1"),
             "alice@lb1",
             "an empty -by is none"
         );
-        assert_eq!(who(Some("bob"), &env, "lb1"), "bob@lb1");
-        assert_eq!(who(Some("bob@ops"), &env, "lb1"), "bob@ops");
+        assert_eq!(who(Some("bob"), &env, None, "lb1"), "bob@lb1");
+        assert_eq!(who(Some("bob@ops"), &env, None, "lb1"), "bob@ops");
         let user = |k: &str| (k == "USER").then(|| "root".to_owned());
-        assert_eq!(who(None, &user, "lb1"), "root@lb1");
-        assert_eq!(who(None, &|_| None, "lb1"), "unknown@lb1");
+        assert_eq!(who(None, &user, Some("ops"), "lb1"), "root@lb1");
+        // Neither variable (cron, systemd): the uid's login name.
+        assert_eq!(who(None, &|_| None, Some("ops"), "lb1"), "ops@lb1");
+        assert_eq!(who(None, &|_| None, None, "lb1"), "unknown@lb1");
+    }
+
+    #[test]
+    fn until_is_rfc3339_with_an_offset_inside_the_expiry_window() {
+        assert_eq!(parse_until("2026-12-04T23:28:18Z"), Ok(1_796_426_898));
+        assert_eq!(parse_until("2026-12-05T01:28:18+02:00"), Ok(1_796_426_898));
+        assert_eq!(parse_until("2026-12-04T23:28:18.5Z"), Ok(1_796_426_898));
+        for bad in [
+            "2026-12-04",
+            "2026-12-04 23:28:18",
+            "2h",
+            "",
+            "2126-01-01T00:00:00Z",
+        ] {
+            assert!(parse_until(bad).is_err(), "{bad:?}");
+        }
+        assert!(parse_until("2019-12-31T23:59:59Z")
+            .unwrap_err()
+            .contains("outside 2020-01-01..2100-01-01"));
     }
 
     #[test]

@@ -10,17 +10,19 @@ use serde_json::json;
 
 use super::plan::{self, Change, Held, Target, TxnAnswer};
 use super::{
-    refusal, static_weights, unix_now, Delivery, Guarded, Kv, Recorder, HAPROXY_CONFIG,
-    RECORD_FLAGS, RECORD_PREFIX,
+    recorded_reason, refusal, static_weights, unix_now, Delivery, Guarded, Kv, Recorder,
+    HAPROXY_CONFIG, RECORD_FLAGS, RECORD_PREFIX,
 };
 use crate::cli::Args;
 use crate::cli::{usage_error, Io, FINDING, OK, USAGE};
+use crate::columns::counted;
 use crate::config::daemon_flag;
 use crate::consul::kv::KvPair;
 use crate::contract::Desired;
 
 const SET_HELP: &str = "\
-usage: gitlab-haproxy-agent set [-f FILE|-] [-reason TEXT] [-for DURATION] [-by WHO]
+usage: gitlab-haproxy-agent set [-f FILE|-] [-reason TEXT]
+       [-for DURATION|none | -until TIME] [-by WHO]
        [-record-prefix PREFIX] [-dry-run] [-json] [-haproxy-config FILE]...
        [consul flags] IDENTITY=VALUE...
 
@@ -38,19 +40,25 @@ never retried. An answer that never comes is unknown: the keys are read again
 and each said applied or unknown. Prints the command that undoes what was
 written. -dry-run prints the changes and writes nothing; -json prints one JSON
 document. N% other than 0% and 100% is refused (exit 2) for a server that
--haproxy-config FILE shows in a backend with a static algorithm (static-rr,
-map-based hashing: haproxy ignores such weights); without -haproxy-config, a
-warning says so. Consul is reached with the daemon's flags and variables
+the haproxy configuration shows in a backend with a static algorithm
+(static-rr, map-based hashing: haproxy ignores such weights): -haproxy-config
+FILE (repeatable; a directory as haproxy reads it), else
+$GITLAB_HAPROXY_AGENT_HAPROXY_CONFIG, else /etc/haproxy/haproxy.cfg when it
+exists; when none can be read, a warning names the path tried. Consul is reached with the daemon's flags and variables
 (-consul-addr, CONSUL_HTTP_ADDR, the token and TLS settings, -kv-prefix).
 Every key written gets a record in the same transaction (a JSON value under
 -record-prefix, default -kv-prefix's last segment replaced by meta): who (-by,
-default $SUDO_USER or $USER, @host), when, why (-reason), until when (-for),
-the value and this command line; -reason and -by are at most 512 bytes without
-control characters or bidi overrides. -for DURATION also puts the expiry (Unix
-seconds) in the key's consul Flags: the agent counts and warns about a divert
-past it, and never acts on it; a value written again with another -for (or
-without one) is written. Exit 0 written or nothing to change, 1 conflict,
-refused, unknown or unreachable, 2 usage or a bad value or identity.
+default $SUDO_USER, $USER or the uid's login name, @host), when, why
+(-reason), until when (-for, -until), the value and this command line; -reason
+and -by are at most 512 bytes without control characters or bidi overrides.
+-for DURATION (or -until TIME, RFC 3339: 2026-12-04T23:28:18Z) also puts the
+expiry (Unix seconds) in the key's consul Flags: the agent counts and warns
+about a divert past it, and never acts on it. A write without -reason keeps
+the reason recorded for the key, without -for/-until its expiry, and says so
+(keeps reason \"INC-123\", until ...); -reason '' clears the reason, -for none
+the expiry. The undo line restores the reason and the expiry too. Exit 0
+written or nothing to change, 1 conflict, refused, unknown or unreachable, 2
+usage or a bad value or identity.
 ";
 
 const UNSET_HELP: &str = "\
@@ -61,7 +69,8 @@ Deletes the keys of servers: back to the default, ready 100% (any key under
 the prefix, even one no haproxy can ask for), and their records in the same
 transaction (an orphan record, its key already gone, is deleted too). As set:
 reads, prints each change, deletes in guarded transactions (delete-cas),
-prints the command that undoes it. -for is refused. Exit 0, 1 conflict,
+prints the command that undoes it (with each key's reason and expiry). -for
+and -until are refused. Exit 0, 1 conflict,
 refused, unknown or unreachable, 2 usage.
 ";
 
@@ -78,13 +87,11 @@ pub fn run_unset(args: &[OsString], io: &mut Io<'_>) -> u8 {
 
 fn run(args: &[OsString], io: &mut Io<'_>, command: &str) -> u8 {
     let (help, values): (&str, &[&'static str]) = match command {
-        "set" => (
-            SET_HELP,
-            &["f", HAPROXY_CONFIG, "by", "reason", "for", RECORD_PREFIX],
-        ),
-        _ => (UNSET_HELP, &RECORD_FLAGS),
+        "set" => (SET_HELP, &["f", HAPROXY_CONFIG]),
+        _ => (UNSET_HELP, &[]),
     };
-    let w = match Args::parse_with(args, values, &["dry-run", "json"], daemon_flag) {
+    let values = [values, &RECORD_FLAGS].concat();
+    let w = match Args::parse_with(args, &values, &["dry-run", "json"], daemon_flag) {
         Ok(w) if w.help => {
             let _ = io.out.write_all(help.as_bytes());
             return OK;
@@ -117,11 +124,11 @@ fn run(args: &[OsString], io: &mut Io<'_>, command: &str) -> u8 {
         .collect();
     if let Err(e) = static_weights(&w, io, command, &weighted)
         .map_err(|e| format!("nothing written: {e}"))
-        .and_then(|()| check_expiring(&wanted, expiry))
+        .and_then(|()| check_expiring(&wanted, &recorder))
     {
         return usage_error(io, command, &e);
     }
-    let (changes, records) = match read_changes(&mut kv, wanted, expiry) {
+    let (changes, records) = match read_changes(&mut kv, wanted, (&recorder, expiry)) {
         Ok(read) => read,
         Err(e) => {
             let _ = writeln!(
@@ -145,15 +152,19 @@ fn run(args: &[OsString], io: &mut Io<'_>, command: &str) -> u8 {
 }
 
 /// The records' words checked, consul opened, the time of the write and
-/// the expiry `-for` gives it.
+/// the expiry `-for` or `-until` gives it (`None`: each key keeps its own).
 fn open(
     w: &Args,
     io: &Io<'_>,
     command: &str,
     args: &[OsString],
-) -> Result<(Recorder, Kv, u64, u32), String> {
-    if command == "unset" && w.value("for").is_some() {
-        return Err("-for is refused on unset: a deleted key has nothing to expire".into());
+) -> Result<(Recorder, Kv, u64, Option<u32>), String> {
+    for flag in ["for", "until"] {
+        if command == "unset" && w.value(flag).is_some() {
+            return Err(format!(
+                "-{flag} is refused on unset: a deleted key has nothing to expire"
+            ));
+        }
     }
     let recorder = Recorder::of(w, io.env, command, args)?;
     let kv = Kv::open(&w.daemon, io.env, w.value(RECORD_PREFIX))?;
@@ -162,23 +173,25 @@ fn open(
     Ok((recorder, kv, now, expiry))
 }
 
-/// `-for` on a key set to ready 100% expires nothing: refused.
-fn check_expiring(wanted: &[(String, Target)], expiry: u32) -> Result<(), String> {
+/// `-for` or `-until` on a key set to ready 100% expires nothing:
+/// refused.
+fn check_expiring(wanted: &[(String, Target)], recorder: &Recorder) -> Result<(), String> {
     let ready = |t: &Target| matches!(t, Target::Set(d) if d.reply() == Desired::READY.reply());
     match wanted.iter().find(|(_, t)| ready(t)) {
-        Some((identity, _)) if expiry != 0 => Err(format!(
-            "-for: {identity} is set to ready 100%, which has nothing to expire"
+        Some((identity, _)) if recorder.until.sets() => Err(format!(
+            "-for/-until: {identity} is set to ready 100%, which has nothing to expire"
         )),
         _ => Ok(()),
     }
 }
 
-/// The keys as held (with their expiries) and the change each makes; and
-/// the records, by identity.
+/// The keys as held (with their expiries and recorded reasons) and the
+/// change each makes, carrying what the write does not replace; and the
+/// records, by identity.
 fn read_changes(
     kv: &mut Kv,
     wanted: Vec<(String, Target)>,
-    expiry: u32,
+    (recorder, expiry): (&Recorder, Option<u32>),
 ) -> Result<(Vec<Change>, HashMap<String, KvPair>), String> {
     let identities: Vec<String> = wanted.iter().map(|(i, _)| i.clone()).collect();
     let held = kv.read_expiring(&identities)?;
@@ -187,15 +200,15 @@ fn read_changes(
         .into_iter()
         .zip(held)
         .map(|((identity, after), (before, was))| {
-            let after_expiry = match after {
-                Target::Set(_) => expiry,
-                Target::Unset => 0,
-            };
+            let reason = recorded_reason(&records, &identity, &before);
+            let carried = recorder.carry(after, reason.clone(), was, expiry);
             Change {
                 identity,
                 before,
                 after,
-                expiry: [was, after_expiry],
+                reason,
+                expiry: was,
+                carried,
             }
         })
         .collect();
@@ -236,11 +249,11 @@ impl Plan<'_> {
         {
             let (key, record_key) = (kv.key(&c.identity), kv.record_key(&c.identity));
             let record = match c.after {
-                Target::Set(d) => Some(self.recorder.record(&d, self.now, c.expiry[1])),
+                Target::Set(d) => Some(self.recorder.record(&d, self.now, &c.carried)),
                 Target::Unset => None,
             };
             let ops = vec![
-                plan::op(&key, c.after, c.before.index(), c.expiry[1]),
+                plan::op(&key, c.after, c.before.index(), c.carried.until),
                 plan::record_op(&record_key, record.as_deref()),
             ];
             groups.push((i, ops));
@@ -429,9 +442,9 @@ fn report(
     } else if !written.is_empty() {
         let _ = writeln!(
             io.out,
-            "written: {} key(s) in {} transaction(s)",
-            written.len(),
-            outcome.transactions
+            "written: {} in {}",
+            counted(written.len(), "key", "keys"),
+            counted(outcome.transactions, "transaction", "transactions")
         );
     } else if outcome.failed.is_empty() {
         let _ = writeln!(io.out, "nothing to change");
@@ -439,8 +452,8 @@ fn report(
     if outcome.orphans > 0 {
         let _ = writeln!(
             io.out,
-            "deleted {} orphan record(s): their keys were already gone",
-            outcome.orphans
+            "deleted {}: their keys were already gone",
+            counted(outcome.orphans, "orphan record", "orphan records")
         );
     }
     if !outcome.failed.is_empty() {
@@ -503,7 +516,9 @@ fn report_json(
             "before": c.before.render(),
             "after": c.after.render(),
             "unchanged": c.is_noop(),
-            "expires_unix_seconds": (c.expiry[1] != 0).then_some(c.expiry[1]),
+            "expires_unix_seconds": (c.carried.until != 0).then_some(c.carried.until),
+            "reason": c.carried.reason,
+            "keeps": c.carried.keeps(),
             "written": outcome.written.contains(&i),
             "unknown": outcome.unknown.contains(&i),
         })).collect::<Vec<_>>(),
