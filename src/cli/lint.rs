@@ -107,7 +107,7 @@ pub(super) fn run(args: &[std::ffi::OsString], io: &mut Io<'_>) -> u8 {
     for dir in empty {
         // haproxy -f DIR loads only DIR's *.cfg files: none is no
         // configuration at all, which haproxy refuses.
-        let dir = crate::safe::output(&dir);
+        let dir = crate::safe::output(dir);
         let _ = writeln!(io.out, "{dir}: error: this directory holds no *.cfg file: haproxy -f {dir} reads only *.cfg files, so it would load nothing here");
     }
     // Names read from the configurations are outside text.

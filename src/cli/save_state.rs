@@ -109,7 +109,7 @@ pub(super) fn run(args: &[std::ffi::OsString], io: &mut Io<'_>) -> u8 {
                 plural(dump.servers, "server", "servers"),
                 plural(dump.backends, "backend", "backends"),
                 plan.label,
-                plan.file.display(),
+                shown(&plan.file),
                 start.elapsed().as_millis(),
             );
             OK
@@ -118,7 +118,7 @@ pub(super) fn run(args: &[std::ffi::OsString], io: &mut Io<'_>) -> u8 {
             let _ = writeln!(
                 io.err,
                 "gitlab-haproxy-agent save-server-state: {why}; {} left as it was",
-                plan.file.display()
+                shown(&plan.file)
             );
             FINDING
         }
@@ -167,6 +167,12 @@ fn plan(a: &super::Args, io: &Io<'_>) -> Result<Plan, String> {
         file,
         timeout,
     })
+}
+
+/// A file name for the terminal: it may come from the configuration
+/// (outside text).
+fn shown(file: &Path) -> String {
+    crate::safe::text(&file.to_string_lossy()).into_owned()
 }
 
 /// The `server-state-file` a configuration loads (joined to its
@@ -241,8 +247,8 @@ fn write(file: &Path, bytes: &[u8]) -> Result<(), String> {
             mode: NEW_FILE_MODE,
             owner: None,
         },
-        Err(e) => return Err(format!("cannot read {}: {e}", file.display())),
+        Err(e) => return Err(format!("cannot read {}: {e}", shown(file))),
     };
     crate::persist::write_atomically(file, bytes, Some(keep))
-        .map_err(|e| format!("cannot write {}: {e}", file.display()))
+        .map_err(|e| format!("cannot write {}: {e}", shown(file)))
 }

@@ -538,6 +538,29 @@ fn save_server_state_finds_the_file_in_haproxys_configuration() {
         std::fs::read_to_string(dir.join("state")).unwrap(),
         SERVERS_STATE
     );
+    // A name from the configuration is outside text: shown escaped.
+    let hostile = format!("{}/a\u{1b}]0;PWNED\u{7}", dir.display());
+    std::fs::write(
+        &config,
+        format!("global\n    server-state-file \"{hostile}\"\n"),
+    )
+    .unwrap();
+    let (code, out, _) = run_with(
+        "save-server-state",
+        &[
+            "-haproxy-socket",
+            &socket,
+            "-haproxy-config",
+            config.to_str().unwrap(),
+        ],
+        b"",
+        &[],
+    );
+    assert_eq!(code, OK);
+    assert!(
+        out.contains("/a\\u001b]0;PWNED\\u0007 in ") && !out.contains('\u{1b}'),
+        "{out}"
+    );
     std::fs::write(&config, "global\n    maxconn 10\n").unwrap();
     let config = config.to_str().unwrap();
     let relative = dir.join("relative.cfg");
