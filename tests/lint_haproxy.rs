@@ -223,7 +223,7 @@ fn a_conf_d_with_setenv_reads_as_haproxy_reads_it_and_one_without_cfg_is_an_erro
     let dir = Dir::new("confd");
     dir.write(
         "00-global.cfg",
-        &HEAD.replace("global\n", "global\n    setenv AGENT_PORT 9777\n"),
+        &HEAD.replacen("global\n", "global\n    setenv AGENT_PORT 9777\n", 1),
     );
     let web = server("srv1", "agent-addr 127.0.0.1 agent-send \"be_web/srv1\\n\"")
         .replace("agent-port 9777", "agent-port \"${AGENT_PORT}\"");
@@ -320,7 +320,7 @@ fn a_backend_without_server_state_is_warned_once_at_its_first_server() {
         "{out}"
     );
     assert!(lines[0].contains("save-server-state"), "{out}");
-    assert_eq!(lines[1], "2 servers with agent-check, 0 errors, 1 warnings");
+    assert_eq!(lines[1], "2 servers with agent-check, 0 errors, 1 warning");
     let file = dir.write("with.cfg", &format!("{HEAD}{backend}"));
     haproxy_accepts(&file);
     let (code, out, _) = lint(&[file.as_os_str()]);

@@ -240,6 +240,10 @@ mod tests {
         lint(&files, &agent, &[], &|_| None).render()
     }
 
+    /// A backend's line that loads server state across reloads (else the
+    /// lint warns about it).
+    const STATE: &str = " load-server-state-from-file local\n";
+
     const CONFIG: &str = "backend be\n load-server-state-from-file local\n server s1 127.0.0.1:80 weight 100 slowstart 1s agent-check agent-port 9777 agent-inter 1s agent-send \"be/s1\\n\"\n";
 
     #[test]
@@ -310,7 +314,7 @@ mod tests {
             "global\n setenv AGENT_PORT 1\n unsetenv AGENT_PORT\n presetenv AGENT_PORT 9777\n",
             "global\n setenv AGENT_PORT 9777\n resetenv AGENT_PORT\n",
         ] {
-            let config = format!("{global}backend be\n{server}");
+            let config = format!("{global}backend be\n{STATE}{server}");
             assert_eq!(report(&[("e.cfg", &config)]), ok, "{global}");
         }
         for global in [
@@ -318,15 +322,15 @@ mod tests {
             "global\n setenv AGENT_PORT 9777\n unsetenv AGENT_PORT\n",
             "global\n setenv AGENT_PORT 9777\n resetenv OTHER\n",
         ] {
-            let config = format!("{global}backend be\n{server}");
+            let config = format!("{global}backend be\n{STATE}{server}");
             let out = report(&[("e.cfg", &config)]);
-            let line = global.lines().count() + 2;
+            let line = global.lines().count() + 3;
             let want = format!("e.cfg:{line}: be/s1: error: ${{AGENT_PORT}} is not set here: haproxy would read \"\" (setenv it in global, or export it to haproxy)\n1 server with agent-check, 1 error, 0 warnings\n");
             assert_eq!(out, want, "{global}");
         }
         // A later file sees an earlier file's global (conf.d).
         let global = ("00-global.cfg", "global\n setenv AGENT_PORT 9777\n");
-        let backend = format!("backend be\n{server}");
+        let backend = format!("backend be\n{STATE}{server}");
         assert_eq!(report(&[global, ("10-be.cfg", &backend)]), ok);
     }
 
@@ -334,22 +338,22 @@ mod tests {
     fn a_near_miss_of_an_agent_keyword_gets_did_you_mean() {
         let config = CONFIG.replace("agent-send", "agent-sned");
         let out = report(&[("t.cfg", &config)]);
-        assert_eq!(out, "t.cfg:2: be/s1: error: unknown keyword 'agent-sned': did you mean 'agent-send'? (haproxy refuses the line)\n1 server with agent-check, 1 error, 0 warnings\n");
+        assert_eq!(out, "t.cfg:3: be/s1: error: unknown keyword 'agent-sned': did you mean 'agent-send'? (haproxy refuses the line)\n1 server with agent-check, 1 error, 0 warnings\n");
         let config = CONFIG.replace("agent-inter", "agent-intre");
         assert!(report(&[("t.cfg", &config)]).contains("did you mean 'agent-inter'?"));
     }
 
     #[test]
     fn a_server_template_gets_one_finding_a_line_naming_its_slots() {
-        let config = "backend be\n server-template web 1-5 127.0.0.1:80 weight 100 agent-check agent-port 9777 agent-inter 1s agent-send \"be/web\\n\"\n";
+        let config = "backend be\n load-server-state-from-file local\n server-template web 1-5 127.0.0.1:80 weight 100 agent-check agent-port 9777 agent-inter 1s agent-send \"be/web\\n\"\n";
         let out = report(&[("t.cfg", config)]);
         let lines: Vec<&str> = out.lines().collect();
         assert_eq!(lines.len(), 3, "{out}");
         assert!(
-            lines[0].starts_with("t.cfg:2: be/web1..web5: warning: no slowstart"),
+            lines[0].starts_with("t.cfg:3: be/web1..web5: warning: no slowstart"),
             "{out}"
         );
-        assert!(lines[1].starts_with("t.cfg:2: be/web1..web5: warning: every slot of this server-template sends \"be/web\""), "{out}");
+        assert!(lines[1].starts_with("t.cfg:3: be/web1..web5: warning: every slot of this server-template sends \"be/web\""), "{out}");
         assert_eq!(lines[2], "5 servers with agent-check, 0 errors, 2 warnings");
     }
 
