@@ -256,6 +256,13 @@ fn a_conf_d_with_setenv_reads_as_haproxy_reads_it_and_one_without_cfg_is_an_erro
         )),
         "{out}"
     );
+    assert!(
+        out.ends_with(
+            "0 servers with agent-check, 1 error, 0 warnings
+"
+        ),
+        "the summary counts it: {out}"
+    );
 }
 
 #[test]

@@ -99,8 +99,10 @@ pub(super) fn run(args: &[std::ffi::OsString], io: &mut Io<'_>) -> u8 {
         reply_up,
         haproxy,
     };
-    let report = crate::lint::lint(&files, &target, &local_addresses(), &env);
-    let code = match report.errors + empty.len() {
+    let mut report = crate::lint::lint(&files, &target, &local_addresses(), &env);
+    // The summary counts the empty directories' errors too.
+    report.errors += empty.len();
+    let code = match report.errors {
         0 => OK,
         _ => FINDING,
     };

@@ -328,6 +328,24 @@ mod tests {
             let want = format!("e.cfg:{line}: be/s1: error: ${{AGENT_PORT}} is not set here: haproxy would read \"\" (setenv it in global, or export it to haproxy)\n1 server with agent-check, 1 error, 0 warnings\n");
             assert_eq!(out, want, "{global}");
         }
+        // On a default-server line (the README's shape), or its defaults'
+        // one, the variable is named on each server that inherits it.
+        let inherited = "backend be\n load-server-state-from-file local\n default-server weight 100 slowstart 1s agent-check agent-port \"${AGENT_PORT}\" agent-inter 1s\n server s1 127.0.0.1:80 agent-send \"be/s1\\n\"\n";
+        let want = "e.cfg:4: be/s1: error: ${AGENT_PORT} is not set here: haproxy would read \"\" (setenv it in global, or export it to haproxy)\n1 server with agent-check, 1 error, 0 warnings\n";
+        assert_eq!(report(&[("e.cfg", inherited)]), want);
+        let from_defaults = inherited
+            .replace(
+                "backend be\n load-server-state-from-file local\n default-server",
+                "defaults\n default-server",
+            )
+            .replace(
+                " server s1",
+                "backend be\n load-server-state-from-file local\n server s1",
+            );
+        assert_eq!(
+            report(&[("e.cfg", &from_defaults)]),
+            want.replace("e.cfg:4", "e.cfg:5")
+        );
         // A later file sees an earlier file's global (conf.d).
         let global = ("00-global.cfg", "global\n setenv AGENT_PORT 9777\n");
         let backend = format!("backend be\n{STATE}{server}");

@@ -49,6 +49,9 @@ pub const MAX_SERVERS: usize = 100_000;
 /// The server-line settings the rules read.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Settings {
+    /// Variables a `default-server` line before the server names that are
+    /// set nowhere (haproxy reads ""): the server inherits what they do.
+    pub unset: Vec<String>,
     pub agent_check: bool,
     pub weight: bool,
     pub slowstart: bool,
@@ -614,10 +617,12 @@ impl Builder {
             (Section::Defaults(i), b"default-server") => {
                 let settings = &mut self.defaults[*i].1;
                 settings.default_server = true;
+                settings.unset.extend(unset);
                 settings.apply(&words[1..])
             }
             (Section::Proxy { default_server, .. }, b"default-server") => {
                 default_server.default_server = true;
+                default_server.unset.extend(unset);
                 default_server.apply(&words[1..])
             }
             (Section::Defaults(i), b"balance" | b"hash-type") => {
@@ -677,7 +682,7 @@ impl Builder {
                 let mut settings = default_server.clone();
                 let refused = settings.apply(&words[3..]);
                 let name = (name.clone(), words[1].text.clone());
-                let at = (file, line, unset);
+                let at = (file, line, [settings.unset.clone(), unset].concat());
                 self.servers(at, name, &words[2].text, settings, None);
                 refused
             }
@@ -697,7 +702,7 @@ impl Builder {
                 let refused = settings.apply(&words[4..]);
                 let high = high.min(low.saturating_add(MAX_TEMPLATE - 1));
                 let name = (name.clone(), words[1].text.clone());
-                let at = (file, line, unset);
+                let at = (file, line, [settings.unset.clone(), unset].concat());
                 self.servers(at, name, &words[3].text, settings, Some(low..=high));
                 refused
             }
