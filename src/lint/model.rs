@@ -328,7 +328,13 @@ impl Settings {
         while let Some(word) = words.get(i) {
             let keyword = word.text.as_slice();
             let takes_arg = ONE_ARG.contains(&keyword);
-            match (keyword, words.get(i + 1).filter(|_| takes_arg)) {
+            let arg = words.get(i + 1).filter(|_| takes_arg);
+            if let Some(v) = arg.filter(|v| TIME_ARG.contains(&keyword) && !v.text.is_empty()) {
+                if haproxy_time(&v.text).is_none() {
+                    refused = refused.or(Some(BAD_TIME));
+                }
+            }
+            match (keyword, arg) {
                 (b"\\", _) => refused = refused.or(Some(BACKSLASH)),
                 (b"agent-check", _) => self.agent_check = true,
                 (b"no-agent-check", _) => self.agent_check = false,
@@ -362,6 +368,19 @@ impl Settings {
         refused
     }
 }
+
+/// Server keywords whose argument is a time (`parse_time_err`: haproxy
+/// refuses any other character, "unexpected character 'a' in 'agent-inter'
+/// argument"); an empty one (a variable set nowhere) is named elsewhere.
+const TIME_ARG: &[&[u8]] = &[
+    b"agent-inter",
+    b"inter",
+    b"fastinter",
+    b"downinter",
+    b"slowstart",
+];
+
+const BAD_TIME: &str = "a time haproxy cannot read (digits, then us, ms, s, m, h or d; ${VAR} only inside double quotes): haproxy refuses the line";
 
 const BACKSLASH: &str =
     "unknown keyword '\\' (haproxy has no line continuation: a trailing \\ is a word)";
@@ -1188,5 +1207,24 @@ mod tests {
             refused.errors[0].message,
             "'load-server-state-from-file' expects 'global', 'local' or 'none'"
         );
+    }
+
+    #[test]
+    fn a_time_haproxy_cannot_read_is_refused() {
+        for (line, refused) in [
+            (
+                "agent-inter 2s inter 100ms fastinter 1 downinter 1m slowstart 30s",
+                false,
+            ),
+            ("agent-inter abc", true),
+            ("inter 1s2", true),
+            ("slowstart ${X}", true),
+            ("agent-inter \"\"", false),
+        ] {
+            let config = format!("backend be\n server s1 a:1 {line}\n");
+            let m = build(&[("h.cfg".into(), config.into_bytes())], &|_| None);
+            let got: Vec<&str> = m.errors.iter().map(|e| e.message.as_str()).collect();
+            assert_eq!(got.contains(&BAD_TIME), refused, "{line}: {got:?}");
+        }
     }
 }
