@@ -391,6 +391,10 @@ fn run_exec(line: &str, rig: &Rig) -> Result<String, String> {
     for word in line.split_whitespace() {
         match word {
             "/usr/sbin/haproxy" => argv.push(support::haproxy::haproxy_bin().display().to_string()),
+            // Debian's and Ubuntu's packages are built with systemd; the
+            // upstream 2.8 the LTS step builds is not (3.x always is), and
+            // refuses -Ws: the check is the same without it.
+            "-Ws" if !built_with_systemd() => argv.push("-W".to_owned()),
             "/usr/local/bin/gitlab-haproxy-agent" => argv.push(support::BIN.to_owned()),
             "/run/haproxy-master.sock" => argv.push(master.clone()),
             "$CONFIG" => argv.push(rig.hap.config_path().display().to_string()),
@@ -410,6 +414,15 @@ fn run_exec(line: &str, rig: &Rig) -> Result<String, String> {
         true => Ok(text),
         false => Err(format!("{argv:?}: {:?} {text}", out.status)),
     }
+}
+
+/// haproxy under test lists `+SYSTEMD` among its features (`-vv`).
+fn built_with_systemd() -> bool {
+    let out = Command::new(support::haproxy::haproxy_bin())
+        .arg("-vv")
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).contains("+SYSTEMD")
 }
 
 /// The drop-in as `systemctl reload haproxy` runs it on Debian: Debian's
