@@ -64,7 +64,9 @@ fn run(mut config: Config) -> Result<(), String> {
     for w in &config.warnings {
         warn!("{w}");
     }
-    raise_nofile_limit();
+    if let Some(limit) = raise_nofile_limit() {
+        fit_connections(&mut config, limit);
+    }
     let bind_one =
         |what: &str, addr: &Option<ListenAddr>| -> Result<Option<std::net::TcpListener>, String> {
             addr.as_ref()
@@ -117,9 +119,27 @@ fn run(mut config: Config) -> Result<(), String> {
         .map_err(|e| format!("event loop failed: {e}"))
 }
 
+/// Descriptors kept for all but agent connections: the listeners, consul,
+/// the monitoring, debug and dev KV connections, the state file.
+const RESERVED_FDS: u64 = 256;
+
+/// `-max-connections` within the descriptor limit: past the limit accept
+/// fails (EMFILE) before the cap is reached, and the oldest idle connection
+/// is never evicted, so a flood of idle connections would keep haproxy's
+/// checks out. Lowered, with a warning, when the limit is lower.
+fn fit_connections(config: &mut Config, limit: u64) {
+    let room = usize::try_from(limit.saturating_sub(RESERVED_FDS).max(1)).unwrap_or(usize::MAX);
+    if config.max_connections > room {
+        warn!(max_connections = config.max_connections, nofile = limit, using = room;
+            "-max-connections is above what the file descriptor limit leaves for agent connections: using the lower value, so that at it a new connection evicts an idle one instead of failing to be accepted (raise LimitNOFILE / ulimit -n)");
+        config.max_connections = room;
+    }
+}
+
 /// Go programs raise the soft `RLIMIT_NOFILE` to the hard limit at start;
 /// so does this (20,000 connections need more than the usual 1,024).
-fn raise_nofile_limit() {
+/// The soft limit in effect, if it can be read.
+fn raise_nofile_limit() -> Option<u64> {
     let mut lim = libc::rlimit {
         rlim_cur: 0,
         rlim_max: 0,
@@ -127,13 +147,14 @@ fn raise_nofile_limit() {
     // SAFETY: getrlimit/setrlimit only read and write the struct passed.
     if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
         warn!("cannot read RLIMIT_NOFILE");
-        return;
+        return None;
     }
     let old = lim.rlim_cur;
     lim.rlim_cur = lim.rlim_max;
     if old != lim.rlim_max && unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) } != 0 {
         warn!(soft = old, hard = lim.rlim_max; "cannot raise RLIMIT_NOFILE");
-        return;
+        return Some(old);
     }
     info!(soft = lim.rlim_cur, hard = lim.rlim_max, was = old; "file descriptor limit");
+    Some(lim.rlim_cur)
 }

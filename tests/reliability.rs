@@ -163,6 +163,50 @@ fn a_flood_of_idle_connections_twice_the_limit_cannot_starve_the_checks() {
     assert_eq!(agent.metric(GATE_CLOSED), 0.0, "evicting, not pausing");
 }
 
+/// A descriptor limit below `-max-connections` (a unit or shell with a low
+/// `ulimit -n`): accept would fail before the cap and nothing would be
+/// evicted, so the cap is lowered to what the limit leaves, with a
+/// warning, and the flood is evicted as at any cap.
+#[test]
+fn a_file_limit_below_max_connections_lowers_it_and_a_flood_still_cannot_starve_the_checks() {
+    let args = [
+        "-dev",
+        "-dev-kv-addr",
+        "127.0.0.1:0",
+        "-max-connections",
+        "1000",
+        "-read-timeout",
+        "30s",
+    ];
+    let agent = Agent::start_under(&["prlimit", "--nofile=400:400", "--"], &args, &[]);
+    agent.wait_reply("be_web/srv1", "ready 100%", Duration::from_secs(5));
+    let warned = agent
+        .proc
+        .wait_log("file descriptor limit leaves", Duration::from_secs(2));
+    assert!(
+        warned.contains("\"using\":144"),
+        "400 - 256 reserved: {warned}"
+    );
+    let addr = agent.listen();
+    let _held = open_idle(addr, 300, b"");
+    wait_metric(&agent, EVICTED, |v| v >= 100.0, Duration::from_secs(5));
+    for i in 0..5 {
+        let t = Instant::now();
+        let mut s = connect(addr);
+        let reply = finish(&mut s, format!("be_web/srv{i}\n").as_bytes());
+        assert_eq!(
+            reply.as_deref(),
+            Some("ready 100%"),
+            "check {i} under the flood"
+        );
+        assert!(
+            t.elapsed() < Duration::from_secs(1),
+            "check {i}: {:?}",
+            t.elapsed()
+        );
+    }
+}
+
 /// The one evicted is the oldest without a complete line; the others
 /// stay open and are answered when they send theirs.
 #[test]

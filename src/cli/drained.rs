@@ -217,8 +217,16 @@ fn plan(a: &super::Args, io: &Io<'_>) -> Result<Plan, String> {
         return Err("-prometheus-lookback needs -prometheus".into());
     }
     for v in &urls {
-        let (addr, host, prefix) = parse_http_url(v)
-            .map_err(|e| format!("invalid value {v:?} for flag -prometheus: {e}"))?;
+        let (addr, host, prefix) = parse_http_url(v).map_err(|e| {
+            // Credentials in the URL: the value (a password) is not shown,
+            // and consul's variable is no answer for Prometheus.
+            let shown = match e.contains("not shown") {
+                true => String::new(),
+                false => format!(" {v:?}"),
+            };
+            let e = e.replace(" (use CONSUL_HTTP_AUTH)", "");
+            format!("invalid value{shown} for flag -prometheus: {e}")
+        })?;
         sources.push(Source::Prometheus {
             label: v.to_string(),
             addr,

@@ -629,3 +629,25 @@ fn save_server_state_finds_the_file_in_haproxys_configuration() {
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn a_prometheus_url_with_credentials_is_refused_without_showing_them() {
+    let (code, _, err) = run_with(
+        "wait-drained",
+        &[
+            "x/y",
+            "-timeout",
+            "1s",
+            "-prometheus",
+            "http://bob:hunter2pw@127.0.0.1:9",
+        ],
+        b"",
+        &[],
+    );
+    assert_eq!(code, USAGE, "{err}");
+    assert!(
+        !err.contains("hunter2pw") && !err.contains("CONSUL_HTTP_AUTH"),
+        "{err}"
+    );
+    assert!(err.contains("for flag -prometheus: credentials"), "{err}");
+}

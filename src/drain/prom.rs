@@ -157,11 +157,14 @@ fn vector(body: &[u8]) -> Result<Vec<Series>, String> {
     let answer: Answer =
         serde_json::from_slice(body).map_err(|e| format!("not a Prometheus query answer: {e}"))?;
     if answer.status != "success" {
+        // Outside text, cut as consul's error bodies are: a 3 MB error
+        // would otherwise reach the terminal at every poll.
+        let cut = |t: Option<&str>| crate::safe::error_body(t.unwrap_or("?").as_bytes(), &[]);
         return Err(format!(
             "Prometheus answered {}: {}: {}",
-            answer.status,
-            answer.error_type.as_deref().unwrap_or("?"),
-            answer.error.as_deref().unwrap_or("?")
+            cut(Some(&answer.status)),
+            cut(answer.error_type.as_deref()),
+            cut(answer.error.as_deref())
         ));
     }
     let data = answer
@@ -407,5 +410,19 @@ mod tests {
             "{lookback}"
         );
         assert!(lookback.ends_with("%5B600s%5D%29"), "{lookback}");
+    }
+
+    #[test]
+    fn a_huge_or_hostile_error_is_cut_and_escaped() {
+        let body = format!(
+            r#"{{"status":"error","errorType":"bad_data","error":"\u001b]52;c;x\u0007{}"}}"#,
+            "A".repeat(3_000_000)
+        );
+        let got = read_answer(body.as_bytes()).unwrap_err();
+        assert!(got.len() < 1024, "{}", got.len());
+        assert!(
+            !got.contains('\u{1b}') && got.starts_with("Prometheus answered error: bad_data: "),
+            "{got}"
+        );
     }
 }
