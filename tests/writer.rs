@@ -863,6 +863,15 @@ fn the_runbook_keeps_the_record_and_the_printed_undo_restores_it() {
     assert_eq!(code, 0, "{out}{err}");
     assert_eq!(value(kv.addr, &key).as_deref(), Some("maint"));
     assert_eq!((flags(), reason()), (until, "INC-123".into()));
+    // With -then's own -for, the kept expiry holds for the steps only, and
+    // the line says so (the last write sets the new one).
+    let (code, out, err) = run(kv.addr, &p, &[&then[..], &["-for", "1h"]].concat());
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(
+        out.contains("for the steps (the -then write sets its own -for)"),
+        "{out}"
+    );
+    assert!(flags() >= unix_now() + 3590, "{}", flags());
     let (code, out, err) = run(kv.addr, &p, &[&then[..], &["-for", "none"]].concat());
     assert_eq!(code, 0, "{out}{err}");
     assert_eq!((flags(), reason()), (0, "INC-123".into()));

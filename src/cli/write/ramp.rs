@@ -94,7 +94,8 @@ pub fn run(args: &[OsString], io: &mut Io<'_>) -> u8 {
     if let Err(e) = static_weights(&w, io, "ramp", &weighted(&w.positional, &writes)) {
         return usage_error(io, "ramp", &format!("nothing written: {e}"));
     }
-    keeps_lines(io, &w.positional, &recorder, (&writes, &was));
+    let then_for = w.value("for").is_some();
+    keeps_lines(io, &w.positional, &recorder, (&writes, &was), then_for);
     if w.flag("dry-run") {
         dry_run(io, &w.positional, &ramp, &writes);
         return OK;
@@ -152,18 +153,24 @@ fn read(kv: &mut Kv, ids: &[String]) -> Result<(Vec<Held>, Vec<Was>), String> {
 type Was = (Option<String>, u32);
 
 /// What the ramp keeps of each key's record, said once before it starts
-/// (`be/a: keeps reason "INC-123", until ...`).
+/// (`be/a: keeps reason "INC-123", until ...`); with `then_for` (`-then
+/// drain|maint -for D`), the kept expiry holds for the steps only.
 fn keeps_lines(
     io: &mut Io<'_>,
     ids: &[String],
     recorder: &Recorder,
     (writes, was): (&[Write1], &[Was]),
+    then_for: bool,
 ) {
     let Some(first) = writes.first() else { return };
     for ((id, t), (reason, expiry)) in ids.iter().zip(&first.targets).zip(was) {
         let carried = recorder.carry(*t, reason.clone(), *expiry, None);
         if let Some(keeps) = carried.keeps() {
-            let _ = writeln!(io.out, "{id}: {keeps}");
+            let steps = match then_for && carried.kept_until {
+                true => " for the steps (the -then write sets its own -for)",
+                false => "",
+            };
+            let _ = writeln!(io.out, "{id}: {keeps}{steps}");
         }
     }
 }
