@@ -12,13 +12,17 @@
 //!   the state file's format; [`persist`]: that file on disk;
 //! - [`http`]: HTTP/1.1 framing (pure), shared by every HTTP peer;
 //! - [`consul`]: KV JSON decoding (pure), the watcher machine, backoff;
-//! - [`monitoring`]: metrics registry and the health/metrics/debug server;
+//! - [`monitoring`]: metrics registry, routes and renders of the
+//!   health/metrics/debug listeners;
 //! - [`devkv`]: the `-dev` consul-compatible KV (also the tests' consul);
 //! - [`drain`]: `wait-drained`'s judgement of what haproxy says of a
 //!   server's sessions (`show stat` and Prometheus readers, pure);
 //! - [`lint`]: `lint-haproxy`, haproxy's configuration read as haproxy
 //!   reads it, checked against what the agent needs;
-//! - [`config`], [`logging`], [`event_loop`]: start-up and the one mio loop;
+//! - [`core`]: the sans-IO core: the state and every decision about it,
+//!   driven by events and the time; [`event_loop`]: the one mio loop, IO
+//!   only;
+//! - [`config`], [`logging`]: start-up;
 //!   [`notify`]: systemd's readiness, status and watchdog messages;
 //!   [`slice`]: the loop's time budget for background work; [`safe`]: the
 //!   one terminal-safe rendering of outside text;
@@ -33,6 +37,7 @@ mod columns;
 pub mod config;
 pub mod consul;
 pub mod contract;
+pub mod core;
 pub mod decimal;
 pub mod devkv;
 pub mod drain;

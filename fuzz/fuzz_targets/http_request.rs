@@ -20,7 +20,7 @@ use gitlab_haproxy_agent::http::{
 };
 use libfuzzer_sys::fuzz_target;
 
-/// The listeners' bounds (`monitoring::server::MAX_HEAD_BYTES`, and a body
+/// The listeners' bounds (`http::server::MAX_HEAD_BYTES`, and a body
 /// bound above the dev KV's 512 KiB value limit so its 413 is reachable).
 const MAX_HEAD: usize = 16 * 1024;
 const MAX_BODY: usize = 1 << 20;

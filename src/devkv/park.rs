@@ -7,8 +7,8 @@
 //! query leaves exactly once (woken, expired or `unpark`ed when its
 //! connection closes), so a connection is never answered twice.
 //!
-//! Connections are named by the caller's key (the loop's slab key); the
-//! caller unparks a key before reusing it. A few hundred parked queries at
+//! Connections are named by the caller's handle `C` (the core's
+//! connection id); the caller unparks a handle before reusing it. A few hundred parked queries at
 //! most (the dev KV's pool), so a vector scanned per write is the right size.
 
 use std::time::Instant;
@@ -16,25 +16,31 @@ use std::time::Instant;
 use super::{DevKv, Wait};
 
 /// The parked queries.
-#[derive(Debug, Default)]
-pub struct Parking {
-    parked: Vec<(usize, Wait)>,
+#[derive(Debug)]
+pub struct Parking<C> {
+    parked: Vec<(C, Wait)>,
 }
 
-impl Parking {
+impl<C> Default for Parking<C> {
+    fn default() -> Parking<C> {
+        Parking { parked: Vec::new() }
+    }
+}
+
+impl<C: Copy + PartialEq> Parking<C> {
     /// Parks `wait` for connection `conn` (replacing any query it had).
-    pub fn park(&mut self, conn: usize, wait: Wait) {
+    pub fn park(&mut self, conn: C, wait: Wait) {
         self.unpark(conn);
         self.parked.push((conn, wait));
     }
 
     /// Takes the query parked for `conn` (its connection is closing).
-    pub fn unpark(&mut self, conn: usize) -> Option<Wait> {
+    pub fn unpark(&mut self, conn: C) -> Option<Wait> {
         let i = self.parked.iter().position(|(c, _)| *c == conn)?;
         Some(self.parked.swap_remove(i).1)
     }
 
-    pub fn is_parked(&self, conn: usize) -> bool {
+    pub fn is_parked(&self, conn: C) -> bool {
         self.parked.iter().any(|(c, _)| *c == conn)
     }
 
@@ -47,12 +53,12 @@ impl Parking {
     }
 
     /// After a write: takes every query whose prefix moved past its index.
-    pub fn woken(&mut self, kv: &DevKv) -> Vec<(usize, Wait)> {
+    pub fn woken(&mut self, kv: &DevKv) -> Vec<(C, Wait)> {
         self.take_where(|w| kv.is_ready(w))
     }
 
     /// Takes every query whose wait is over at `now`.
-    pub fn expired(&mut self, now: Instant) -> Vec<(usize, Wait)> {
+    pub fn expired(&mut self, now: Instant) -> Vec<(C, Wait)> {
         self.take_where(|w| w.deadline <= now)
     }
 
@@ -61,7 +67,7 @@ impl Parking {
         self.parked.iter().map(|(_, w)| w.deadline).min()
     }
 
-    fn take_where(&mut self, due: impl Fn(&Wait) -> bool) -> Vec<(usize, Wait)> {
+    fn take_where(&mut self, due: impl Fn(&Wait) -> bool) -> Vec<(C, Wait)> {
         if !self.parked.iter().any(|(_, w)| due(w)) {
             return Vec::new(); // the usual case: no allocation
         }

@@ -79,7 +79,7 @@ impl EventLoop {
                 Admit::Yes => {}
                 Admit::No => return,
                 Admit::Closing => {
-                    self.metrics.gate_closings += 1;
+                    self.core.metrics_mut().gate_closings += 1;
                     return;
                 }
             }
@@ -89,7 +89,7 @@ impl EventLoop {
             match listener.accept().map_err(AcceptError::from) {
                 Ok((stream, peer)) => {
                     if !self.listen_allow.permits(peer.ip()) {
-                        self.metrics.connections_disallowed += 1;
+                        self.core.metrics_mut().connections_disallowed += 1;
                         continue; // dropped: closed unread, no reply
                     }
                     if let Some(key) = victim {
@@ -100,7 +100,7 @@ impl EventLoop {
                 Err(AcceptError::Drained) => return,
                 Err(AcceptError::Retry) => {}
                 Err(AcceptError::Failed(e)) => {
-                    self.metrics.accept_errors += 1;
+                    self.core.metrics_mut().accept_errors += 1;
                     if self.agent_gate.on_error(now) {
                         warn!(error = e.to_string(); "accept failed (out of file descriptors?): pausing accepts briefly; open connections are still served");
                     }
@@ -117,11 +117,7 @@ impl EventLoop {
     fn serve_new(&mut self, stream: TcpStream) {
         let accepted = Instant::now();
         let mut conn = AgentConn::new(stream);
-        let (state, up) = (&mut self.state, self.reply_up);
-        let answer = |id: &[u8]| {
-            let desired = state.answer(id, accepted)?;
-            Some((desired.reply_voting(up), desired.admin()))
-        };
+        let answer = |id: &[u8]| self.core.answer(id, accepted);
         let progress = conn.on_readable(answer, self.max_line_bytes, &mut self.scratch);
         let want = match interest(progress) {
             Ok(want) => want,
@@ -132,7 +128,7 @@ impl EventLoop {
             Ok(key) => {
                 self.agents.arm(key, accepted + self.read_timeout);
                 self.remember_order(key);
-                self.metrics.open_connections = self.agents.len() as u64;
+                self.core.metrics_mut().open_connections = self.agents.len() as u64;
             }
             Err((slot, e)) => {
                 debug!(error = e.to_string(); "register failed");
@@ -172,11 +168,13 @@ impl EventLoop {
     /// counted, and a warning at most every [`EVICT_WARN_EVERY`].
     fn evict_agent(&mut self, key: usize, now: Instant) {
         self.accept_order.queue.pop_front();
-        self.metrics.connections_evicted += 1;
+        let metrics = self.core.metrics_mut();
+        metrics.connections_evicted += 1;
+        let evicted_total = metrics.connections_evicted;
         let last = &mut self.accept_order.last_warning;
         if last.is_none_or(|t| now >= t + EVICT_WARN_EVERY) {
             *last = Some(now);
-            warn!(limit = self.max_connections, evicted_total = self.metrics.connections_evicted;
+            warn!(limit = self.max_connections, evicted_total = evicted_total;
                 "connection limit reached: evicting the oldest connection without a complete line (a flood of idle connections? see -listen-allow)");
         }
         let outcome = self.agents.get(key).map(|s| s.conn.on_timeout());
@@ -187,11 +185,7 @@ impl EventLoop {
         let Some(slot) = self.agents.get_mut(key) else {
             return;
         };
-        let (state, up) = (&mut self.state, self.reply_up);
-        let answer = |id: &[u8]| {
-            let desired = state.answer(id, now)?;
-            Some((desired.reply_voting(up), desired.admin()))
-        };
+        let answer = |id: &[u8]| self.core.answer(id, now);
         let progress = slot
             .conn
             .on_readable(answer, self.max_line_bytes, &mut self.scratch);
@@ -214,15 +208,13 @@ impl EventLoop {
             return;
         };
         self.count(outcome, slot.accepted, &slot.conn);
-        self.metrics.open_connections = self.agents.len() as u64;
+        self.core.metrics_mut().open_connections = self.agents.len() as u64;
         self.agent_gate.on_closed(self.agents.len());
     }
 
     fn count(&mut self, outcome: Outcome, accepted: Instant, conn: &AgentConn) {
-        let now = Instant::now();
-        let took = outcome.is_reply().then(|| now.duration_since(accepted));
-        self.metrics.count_request(outcome, took);
         trace!(outcome = outcome.label(); "agent connection done");
-        self.hints.on_done(outcome, conn.received(), now);
+        self.core
+            .check_done(outcome, accepted, conn.received(), Instant::now());
     }
 }

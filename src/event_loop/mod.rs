@@ -1,9 +1,9 @@
-//! The one mio poll loop: a dispatcher. It owns every socket and token,
-//! reads the clock once per turn, gathers the machines' deadlines into the
-//! `poll` timeout, and shuts down; it knows no protocol (bytes are parsed
-//! by the machines it drives) and no domain rule (those live in the rooms
-//! it calls: [`crate::state::Swapper`], [`crate::consul::health`],
-//! [`crate::devkv::Parking`], [`crate::agent`]).
+//! The one mio poll loop: IO only. It owns `poll`, the listeners, the
+//! connection tables and their registrations, reads the clock once per
+//! turn, gathers the deadlines into the `poll` timeout, and shuts down; it
+//! knows no protocol (bytes are parsed by the machines it drives) and no
+//! domain rule: what a check, a consul answer or a request means is the
+//! sans-IO [`Core`]'s to decide.
 //!
 //! In: bound listeners, the configuration, signals. Out: answers, state
 //! swaps, metrics, logs; returns on SIGTERM/SIGINT once in-flight answers are
@@ -29,7 +29,7 @@
 //!
 //! Fairness: no connection gets more than a fixed budget per turn (an
 //! agent check one line; an HTTP connection
-//! [`crate::monitoring::server::READ_BUDGET`] bytes and
+//! [`crate::http::server::READ_BUDGET`] bytes and
 //! [`HTTP_REQUESTS_PER_TURN`] requests, all of them together
 //! [`HTTP_REQUESTS_PER_TURN_ALL`]; consul its client's read budget or
 //! one decode slice; each listener one accept batch). Work left over is
@@ -53,23 +53,11 @@ use mio::{Events, Interest, Poll, Token};
 
 pub use listeners::{bind, Listeners, BACKLOG};
 
-use crate::agent::hint::Hints;
 use crate::config::Config;
 use crate::consul::client::{Client, SocketConnector};
-use crate::consul::health::Health;
 use crate::consul::watch::Update;
-use crate::devkv::{DevKv, Parking};
-use crate::monitoring::metrics::Metrics;
-use crate::monitoring::renders::Renders;
-use crate::monitoring::server::Role;
-use crate::monitoring::{StateFileStatus, Status, WatchStatus};
-use crate::notify::Answering;
-use crate::persist::{self, StateFile};
-use crate::slice::Slice;
-use crate::state::expiry::Expiry;
-use crate::state::file::Loaded;
-use crate::state::unasked::{Asking, Unasked};
-use crate::state::{Clock, HeldFile, Swapper};
+use crate::core::{ConsulView, Core};
+use crate::http::server::Role;
 use agents::{AcceptOrder, AgentSlot};
 use gate::AcceptGate;
 use http::HttpSlot;
@@ -127,7 +115,6 @@ pub struct EventLoop {
     listen_allow: crate::agent::allow::Allow,
     /// Read buffer for agent lines (`-max-line-bytes` + 1).
     scratch: Vec<u8>,
-    hints: Hints,
 
     https: ConnTable<HttpSlot>,
     /// The three HTTP listeners share one pause after accept errors; their
@@ -142,40 +129,19 @@ pub struct EventLoop {
     again: Vec<(usize, u32)>,
     /// HTTP requests handed out this turn, all connections together.
     http_turn_requests: usize,
-    /// `/-/metrics` and `/debug/state`, rendered in slices and shared;
-    /// each waiter is (HTTP key, generation, `HEAD`).
-    renders: Renders<(usize, u32, bool)>,
     last_pool_warning: [Option<Instant>; Role::ALL.len()],
 
     client: Client<SocketConnector>,
     /// The consul connection registered now: (connection id, interest).
     consul_registered: Option<(u64, Interest)>,
     updates: Vec<Update>,
-    health: Health,
-    state: Swapper,
-    /// Diverted keys no check asks for, swept every few seconds.
-    unasked: Unasked,
-    /// Diverted keys past their expiry, counted on each swap and on the
-    /// nearest expiry.
-    expiry: Expiry,
-    devkv: Option<DevKv>,
-    parking: Parking,
-    /// `-state-file`: written after every swap, off the loop.
-    state_file: Option<StateFile>,
-    /// The state file read at start, until the first consul read decides.
-    held_file: HeldFile<Loaded>,
 
-    metrics: Metrics,
-    started: SystemTime,
-    kv_prefix: String,
+    /// Everything that decides: the state, its files, health, metrics,
+    /// renders, the dev KV.
+    core: Core,
     read_timeout: Duration,
     max_line_bytes: usize,
-    /// `-reply-up`: ` up` on every reply.
-    reply_up: bool,
     max_connections: usize,
-    /// An unchanged state is written again this often (a quarter of
-    /// `-state-max-age`, at most an hour).
-    state_refresh: Duration,
     shutdown_deadline: Option<Instant>,
     /// systemd's `Type=notify` socket and what to tell it, when set.
     notify: Option<Notify>,
@@ -214,21 +180,15 @@ impl EventLoop {
         ])?;
         reg.register(&mut signals, SIGNALS, Interest::READABLE)?;
         let seed = jitter_seed();
-        let devkv = http_listeners[Role::DevKv.index()].as_ref();
-        let devkv = devkv.map(|_| DevKv::new(true));
+        let devkv = http_listeners[Role::DevKv.index()].is_some();
         let consul = &config.consul;
         let (start, started) = (Instant::now(), SystemTime::now());
-        let clock = Clock::new(start, started);
-        let state = Swapper::new(&config.kv_prefix, clock, config.max_unknown_identities);
         let notify = config
             .notify
             .as_ref()
             .map(|s| Notify::open(s, start))
             .transpose()?;
-        let (state_file, loaded) = match &config.state_file {
-            Some(path) => persist::open(config, path).map(|(f, l)| (Some(f), l))?,
-            None => (None, None),
-        };
+        let core = Core::new(config, start, started, devkv)?;
         Ok(EventLoop {
             poll,
             agent_listener,
@@ -240,14 +200,12 @@ impl EventLoop {
             accept_order: AcceptOrder::default(),
             listen_allow: config.listen_allow.clone(),
             scratch: vec![0; config.max_line_bytes + 1],
-            hints: Hints::default(),
             https: ConnTable::new(HTTP_BASE, 0),
             http_gate: AcceptGate::new(usize::MAX),
             http_open: [0; Role::ALL.len()],
             http_scratch: vec![0; http::SCRATCH],
             again: Vec::new(),
             http_turn_requests: 0,
-            renders: Renders::default(),
             last_pool_warning: [None; Role::ALL.len()],
             client: Client::new(
                 consul,
@@ -257,22 +215,10 @@ impl EventLoop {
             ),
             consul_registered: None,
             updates: Vec::new(),
-            health: Health::new(consul.endpoint.to_string()),
-            state,
-            unasked: Unasked::new(config.unasked_after, start),
-            expiry: Expiry::default(),
-            devkv,
-            parking: Parking::default(),
-            state_file,
-            held_file: HeldFile::new(loaded, start),
-            metrics: Metrics::default(),
-            started,
-            kv_prefix: config.kv_prefix.clone(),
+            core,
             read_timeout: config.read_timeout,
             max_line_bytes: config.max_line_bytes,
-            reply_up: config.reply_up,
             max_connections: config.max_connections,
-            state_refresh: (config.state_max_age / 4).min(Duration::from_secs(3600)),
             shutdown_deadline: None,
             notify,
         })
@@ -285,11 +231,7 @@ impl EventLoop {
         loop {
             let now = Instant::now();
             if self.shutdown_done(now) {
-                if let Some(f) = self.state_file.take() {
-                    if !f.finish(persist::SHUTDOWN_WAIT) {
-                        warn!("shut down before the last state file write completed");
-                    }
-                }
+                self.core.finish();
                 info!(open_connections = self.agents.len(); "shut down");
                 return Ok(());
             }
@@ -304,14 +246,14 @@ impl EventLoop {
             }
             let start = Instant::now();
             self.turn(&events, start);
-            self.metrics.count_turn(start.elapsed());
+            self.core.metrics_mut().count_turn(start.elapsed());
         }
     }
 
     /// Counts a failed `poll` and pauses briefly; the error itself once
     /// the failures have persisted.
     fn on_poll_error(&mut self, e: io::Error) -> io::Result<()> {
-        self.metrics.poll_errors += 1;
+        self.core.metrics_mut().poll_errors += 1;
         match self.poll_errors.on_error(Instant::now()) {
             Verdict::Warn => {
                 warn!(error = e.to_string(); "poll failed: retrying (the loop exits if it keeps failing)")
@@ -387,18 +329,12 @@ impl EventLoop {
 
     /// The nearest deadline of every machine; `now` when one has work left.
     fn next_deadline(&self, now: Instant) -> Instant {
-        let busy =
-            (!self.again.is_empty() || self.state.busy() || self.renders.busy()).then_some(now);
         [
-            busy,
+            (!self.again.is_empty()).then_some(now),
+            self.core.poll_timeout(now),
             Some(self.client.poll_at(now)),
             self.agents.next_deadline(),
             self.https.next_deadline(),
-            self.parking.next_deadline(),
-            Some(self.unasked.due()),
-            self.expiry.due(),
-            self.hints.due(),
-            self.held_file.deadline(),
             self.notify.as_ref().and_then(Notify::deadline),
             self.agent_gate.deadline(now),
             self.http_gate.deadline(now),
@@ -410,17 +346,13 @@ impl EventLoop {
         .unwrap_or(now)
     }
 
-    /// Everything due at `now`, in the order the turn promises: the state
-    /// being retired, connection timers, parked queries, the unasked-key
-    /// sweep, consul, accepts.
+    /// Everything due at `now`, in the order the turn promises: the core's
+    /// work (the state being retired, parked queries, the sweeps, renders)
+    /// and the answers it made ready, connection timers, consul, accepts.
     fn on_time(&mut self, now: Instant) {
-        let retired = self.state.step(&mut Slice::of_turn(now));
-        for reason in &retired.invalid {
-            self.metrics.invalid_values[reason.index()] += 1;
-        }
-        if retired.changed() {
-            self.metrics.last_change = Some(SystemTime::now());
-        }
+        let consul = self.consul_view(now);
+        self.core.on_time(now, &consul);
+        self.deliver(now);
         while let Some(key) = self.agents.expired(now) {
             if let Some(outcome) = self.agents.get(key).map(|s| s.conn.on_timeout()) {
                 self.close_agent(key, outcome);
@@ -429,30 +361,6 @@ impl EventLoop {
         while let Some(key) = self.https.expired(now) {
             self.http_timer(key, now);
         }
-        for (key, wait) in self.parking.expired(now) {
-            self.answer_parked(key, &wait, now);
-        }
-        if let Some(l) = self.held_file.due(now) {
-            persist::answer_from(l, "no consul read within the grace", &mut self.state, now);
-            self.expiry.soon(now);
-        }
-        if self.unasked.due() <= now {
-            self.unasked
-                .step(&mut self.state, now, &mut Slice::of_turn(now));
-        }
-        if self.expiry.due().is_some_and(|t| t <= now) {
-            let unix = self
-                .state
-                .clock()
-                .unix_seconds(self.state.clock().tick(now));
-            self.expiry
-                .step(&self.state, now, unix, &mut Slice::of_turn(now));
-        }
-        if self.renders.busy() {
-            self.render_slice(now);
-        }
-        self.hints.on_time(now);
-        self.forget_rendered();
         if self.client.poll_at(now) <= now {
             self.client.on_timer(now, &mut self.updates);
             self.sync_consul(now);
@@ -474,14 +382,7 @@ impl EventLoop {
         let Some(notify) = self.notify.as_mut() else {
             return;
         };
-        let answering = match self.state.source() {
-            Some(crate::state::Source::Consul) => Answering::FromConsul,
-            Some(crate::state::Source::File { .. }) => Answering::FromStateFile,
-            None => Answering::Not {
-                last_error: self.health.last_error(),
-            },
-        };
-        notify.on_turn(now, answering);
+        notify.on_turn(now, self.core.answering());
     }
 
     // ---- signals, status ----
@@ -516,41 +417,18 @@ impl EventLoop {
         }
     }
 
-    fn status(&self, now: Instant) -> Status<'_> {
+    /// What the consul client says of itself, for the core's views.
+    fn consul_view(&self, now: Instant) -> ConsulView {
         let watch = self.client.watch();
         let until = |t: Instant| t.saturating_duration_since(now);
-        let next_request_in = self.client.next_request_at(now).map(until);
-        let request_deadline_in = self.client.request_deadline().map(until);
-        Status {
-            metrics: &self.metrics,
-            snapshot: self.state.current(),
-            watch: WatchStatus {
-                phase: self.client.phase_name(),
-                index: watch.index(),
-                failures: watch.failures(),
-                requests: self.client.requests(),
-                traffic: self.client.traffic(),
-                last_error: self.health.last_error(),
-                next_request_in,
-                request_deadline_in,
-            },
-            now,
-            started: self.started,
-            max_connections: self.max_connections,
-            kv_prefix: &self.kv_prefix,
-            source: self.state.source(),
-            state_file: self.state_file.as_ref().map(|f| StateFileStatus {
-                path: f.path(),
-                writes: f.writes(),
-                write_errors: f.write_errors(),
-            }),
-            asking: Some(Asking {
-                clock: self.state.clock(),
-                strangers: self.state.strangers(),
-                unasked: &self.unasked,
-                previous: self.state.carrying_from(),
-            }),
-            expiry: self.expiry.shown(),
+        ConsulView {
+            phase: self.client.phase_name(),
+            index: watch.index(),
+            failures: watch.failures(),
+            requests: self.client.requests(),
+            traffic: self.client.traffic(),
+            next_request_in: self.client.next_request_at(now).map(until),
+            request_deadline_in: self.client.request_deadline().map(until),
         }
     }
 

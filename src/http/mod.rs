@@ -1,7 +1,9 @@
 //! HTTP/1.1 framing, pure (RFC 9112): request and response heads (via
 //! `httparse`), `Content-Length`, chunked and close-delimited bodies, query
 //! strings, and rendering of responses. One copy, used by the consul client,
-//! the monitoring/pprof server and the dev KV.
+//! the monitoring/pprof server and the dev KV; [`server`]: the one HTTP
+//! server connection those listeners share (it does IO on the stream it
+//! is given).
 //!
 //! In: bytes, in whatever pieces the socket delivered them. Out: a parsed
 //! head, decoded body bytes, or a reason the peer's bytes are not acceptable.
@@ -14,6 +16,7 @@ mod coding;
 mod head;
 mod query;
 mod render;
+pub mod server;
 
 pub use body::{BodyDecoder, BodyError};
 pub use coding::{

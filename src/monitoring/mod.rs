@@ -1,5 +1,4 @@
-//! Observability: the metrics registry ([`metrics`]), the HTTP
-//! server connection shared with the dev KV ([`server`]), and the routes of
+//! Observability: the metrics registry ([`metrics`]) and the routes of
 //! the monitoring (`/-/metrics`, `/-/liveness`, `/-/readiness`) and pprof
 //! (`/debug/state`) listeners. `/debug/pprof/*` answers 404 with how to
 //! profile from outside ([`NO_PPROF`]): an in-process signal sampler would
@@ -15,7 +14,6 @@
 mod debug_state;
 pub mod metrics;
 pub mod renders;
-pub mod server;
 
 use std::time::{Duration, Instant, SystemTime};
 

@@ -30,8 +30,7 @@ use crate::state::Snapshot;
 /// A render is served again for this long before a new one is built.
 pub const FRESH_FOR: Duration = Duration::from_secs(1);
 
-/// A rendered body, shared by every connection that asked for it.
-pub type Body = Arc<Vec<u8>>;
+pub use crate::http::server::Body;
 
 /// The heavy routes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -24,12 +24,11 @@
 use std::io::{self, Read, Write};
 use std::time::{Duration, Instant};
 
-use crate::http::{
+use super::{
     parse_request_head, render_head, render_response, BodyDecoder, BodyError, Method, Parse,
     RequestHead, Response,
 };
 use crate::labels::label_enum;
-use crate::monitoring::renders::Body;
 
 /// A kept-alive connection may wait this long for the first byte of its
 /// next request (and a new one for its first).
@@ -46,6 +45,28 @@ pub const READ_BUDGET: usize = 64 * 1024;
 /// once copy 64 KiB each into the kernel per turn, not their whole socket
 /// buffers (about 20 ms in one turn).
 pub const WRITE_BUDGET: usize = 64 * 1024;
+
+/// A rendered body, shared by every connection that asked for it (one
+/// reference-counted buffer: a connection that never reads holds a
+/// reference, not a copy).
+pub type Body = std::sync::Arc<Vec<u8>>;
+
+/// A response to write on a connection.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reply {
+    /// A whole response; a body over `chunk_over` bytes is sent chunked.
+    Full {
+        resp: Response,
+        head_only: bool,
+        chunk_over: Option<usize>,
+    },
+    /// A shared body (`resp.body` is ignored), with `resp`'s head.
+    Shared {
+        resp: Response,
+        body: Body,
+        head_only: bool,
+    },
+}
 
 label_enum! {
     /// The HTTP listeners (metric label `listener`); each has its own pool
@@ -323,6 +344,22 @@ impl<S: Read + Write> HttpConn<S> {
             body: format!("{why}\n").into_bytes(),
         };
         self.respond(&resp, false, None, now)
+    }
+
+    /// Sends `reply` (see [`Reply`]).
+    pub fn reply(&mut self, reply: Reply, now: Instant) -> HttpProgress {
+        match reply {
+            Reply::Full {
+                resp,
+                head_only,
+                chunk_over,
+            } => self.respond(&resp, head_only, chunk_over, now),
+            Reply::Shared {
+                resp,
+                body,
+                head_only,
+            } => self.respond_shared(&resp, body, head_only, now),
+        }
     }
 
     /// Sends the response to the request handed out last.
