@@ -488,3 +488,22 @@ fn developer_commands_are_the_suite_split_and_ci_prepares_as_developers_do() {
         assert!(meta.permissions().mode() & 0o111 != 0, "{script}");
     }
 }
+
+/// The structure gates run in CI after clippy: no import circle
+/// (`scripts/import-circles.py`) and rustdoc without warnings, private
+/// items included.
+#[test]
+fn ci_checks_import_circles_and_the_docs() {
+    let ci_run = read(".ci/run");
+    let run: Vec<&str> = code_lines(&ci_run).map(str::trim).collect();
+    let at = |line: &str| {
+        run.iter()
+            .position(|l| l.starts_with(line))
+            .unwrap_or_else(|| panic!(".ci/run does not run {line}"))
+    };
+    let clippy = at("cargo clippy --all-targets -- -D warnings");
+    assert!(at("scripts/import-circles.py") > clippy);
+    assert!(at("RUSTDOCFLAGS='-D warnings' cargo doc --no-deps --document-private-items") > clippy);
+    let meta = std::fs::metadata(root().join("scripts/import-circles.py")).unwrap();
+    assert!(meta.permissions().mode() & 0o111 != 0);
+}
