@@ -8,6 +8,9 @@
 //! [`Outcome`] ([`answer_once`], the fuzz targets' driver). Always holds: a
 //! read never blocks (an empty script is `WouldBlock`); FIN and RST stay in
 //! effect once reached, as on a socket.
+//!
+//! Built for the unit tests and under the `test-peers` feature (the fuzz
+//! crate turns it on); the release binary does not contain it.
 
 use std::cell::RefCell;
 use std::collections::VecDeque;

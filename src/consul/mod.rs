@@ -10,6 +10,7 @@ pub mod client;
 pub mod exchange;
 pub mod health;
 pub mod kv;
+#[cfg(any(test, feature = "test-peers"))]
 pub mod memstream;
 pub mod tls;
 pub mod transport;
