@@ -15,8 +15,12 @@ top-level modules (src/<x>), and exits 1 if there is any.
 
 Test code (`#[cfg(test)]` modules and items) is left out: a unit test
 may use a helper that uses the code under test. `--tests` counts it too.
+A `pub use` whose name the file never uses itself (a parent's outline:
+`pub use swap::Swapper` in state.rs) is not the file's import: whoever
+names `crate::state::Swapper` imports state/swap.rs. `--reexports`
+counts it too.
 
-    scripts/import-circles.py [--tests] [--edges] [--root DIR]
+    scripts/import-circles.py [--tests] [--reexports] [--edges] [--root DIR]
 """
 
 import os
@@ -136,13 +140,14 @@ def expand_use(tree):
 
 
 class Crate:
-    def __init__(self, root, tests):
+    def __init__(self, root, tests, reexports):
         self.root = root
         self.tests = tests  # whether `#[cfg(test)]` code counts
+        self.reexports = reexports  # whether a bare `pub use` is an import
         self.modules = {}  # module path tuple -> file
         self.inline = {}  # file -> [(start, end, name)] inline module spans
         self.code = {}  # file -> stripped text
-        self.uses = {}  # module path tuple -> [(segs, local name, pos)]
+        self.uses = {}  # module path tuple -> [(segs, local name, pos, pub)]
         self.use_spans = {}  # file -> [(start, end)] of its `use` statements
         self.load((), os.path.join(root, "src", "lib.rs"))
 
@@ -180,13 +185,13 @@ class Crate:
                     self.load(path + (name,), cand)
                     break
         self.use_spans[file] = []
-        for m in re.finditer(r"\buse\s+([^;]*);", text):
+        for m in re.finditer(r"(\bpub(?:\([^)]*\))?\s+)?\buse\s+([^;]*);", text):
             self.use_spans[file].append((m.start(), m.end()))
             if self.skipped(file, m.start()):
                 continue
             mod = path + tuple(self.chain(file, m.start()))
-            for segs, name in expand_use(m.group(1)):
-                self.uses.setdefault(mod, []).append((segs, name, m.start()))
+            for segs, name in expand_use(m.group(2)):
+                self.uses.setdefault(mod, []).append((segs, name, m.start(), m.group(1) is not None))
 
     def chain(self, file, pos):
         """The inline modules around `pos` in `file`, outermost first."""
@@ -227,7 +232,7 @@ class Crate:
         rest = segs[k:]
         if rest and rest[0] != "*" and (mod, rest[0]) not in seen:
             seen.add((mod, rest[0]))
-            for usegs, name, _ in self.uses.get(mod, []):
+            for usegs, name, _, _ in self.uses.get(mod, []):
                 if name == rest[0]:
                     target = self.absolute(mod, usegs)
                     if target is not None:
@@ -239,10 +244,12 @@ class Crate:
         graph = {f: set() for f in self.code}
         for mod, uses in self.uses.items():
             file = self.modules[mod]
-            for segs, name, _ in uses:
+            for segs, name, pos, public in uses:
                 target = self.absolute(mod, segs)
                 if target is None:
                     continue
+                if public and not self.reexports and not self.names(file, name):
+                    continue  # a re-export the file itself never names: its outline
                 if tuple(target) in self.modules and segs[-1:] != ["*"]:
                     continue  # a module imported by name: its uses in the code count
                 graph[file].add(self.resolve(target))
@@ -252,7 +259,7 @@ class Crate:
                 continue  # an inline module: scanned with its file
             for file_mod in [mod]:  # noqa: the file's own imports name its aliases
                 aliases = {}
-                for usegs, name, _ in self.uses.get(file_mod, []):
+                for usegs, name, _, _ in self.uses.get(file_mod, []):
                     target = self.absolute(file_mod, usegs)
                     if target is not None and tuple(target) in self.modules:
                         aliases[name] = target
@@ -271,6 +278,13 @@ class Crate:
         for f in graph:
             graph[f].discard(f)
         return graph
+
+    def names(self, file, name):
+        """Whether `file` names `name` outside its `use` statements."""
+        text = self.code[file]
+        return any(
+            not self.in_use(file, m.start()) for m in re.finditer(r"(?<![\w:])" + re.escape(name) + r"\b", text)
+        )
 
     def in_use(self, file, pos):
         """Whether `pos` is inside a `use ...;` statement of `file`."""
@@ -338,7 +352,7 @@ def main():
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     if "--root" in args:
         root = args[args.index("--root") + 1]
-    crate = Crate(root, "--tests" in args)
+    crate = Crate(root, "--tests" in args, "--reexports" in args)
     src = os.path.join(root, "src") + os.sep
     graph = {f[len(src):]: {t[len(src):] for t in ts} for f, ts in crate.edges().items()}
     if "--edges" in args:

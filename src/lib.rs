@@ -11,7 +11,8 @@
 //! - [`state`]: the snapshot the responder answers from, swapped whole, and
 //!   the state file's format; [`persist`]: that file on disk;
 //! - [`http`]: HTTP/1.1 framing (pure), shared by every HTTP peer;
-//! - [`consul`]: KV JSON decoding (pure), the watcher machine, backoff;
+//! - [`kv`]: KV JSON decoding (pure), the pairs the state is built from;
+//! - [`consul`]: the watcher machine, backoff, the client connection;
 //! - [`monitoring`]: metrics registry and the health/metrics/debug server;
 //! - [`devkv`]: the `-dev` consul-compatible KV (also the tests' consul);
 //! - [`drain`]: `wait-drained`'s judgement of what haproxy says of a
@@ -20,8 +21,8 @@
 //!   reads it, checked against what the agent needs;
 //! - [`config`], [`logging`], [`event_loop`]: start-up and the one mio loop;
 //!   [`notify`]: systemd's readiness, status and watchdog messages;
-//!   [`slice`]: the loop's time budget for background work; [`safe`]: the
-//!   one terminal-safe rendering of outside text;
+//!   [`slice`](mod@slice): the loop's time budget for background work;
+//!   [`safe`]: the one terminal-safe rendering of outside text;
 //! - [`gocompat`]: the Go standard-library behaviour the flags and the dev
 //!   KV must match; [`decimal`]: the one decimal parser; [`build_info`]:
 //!   version and commit.
@@ -41,6 +42,7 @@ pub mod files;
 pub mod gocompat;
 pub mod http;
 pub mod jitter;
+pub mod kv;
 mod labels;
 pub mod lint;
 pub mod logging;

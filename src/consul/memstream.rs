@@ -20,7 +20,8 @@ use std::time::{Duration, Instant};
 
 use crate::config::{ConsulConfig, ConsulEndpoint};
 use crate::consul::client::{Client, Connect, Transport};
-use crate::consul::watch::{ErrorReason, Update};
+use crate::consul::error::ErrorReason;
+use crate::consul::watch::Update;
 
 /// One thing the peer does, as seen by the client's reads.
 #[derive(Debug, Clone, PartialEq, Eq)]

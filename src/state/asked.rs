@@ -271,7 +271,7 @@ pub fn shown_identity(identity: &[u8]) -> String {
     }
     match std::str::from_utf8(identity) {
         Ok(s) if !s.contains('\\') => s.to_owned(),
-        _ => crate::logging::escape(identity, usize::MAX),
+        _ => crate::safe::escape(identity, usize::MAX),
     }
 }
 

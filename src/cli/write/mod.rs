@@ -21,9 +21,9 @@ use std::ffi::OsString;
 
 use crate::cli::{Args, Io};
 use crate::config::Command;
+use crate::consul::error::ErrorReason;
 use crate::consul::exchange::Exchange;
 use crate::consul::kv::{decode_list, KvPair};
-use crate::consul::watch::ErrorReason;
 use crate::http::{percent_encode, EncodeSet};
 use plan::{Held, Target, TxnAnswer};
 
