@@ -10,7 +10,7 @@
 //! Lines never block the loop: each is built whole and queued (bounded in
 //! bytes); a writer thread writes them to stderr; past the bound they are
 //! dropped, counted (`log_lines_dropped_total`) and reported in one line
-//! ([`queue`]).
+//! (`queue`).
 //!
 //! JSON: each line is built whole, then queued as one write. Integer and float fields are JSON numbers, booleans JSON
 //! booleans, everything else a JSON string (serde_json escapes it). A field

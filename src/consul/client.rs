@@ -19,7 +19,7 @@
 //! them. The client is generic over how it connects ([`Connect`]): the loop gives
 //! it sockets ([`SocketConnector`]), plain or under TLS
 //! ([`crate::consul::tls`]), tests and the fuzzer an in-memory stream
-//! ([`crate::consul::memstream`]) and a virtual clock. A transport with
+//! (`consul::memstream`, built for them only) and a virtual clock. A transport with
 //! records of its own to send (TLS) adds writable to what a phase waits
 //! for.
 //!

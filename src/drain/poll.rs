@@ -19,7 +19,7 @@ pub enum Reading {
     Failed(String),
     /// A stats socket: the process answering it (`show info`, asked before
     /// and after the rest: a reload in between is two processes, and
-    /// [`Seen`] takes it as one) and its `show stat` (with `show servers
+    /// [`super::Seen`] takes it as one) and its `show stat` (with `show servers
     /// state`'s admin bits) for the servers asked about.
     Socket {
         process: [Process; 2],

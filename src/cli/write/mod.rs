@@ -1,4 +1,4 @@
-//! The writers, `set`, `unset` ([`set`]) and `ramp` ([`ramp`]), and what
+//! The writers, `set`, `unset` ([`set()`]) and `ramp` ([`ramp()`]), and what
 //! they share: their words (their own flags, the daemon's consul flags,
 //! the identities), and consul, reached with the daemon's settings through
 //! the watch's transport ([`crate::consul::exchange`]).
