@@ -244,7 +244,7 @@ class Crate:
         graph = {f: set() for f in self.code}
         for mod, uses in self.uses.items():
             file = self.modules[mod]
-            for segs, name, pos, public in uses:
+            for segs, name, _, public in uses:
                 target = self.absolute(mod, segs)
                 if target is None:
                     continue
@@ -257,24 +257,24 @@ class Crate:
             text = self.code[file]
             if self.modules.get(mod[:-1]) == file and mod:
                 continue  # an inline module: scanned with its file
-            for file_mod in [mod]:  # noqa: the file's own imports name its aliases
-                aliases = {}
-                for usegs, name, _, _ in self.uses.get(file_mod, []):
-                    target = self.absolute(file_mod, usegs)
-                    if target is not None and tuple(target) in self.modules:
-                        aliases[name] = target
-                for m in re.finditer(r"(?<![\w:$])(" + IDENT + r")((?:::" + IDENT + r")+)", text):
-                    segs = [m.group(1)] + m.group(2).split("::")[1:]
-                    if self.in_use(file, m.start()) or self.skipped(file, m.start()):
-                        continue
-                    here = tuple(mod) + tuple(self.chain(file, m.start()))
-                    if segs[0] in ("crate", "super", "self"):
-                        target = self.absolute(here, segs)
-                    elif segs[0] in aliases:
-                        target = aliases[segs[0]] + segs[1:]
-                    else:
-                        continue
-                    graph[file].add(self.resolve(target))
+            # A module imported by name (`use crate::consul;`) and then named in the code.
+            aliases = {}
+            for usegs, name, _, _ in self.uses.get(mod, []):
+                target = self.absolute(mod, usegs)
+                if target is not None and tuple(target) in self.modules:
+                    aliases[name] = target
+            for m in re.finditer(r"(?<![\w:$])(" + IDENT + r")((?:::" + IDENT + r")+)", text):
+                segs = [m.group(1)] + m.group(2).split("::")[1:]
+                if self.in_use(file, m.start()) or self.skipped(file, m.start()):
+                    continue
+                here = tuple(mod) + tuple(self.chain(file, m.start()))
+                if segs[0] in ("crate", "super", "self"):
+                    target = self.absolute(here, segs)
+                elif segs[0] in aliases:
+                    target = aliases[segs[0]] + segs[1:]
+                else:
+                    continue
+                graph[file].add(self.resolve(target))
         for f in graph:
             graph[f].discard(f)
         return graph
