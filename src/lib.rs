@@ -11,7 +11,8 @@
 //! - [`state`]: the snapshot the responder answers from, swapped whole, and
 //!   the state file's format; [`persist`]: that file on disk;
 //! - [`http`]: HTTP/1.1 framing (pure), shared by every HTTP peer;
-//! - [`consul`]: KV JSON decoding (pure), the watcher machine, backoff;
+//! - [`kv`]: KV JSON decoding (pure), the pairs the state is built from;
+//! - [`consul`]: the watcher machine, backoff, the client connection;
 //! - [`monitoring`]: metrics registry, routes and renders of the
 //!   health/metrics/debug listeners;
 //! - [`devkv`]: the `-dev` consul-compatible KV (also the tests' consul);
@@ -24,8 +25,8 @@
 //!   only;
 //! - [`config`], [`logging`]: start-up;
 //!   [`notify`]: systemd's readiness, status and watchdog messages;
-//!   [`slice`]: the loop's time budget for background work; [`safe`]: the
-//!   one terminal-safe rendering of outside text;
+//!   [`slice`](mod@slice): the loop's time budget for background work;
+//!   [`safe`]: the one terminal-safe rendering of outside text;
 //! - [`gocompat`]: the Go standard-library behaviour the flags and the dev
 //!   KV must match; [`decimal`]: the one decimal parser; [`build_info`]:
 //!   version and commit.
@@ -46,6 +47,7 @@ pub mod files;
 pub mod gocompat;
 pub mod http;
 pub mod jitter;
+pub mod kv;
 mod labels;
 pub mod lint;
 pub mod logging;

@@ -4,13 +4,13 @@
 //! `log` crate's key-values (`info!(key = k, old = o; "msg")`).
 //!
 //! Always holds: bytes from outside (KV keys, request lines) are passed
-//! through [`escape`] before they reach a log field, so no line break or
+//! through [`crate::safe::escape`] before they reach a log field, so no line break or
 //! control byte is ever written raw.
 //!
 //! Lines never block the loop: each is built whole and queued (bounded in
 //! bytes); a writer thread writes them to stderr; past the bound they are
 //! dropped, counted (`log_lines_dropped_total`) and reported in one line
-//! ([`queue`]).
+//! (`queue`).
 //!
 //! JSON: each line is built whole, then queued as one write. Integer and float fields are JSON numbers, booleans JSON
 //! booleans, everything else a JSON string (serde_json escapes it). A field
@@ -30,7 +30,6 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use log::kv::{Key, Value, VisitSource};
 use log::{Log, Metadata, Record};
 
-use crate::config::LogFormat;
 use queue::{LineSink, Queue};
 
 /// Every line goes through this queue to the writer thread: the loop
@@ -38,6 +37,13 @@ use queue::{LineSink, Queue};
 static QUEUE: Queue = Queue::new();
 /// At exit, wait at most this long for queued lines to be written.
 const FLUSH_WITHIN: Duration = Duration::from_secs(2);
+
+/// `GITLAB_LOG_FORMAT`: JSON lines (the default) or simplelog's text.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogFormat {
+    Json,
+    Text,
+}
 
 /// Installs the global logger and starts its writer thread. A second call
 /// leaves the first logger in place.
@@ -90,42 +96,6 @@ fn own_descriptor_table() {
 /// Log lines dropped so far because the queue was full.
 pub fn dropped() -> u64 {
     QUEUE.dropped()
-}
-
-/// Escapes bytes for a log field: printable ASCII as is (`\` doubled),
-/// `\n` `\r` `\t` as such, other bytes as `\xHH`; at most `max` input bytes
-/// shown, then `...`.
-pub fn escape(bytes: &[u8], max: usize) -> String {
-    escape_with(bytes, max, "\\\\")
-}
-
-/// As [`escape`], but a backslash stays one backslash: for an agent-check
-/// line with no newline in it, where a literal `\n` (a single-quoted
-/// `agent-send`) should read as what haproxy sent, not doubled again on
-/// top of the JSON escaping.
-pub fn escape_keeping_backslashes(bytes: &[u8], max: usize) -> String {
-    escape_with(bytes, max, "\\")
-}
-
-fn escape_with(bytes: &[u8], max: usize, backslash: &str) -> String {
-    let shown = &bytes[..bytes.len().min(max)];
-    let mut out = String::with_capacity(shown.len() + 3);
-    for &b in shown {
-        match b {
-            b'\\' => out.push_str(backslash),
-            b'\n' => out.push_str("\\n"),
-            b'\r' => out.push_str("\\r"),
-            b'\t' => out.push_str("\\t"),
-            0x20..=0x7e => out.push(char::from(b)),
-            _ => {
-                let _ = write!(out, "\\x{b:02x}");
-            }
-        }
-    }
-    if bytes.len() > max {
-        out.push_str("...");
-    }
-    out
 }
 
 // ---------------------------------------------------------------------------
@@ -370,36 +340,6 @@ mod tests {
     /// 2026-12-02T15:04:05.123Z
     fn t0() -> SystemTime {
         UNIX_EPOCH + Duration::from_millis(1_796_223_845_123)
-    }
-
-    #[test]
-    fn escape_passes_printable_ascii() {
-        assert_eq!(escape(b"be_web/srv1 x~", 100), "be_web/srv1 x~");
-        assert_eq!(escape(b"", 10), "");
-    }
-
-    #[test]
-    fn escape_control_bytes_newlines_and_backslash() {
-        assert_eq!(escape(b"a\nb\rc\td", 100), "a\\nb\\rc\\td");
-        assert_eq!(escape(b"\x00\x1b[0m\x7f", 100), "\\x00\\x1b[0m\\x7f");
-        assert_eq!(escape(b"a\\nb", 100), "a\\\\nb");
-        let out = escape(b"\n\r\t\x01", 100);
-        assert!(!out.bytes().any(|b| b.is_ascii_control()), "{out}");
-    }
-
-    #[test]
-    fn escape_non_utf8_and_utf8_bytes() {
-        assert_eq!(escape(b"\xff\xfe", 100), "\\xff\\xfe");
-        // Valid UTF-8 beyond ASCII is escaped byte by byte too.
-        assert_eq!(escape("é".as_bytes(), 100), "\\xc3\\xa9");
-    }
-
-    #[test]
-    fn escape_truncates_after_max_input_bytes() {
-        assert_eq!(escape(b"abcdef", 3), "abc...");
-        assert_eq!(escape(b"abc", 3), "abc");
-        assert_eq!(escape(b"\n\n\n\n", 2), "\\n\\n...");
-        assert_eq!(escape(b"abc", 0), "...");
     }
 
     #[test]

@@ -71,6 +71,42 @@ pub fn bytes(b: &[u8]) -> Cow<'_, str> {
     }
 }
 
+/// Escapes bytes for a log field: printable ASCII as is (`\` doubled),
+/// `\n` `\r` `\t` as such, other bytes as `\xHH`; at most `max` input bytes
+/// shown, then `...`.
+pub fn escape(bytes: &[u8], max: usize) -> String {
+    escape_with(bytes, max, "\\\\")
+}
+
+/// As [`escape`], but a backslash stays one backslash: for an agent-check
+/// line with no newline in it, where a literal `\n` (a single-quoted
+/// `agent-send`) should read as what haproxy sent, not doubled again on
+/// top of the JSON escaping.
+pub fn escape_keeping_backslashes(bytes: &[u8], max: usize) -> String {
+    escape_with(bytes, max, "\\")
+}
+
+fn escape_with(bytes: &[u8], max: usize, backslash: &str) -> String {
+    let shown = &bytes[..bytes.len().min(max)];
+    let mut out = String::with_capacity(shown.len() + 3);
+    for &b in shown {
+        match b {
+            b'\\' => out.push_str(backslash),
+            b'\n' => out.push_str("\\n"),
+            b'\r' => out.push_str("\\r"),
+            b'\t' => out.push_str("\\t"),
+            0x20..=0x7e => out.push(char::from(b)),
+            _ => {
+                let _ = write!(out, "\\x{b:02x}");
+            }
+        }
+    }
+    if bytes.len() > max {
+        out.push_str("...");
+    }
+    out
+}
+
 /// The most of an error body shown (log, `/debug/state`, `status`, the
 /// writers' errors).
 pub const ERROR_BODY_BYTES: usize = 200;
@@ -79,7 +115,7 @@ pub const ERROR_BODY_BYTES: usize = 200;
 /// every `secret` (the ACL token, basic auth) replaced by `<redacted>`
 /// wherever it appears (a server echoing request headers puts it there),
 /// then trimmed, cut to [`ERROR_BODY_BYTES`] and escaped to printable
-/// ASCII ([`crate::logging::escape`]).
+/// ASCII ([`escape`]).
 pub fn error_body(body: &[u8], secrets: &[Vec<u8>]) -> String {
     let mut body = body.to_vec();
     for secret in secrets.iter().filter(|s| !s.is_empty()) {
@@ -93,7 +129,7 @@ pub fn error_body(body: &[u8], secrets: &[Vec<u8>]) -> String {
         out.extend_from_slice(rest);
         body = out;
     }
-    crate::logging::escape(body.trim_ascii(), ERROR_BODY_BYTES)
+    escape(body.trim_ascii(), ERROR_BODY_BYTES)
 }
 
 fn render(s: &str, keep_layout: bool) -> Cow<'_, str> {
@@ -119,6 +155,36 @@ fn render(s: &str, keep_layout: bool) -> Cow<'_, str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn escape_passes_printable_ascii() {
+        assert_eq!(escape(b"be_web/srv1 x~", 100), "be_web/srv1 x~");
+        assert_eq!(escape(b"", 10), "");
+    }
+
+    #[test]
+    fn escape_control_bytes_newlines_and_backslash() {
+        assert_eq!(escape(b"a\nb\rc\td", 100), "a\\nb\\rc\\td");
+        assert_eq!(escape(b"\x00\x1b[0m\x7f", 100), "\\x00\\x1b[0m\\x7f");
+        assert_eq!(escape(b"a\\nb", 100), "a\\\\nb");
+        let out = escape(b"\n\r\t\x01", 100);
+        assert!(!out.bytes().any(|b| b.is_ascii_control()), "{out}");
+    }
+
+    #[test]
+    fn escape_non_utf8_and_utf8_bytes() {
+        assert_eq!(escape(b"\xff\xfe", 100), "\\xff\\xfe");
+        // Valid UTF-8 beyond ASCII is escaped byte by byte too.
+        assert_eq!(escape("é".as_bytes(), 100), "\\xc3\\xa9");
+    }
+
+    #[test]
+    fn escape_truncates_after_max_input_bytes() {
+        assert_eq!(escape(b"abcdef", 3), "abc...");
+        assert_eq!(escape(b"abc", 3), "abc");
+        assert_eq!(escape(b"\n\n\n\n", 2), "\\n\\n...");
+        assert_eq!(escape(b"abc", 0), "...");
+    }
 
     #[test]
     fn plain_text_is_not_copied() {

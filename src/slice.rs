@@ -6,7 +6,7 @@
 //! `now + SLICE`), and after each item its rough size. Out: whether the
 //! slice is spent. Always holds: every job does at least one item per
 //! turn (the check comes after an item), so nothing starves; the clock is
-//! read every [`CHECK_EVERY`] items or [`CHECK_BYTES`] bytes, so a check
+//! read every `CHECK_EVERY` items or `CHECK_BYTES` bytes, so a check
 //! costs a few nanoseconds an item. Tests use [`Slice::items`], a virtual
 //! clock that ends after a number of items.
 //!

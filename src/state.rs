@@ -10,8 +10,8 @@
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 
-use crate::consul::kv::KvPair;
 use crate::contract::{parse_identity, parse_value, Desired, InvalidValue};
+use crate::kv::KvPair;
 use crate::slice::Slice;
 
 mod asked;

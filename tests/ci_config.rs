@@ -488,3 +488,82 @@ fn developer_commands_are_the_suite_split_and_ci_prepares_as_developers_do() {
         assert!(meta.permissions().mode() & 0o111 != 0, "{script}");
     }
 }
+
+/// The structure gates run in CI after clippy: no import circle
+/// (`scripts/import-circles.py`) and rustdoc without warnings, private
+/// items included.
+#[test]
+fn ci_checks_import_circles_and_the_docs() {
+    let ci_run = read(".ci/run");
+    let run: Vec<&str> = code_lines(&ci_run).map(str::trim).collect();
+    let at = |line: &str| {
+        run.iter()
+            .position(|l| l.starts_with(line))
+            .unwrap_or_else(|| panic!(".ci/run does not run {line}"))
+    };
+    let clippy = at("cargo clippy --all-targets -- -D warnings");
+    assert!(at("scripts/import-circles.py") > clippy);
+    assert!(at("RUSTDOCFLAGS='-D warnings' cargo doc --no-deps --document-private-items") > clippy);
+    let meta = std::fs::metadata(root().join("scripts/import-circles.py")).unwrap();
+    assert!(meta.permissions().mode() & 0o111 != 0);
+}
+
+/// The circle checker on small crates: two files importing each other are
+/// a circle (exit 1, the cycle named); a parent declaring its child, the
+/// child using the parent, and a parent's bare re-export of the child are
+/// not (exit 0); test code counts only with `--tests`.
+#[test]
+fn the_circle_checker_finds_a_circle_and_only_a_circle() {
+    let run = |files: &[(&str, &str)], flags: &[&str]| {
+        let dir = std::env::temp_dir().join(format!(
+            "import-circles-{}-{}",
+            std::process::id(),
+            files.len() * 10 + flags.len()
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        for (path, text) in files {
+            let path = dir.join("src").join(path);
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(path, text).unwrap();
+        }
+        let out = Command::new("python3")
+            .arg(root().join("scripts/import-circles.py"))
+            .arg("--root")
+            .arg(&dir)
+            .args(flags)
+            .output()
+            .unwrap();
+        let _ = std::fs::remove_dir_all(&dir);
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+        )
+    };
+    let circle = [
+        ("lib.rs", "mod a;\nmod b;\n"),
+        ("a.rs", "use crate::b::X;\npub struct Y;\n"),
+        ("b.rs", "pub struct X;\nfn f() { let _ = crate::a::Y; }\n"),
+    ];
+    let (code, out) = run(&circle, &[]);
+    assert_eq!(code, Some(1), "{out}");
+    assert!(out.contains("a.rs -> b.rs -> a.rs"), "{out}");
+    assert!(out.contains("module circles: 1"), "{out}");
+    let outline = [
+        ("lib.rs", "mod p;\n"),
+        ("p/mod.rs", "mod c;\npub use c::Z;\npub struct W;\n"),
+        ("p/c.rs", "use super::W;\npub struct Z(W);\n"),
+    ];
+    let (code, out) = run(&outline, &[]);
+    assert_eq!(code, Some(0), "{out}");
+    assert_eq!(run(&outline, &["--reexports"]).0, Some(1));
+    let tests_only = [
+        ("lib.rs", "mod a;\nmod b;\n"),
+        (
+            "a.rs",
+            "pub struct Y;\n#[cfg(test)]\nmod tests {\n    use crate::b::X;\n}\n",
+        ),
+        ("b.rs", "use crate::a::Y;\npub struct X;\n"),
+    ];
+    assert_eq!(run(&tests_only, &[]).0, Some(0));
+    assert_eq!(run(&tests_only, &["--tests"]).0, Some(1));
+}

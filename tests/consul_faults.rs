@@ -11,7 +11,7 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use gitlab_haproxy_agent::consul::watch::ErrorReason;
+use gitlab_haproxy_agent::consul::error::ErrorReason;
 use support::proxy::{After, Mode, Proxy, Wire};
 use support::{unique_prefix, wait_for, Agent, Kv};
 

@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use log::warn;
 
 use super::Outcome;
-use crate::logging::escape_keeping_backslashes;
+use crate::safe::escape_keeping_backslashes;
 
 /// Each distinct string is named at most this often.
 pub const HINT_EVERY: Duration = Duration::from_secs(10);

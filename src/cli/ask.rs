@@ -96,7 +96,7 @@ fn ask(addr: SocketAddr, identity: &str) -> Result<Option<String>, String> {
         .map_err(|e| format!("cannot send: {e}"))?;
     let mut got = Vec::new();
     let read = s.take(4096).read_to_end(&mut got);
-    let shown = |b: &[u8]| crate::logging::escape(b, 200);
+    let shown = |b: &[u8]| crate::safe::escape(b, 200);
     match (read, got.iter().position(|&b| b == b'\n')) {
         (_, Some(end)) if is_agent_reply(&got[..end]) => {
             Ok(Some(String::from_utf8_lossy(&got[..end]).into_owned()))

@@ -11,7 +11,7 @@
 //! - `save-server-state`: haproxy's server state to its
 //!   `server-state-file`, before a reload or stop.
 //! - `set`, `unset`, `ramp`: write the desired state, checked, atomic,
-//!   guarded against another writer ([`write`]).
+//!   guarded against another writer ([`write`](mod@write)).
 //!
 //! In: the words after the command, the environment (for the same
 //! `GITLAB_HAPROXY_AGENT_*` addresses the daemon reads), stdout and stderr.

@@ -11,8 +11,8 @@
 
 use std::ffi::OsString;
 
+use super::check::{boolean, usage_error, UsageError};
 use super::flags::{Kind, LowArgs, Raw, Source, FLAGS};
-use super::{usage_error, validate, UsageError};
 use crate::gocompat::{go_flag, GoArg};
 
 pub(super) enum Lexed {
@@ -78,7 +78,7 @@ pub(super) fn lex(args: Vec<OsString>) -> Result<Lexed, UsageError> {
         };
         if flag.spec.kind == Kind::Bool {
             // Go's `flag` checks a bool where it stands.
-            validate::boolean(&raw)?;
+            boolean(&raw)?;
         }
         flag.raw = Some(raw);
     }

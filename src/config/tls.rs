@@ -26,9 +26,8 @@ use rustls_pki_types::pem::{self, PemObject};
 use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
 
 use super::addr::{split_host_port, ConsulAddr};
+use super::check::{boolean, credential, usage_error, UsageError};
 use super::flags::{Flag, LowArgs, Raw};
-use super::validate::{boolean, credential};
-use super::{usage_error, UsageError};
 use crate::gocompat::parse_go_bool;
 
 /// TLS to consul, ready to connect with.

@@ -7,30 +7,22 @@
 //! the limits, `-dev`, consul, logging), so a command line with several
 //! mistakes always reports the same one; no error holds a token or a
 //! password; the only IO is [`read_token_file`], the look for a systemd
-//! credential ([`credential`]) and the DNS lookup of a hostname
+//! credential ([`super::check::credential`]) and the DNS lookup of a hostname
 //! (`addr::resolve_host`); the environment is not read here.
 
-use std::path::Path;
 use std::time::Duration;
 
 use base64::Engine as _;
 
-use super::addr::{parse_consul_addr, parse_listen_addr, ConsulAddr, ListenAddr};
-use super::flags::{LowArgs, Raw, Source};
+use super::addr::{parse_consul_addr, parse_listen_addr, ConsulAddr, ConsulEndpoint, ListenAddr};
+use super::check::{boolean, credential, usage_error, UsageError};
+use super::flags::{LowArgs, Raw};
+use super::model::{Config, ConsulConfig, GzipMode};
 use super::tls::consul_tls;
-use super::{usage_error, Config, ConsulConfig, ConsulEndpoint, GzipMode, LogFormat, UsageError};
 use crate::agent::allow::Allow;
 use crate::decimal::parse_uint;
 use crate::gocompat::{parse_go_bool, parse_signed_duration};
-
-impl Raw {
-    pub(super) fn invalid(&self, reason: impl std::fmt::Display) -> UsageError {
-        usage_error(format!(
-            "invalid value {:?} for {}: {reason}",
-            self.value, self.source
-        ))
-    }
-}
+use crate::logging::LogFormat;
 
 /// Checks every setting, in the order that decides which error is reported.
 pub(super) fn config(low: &LowArgs) -> Result<Config, UsageError> {
@@ -110,11 +102,6 @@ pub(super) fn config(low: &LowArgs) -> Result<Config, UsageError> {
         notify,
         warnings,
     })
-}
-
-/// A Go bool; called by the lexer too, for a bool flag where it stands.
-pub(super) fn boolean(raw: &Raw) -> Result<bool, UsageError> {
-    parse_go_bool(&raw.value).ok_or_else(|| raw.invalid("not a boolean (use true or false)"))
 }
 
 fn duration(raw: &Raw) -> Result<Duration, UsageError> {
@@ -366,20 +353,6 @@ fn check_token(token: &str, raw: &Raw) -> Result<(), UsageError> {
             raw.source
         )))
     }
-}
-
-/// The file `name` in systemd's `$CREDENTIALS_DIRECTORY` (`LoadCredential=`),
-/// when the variable is set and the file exists (IO: one `stat`), with the
-/// variable as its source: a unit hands the agent a root-only secret with
-/// `LoadCredential=` alone, on every systemd that has it (247), where the
-/// `%d` specifier a path would need came only in 251.
-pub(super) fn credential(low: &LowArgs, name: &str) -> Option<Raw> {
-    let dir = low.credentials_directory.as_ref()?;
-    let path = Path::new(&dir.value).join(name);
-    path.is_file().then(|| Raw {
-        value: path.to_string_lossy().into_owned(),
-        source: Source::Env(format!("{} credential {name}", dir.source)),
-    })
 }
 
 /// `CONSUL_HTTP_TOKEN_FILE` (read once, trimmed) before `CONSUL_HTTP_TOKEN`

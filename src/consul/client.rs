@@ -19,7 +19,7 @@
 //! them. The client is generic over how it connects ([`Connect`]): the loop gives
 //! it sockets ([`SocketConnector`]), plain or under TLS
 //! ([`crate::consul::tls`]), tests and the fuzzer an in-memory stream
-//! ([`crate::consul::memstream`]) and a virtual clock. A transport with
+//! (`consul::memstream`, built for them only) and a virtual clock. A transport with
 //! records of its own to send (TLS) adds writable to what a phase waits
 //! for.
 //!
@@ -46,14 +46,15 @@ use std::time::{Duration, Instant};
 use mio::Interest;
 
 use crate::config::ConsulConfig;
+use crate::consul::error::{ErrorReason, Failure};
+pub use crate::consul::stream::{Connect, Transport};
 use crate::consul::transport::{
     connect_step, handshake_step, receive_step, send_step, Body, Conn, Received, RequestSpec, Rx,
 };
 pub use crate::consul::transport::{
-    Connect, Socket, SocketConnector, Stream, Transport, CONNECT_TIMEOUT, HANDSHAKE_TIMEOUT,
-    READ_BUDGET,
+    Socket, SocketConnector, Stream, CONNECT_TIMEOUT, HANDSHAKE_TIMEOUT, READ_BUDGET,
 };
-use crate::consul::watch::{Decoding, ErrorReason, Failure, Response, Update, Watch};
+use crate::consul::watch::{Decoding, Response, Update, Watch};
 use crate::http::ResponseHead;
 use crate::slice::Slice;
 

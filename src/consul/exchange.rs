@@ -16,11 +16,12 @@ use std::time::{Duration, Instant};
 use mio::{Events, Interest, Poll, Token};
 
 use crate::config::ConsulConfig;
+use crate::consul::error::{ErrorReason, Failure};
+use crate::consul::stream::Connect;
 use crate::consul::transport::{
-    connect_step, handshake_step, receive_step, send_step, Conn, Connect, Received, RequestSpec,
-    Rx, SocketConnector, Stream, CONNECT_TIMEOUT, HANDSHAKE_TIMEOUT,
+    connect_step, handshake_step, receive_step, send_step, Conn, Received, RequestSpec, Rx,
+    SocketConnector, Stream, CONNECT_TIMEOUT, HANDSHAKE_TIMEOUT,
 };
-use crate::consul::watch::{ErrorReason, Failure};
 use crate::http::ResponseHead;
 
 /// A whole exchange, connect to last byte.

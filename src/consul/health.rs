@@ -13,7 +13,7 @@ use std::time::Instant;
 
 use log::{debug, error, info, warn};
 
-use super::watch::Failure;
+use super::error::Failure;
 
 /// An outage in progress.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -97,7 +97,7 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::consul::watch::ErrorReason;
+    use crate::consul::error::ErrorReason;
 
     fn refused(detail: &str) -> Failure {
         Failure {

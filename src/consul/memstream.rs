@@ -8,6 +8,9 @@
 //! [`Outcome`] ([`answer_once`], the fuzz targets' driver). Always holds: a
 //! read never blocks (an empty script is `WouldBlock`); FIN and RST stay in
 //! effect once reached, as on a socket.
+//!
+//! Built for the unit tests and under the `test-peers` feature (the fuzz
+//! crate turns it on); the release binary does not contain it.
 
 use std::cell::RefCell;
 use std::collections::VecDeque;
@@ -17,7 +20,8 @@ use std::time::{Duration, Instant};
 
 use crate::config::{ConsulConfig, ConsulEndpoint};
 use crate::consul::client::{Client, Connect, Transport};
-use crate::consul::watch::{ErrorReason, Update};
+use crate::consul::error::ErrorReason;
+use crate::consul::watch::Update;
 
 /// One thing the peer does, as seen by the client's reads.
 #[derive(Debug, Clone, PartialEq, Eq)]

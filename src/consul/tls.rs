@@ -27,7 +27,7 @@ use std::sync::Arc;
 use rustls::{AlertDescription, CertificateError, ClientConfig, ClientConnection};
 use rustls_pki_types::ServerName;
 
-use super::client::Transport;
+use super::stream::Transport;
 
 /// A TLS failure: what went wrong, in an operator's words, then rustls's.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -238,10 +238,11 @@ mod tests {
 
     use super::*;
     use crate::consul::client::{Client, Connect};
+    use crate::consul::error::ErrorReason;
     use crate::consul::memstream::{
         config as settings, pump, Act, MemConnector, MemStream, Scripted,
     };
-    use crate::consul::watch::{ErrorReason, Update};
+    use crate::consul::watch::Update;
     use crate::testpki::{file, Ca, Issued};
 
     const NAME: &str = "consul.test";

@@ -18,8 +18,9 @@ use std::time::{Duration, Instant};
 use rustls_pki_types::ServerName;
 
 use crate::config::{ConsulConfig, ConsulEndpoint};
+use crate::consul::error::{ErrorReason, Failure};
+use crate::consul::stream::{Connect, Transport};
 use crate::consul::tls::{TlsError, TlsStream};
-use crate::consul::watch::{ErrorReason, Failure};
 use crate::http::{
     content_coding, parse_response_head, BodyDecoder, BodyError, Coding, InflateError, Inflater,
     Parse, ResponseHead,
@@ -35,32 +36,6 @@ const READ_CHUNK: usize = 64 * 1024;
 /// Read (and inflate) at most this much of a response per call (a 13 MB
 /// listing read in one go holds every answer for milliseconds).
 pub const READ_BUDGET: usize = 1024 * 1024;
-
-/// A byte stream to consul: nonblocking reads and writes, the end of a
-/// nonblocking connect, and a handshake of its own (TLS) after it.
-pub trait Transport: Read + Write {
-    /// `Ok(true)` once connected, `Ok(false)` while still connecting.
-    fn connected(&mut self) -> io::Result<bool>;
-
-    /// Drives the transport's own handshake on a connected stream:
-    /// `Ok(true)` once done. A plain stream has none.
-    fn handshake(&mut self) -> io::Result<bool> {
-        Ok(true)
-    }
-
-    /// Bytes of the transport's own wait for the stream to take them (TLS
-    /// records): wait for writable too, whatever the phase waits for.
-    fn wants_write(&self) -> bool {
-        false
-    }
-}
-
-/// Opens connections to consul.
-pub trait Connect {
-    type Stream: Transport;
-    /// Starts a nonblocking connect.
-    fn connect(&mut self) -> io::Result<Self::Stream>;
-}
 
 /// A socket to consul.
 pub enum Socket {

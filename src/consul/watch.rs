@@ -19,10 +19,10 @@
 
 use std::time::{Duration, Instant};
 
-use crate::consul::kv::{DecodeError, KvPair, ListDecoder};
+use crate::consul::error::{ErrorReason, Failure};
 use crate::http::ResponseHead;
 use crate::jitter::Jitter;
-use crate::labels::label_enum;
+use crate::kv::{DecodeError, KvPair, ListDecoder};
 use crate::slice::Slice;
 use crate::state::{Snapshot, SnapshotBuilder};
 
@@ -42,64 +42,6 @@ pub const STALE_WAIT_CAP: Duration = Duration::from_secs(30);
 /// Configuration errors (a redirect, 400, 403: bad token, bad namespace):
 /// retried, but no faster than this.
 pub const CONFIG_ERROR_DELAY: Duration = Duration::from_secs(10);
-
-label_enum! {
-    /// Why a consul request failed (metric label `reason`, fixed: dashboards
-    /// outlive refactors).
-    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-    pub enum ErrorReason {
-        Connect => "connect",
-        Timeout => "timeout",
-        Reset => "reset",
-        Http4xx => "http_4xx",
-        Http5xx => "http_5xx",
-        BadIndex => "bad_index",
-        BadBody => "bad_body",
-        TooLarge => "too_large",
-        Tls => "tls",
-    }
-}
-
-/// A failed request: the reason and a one-line detail for the log.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Failure {
-    pub reason: ErrorReason,
-    pub detail: String,
-    /// Consul refused the request as asked (a redirect, a bad prefix,
-    /// token, namespace or partition): the operator must act. Logged at
-    /// error level and retried no faster than [`CONFIG_ERROR_DELAY`].
-    pub configuration: bool,
-}
-
-impl Failure {
-    pub fn new(reason: ErrorReason, detail: impl Into<String>) -> Failure {
-        Failure {
-            reason,
-            detail: detail.into(),
-            configuration: false,
-        }
-    }
-
-    /// The failure of a complete response that is not a listing (`None`
-    /// for 200 and 404, which are).
-    fn of_status(status: u16, body: &[u8], secrets: &[Vec<u8>]) -> Option<Failure> {
-        let (reason, configuration) = match status {
-            200 | 404 => return None,
-            // Interim responses are skipped by the client; any other 2xx
-            // carries no listing.
-            100..=299 => (ErrorReason::BadBody, false),
-            // Throttled or timed out: consul is busy, not misconfigured.
-            408 | 429 => (ErrorReason::Http4xx, false),
-            300..=499 => (ErrorReason::Http4xx, true),
-            _ => (ErrorReason::Http5xx, false),
-        };
-        Some(Failure {
-            reason,
-            detail: http_detail(status, body, secrets),
-            configuration,
-        })
-    }
-}
 
 /// What one response means for the state.
 #[derive(Debug)]
@@ -341,7 +283,7 @@ impl Watch {
         }
         let index_header = head.header("x-consul-index");
         let Some(new_index) = index_header.and_then(parse_index) else {
-            let shown = index_header.map(|v| crate::logging::escape(v, 32));
+            let shown = index_header.map(|v| crate::safe::escape(v, 32));
             let detail = match shown {
                 Some(v) => format!("non-numeric X-Consul-Index {v:?}"),
                 None => "response without X-Consul-Index".to_owned(),
@@ -495,15 +437,6 @@ fn parse_index(v: &[u8]) -> Option<u64> {
         return None;
     }
     s.parse().ok()
-}
-
-fn http_detail(status: u16, body: &[u8], secrets: &[Vec<u8>]) -> String {
-    let text = crate::safe::error_body(body, secrets);
-    if text.is_empty() {
-        format!("HTTP {status}")
-    } else {
-        format!("HTTP {status}: {text}")
-    }
 }
 
 /// Percent-encodes a KV path, keeping `/` and the unreserved characters.

@@ -13,10 +13,10 @@
 //!
 //! Tokens: fixed ones for the listeners, consul and signals; agent
 //! connections at `AGENT_BASE + slab key`, HTTP connections at
-//! `HTTP_BASE + slab key` (each a [`table::ConnTable`]).
+//! `HTTP_BASE + slab key` (each a `table::ConnTable`).
 //!
 //! Work left: every machine with more to do reports a deadline of now
-//! ([`EventLoop::next_deadline`]): a decode slice or a spent read budget
+//! (`EventLoop::next_deadline`): a decode slice or a spent read budget
 //! (the consul client), a state still being retired, a sweep in progress,
 //! a heavy render requests wait for, an accept batch that ran out or a
 //! gate that opened again, HTTP connections queued in `again`. That one
@@ -30,8 +30,8 @@
 //! Fairness: no connection gets more than a fixed budget per turn (an
 //! agent check one line; an HTTP connection
 //! [`crate::http::server::READ_BUDGET`] bytes and
-//! [`HTTP_REQUESTS_PER_TURN`] requests, all of them together
-//! [`HTTP_REQUESTS_PER_TURN_ALL`]; consul its client's read budget or
+//! `HTTP_REQUESTS_PER_TURN` requests, all of them together
+//! `HTTP_REQUESTS_PER_TURN_ALL`; consul its client's read budget or
 //! one decode slice; each listener one accept batch). Work left over is
 //! done next turn, after the turn's new checks.
 
@@ -225,7 +225,7 @@ impl EventLoop {
     }
 
     /// Runs until SIGTERM/SIGINT and in-flight answers are done; an error
-    /// only if `poll` keeps failing ([`poll_errors`]).
+    /// only if `poll` keeps failing (`poll_errors`).
     pub fn run(&mut self) -> io::Result<()> {
         let mut events = Events::with_capacity(1024);
         loop {

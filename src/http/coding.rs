@@ -40,7 +40,7 @@ pub fn content_coding<'a>(values: impl IntoIterator<Item = &'a [u8]>) -> Result<
             }
             let gzip = token.eq_ignore_ascii_case(b"gzip") || token.eq_ignore_ascii_case(b"x-gzip");
             if !gzip || coding == Coding::Gzip {
-                let shown = crate::logging::escape(value, 64);
+                let shown = crate::safe::escape(value, 64);
                 return Err(format!("unsupported Content-Encoding {shown:?}"));
             }
             coding = Coding::Gzip;

@@ -1,7 +1,19 @@
 //! Request and response heads over `httparse`, with the framing rules of
 //! RFC 9112 §6 applied strictly (smuggling shapes are refused).
 
-use super::{Parse, MAX_HEADERS};
+/// Result of parsing a head from the bytes seen so far.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Parse<T> {
+    /// The head is complete; it used this many bytes of the input.
+    Done(T, usize),
+    /// More bytes are needed.
+    Partial,
+    /// The bytes can never become an acceptable head.
+    Invalid(&'static str),
+}
+
+/// Most header lines accepted in one head.
+pub const MAX_HEADERS: usize = 64;
 
 /// The request methods the servers here know; anything else is `Other`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -39,7 +51,7 @@ pub struct RequestHead {
     /// False for HTTP/1.0 without keep-alive, or `Connection: close`.
     pub keep_alive: bool,
     /// Header names lowercased, values as sent (only the ones kept: at most
-    /// [`super::MAX_HEADERS`]).
+    /// [`MAX_HEADERS`]).
     pub headers: Vec<(String, Vec<u8>)>,
 }
 

@@ -23,21 +23,8 @@ pub use coding::{
     accepts_gzip, content_coding, gzip, Coding, InflateError, Inflater, GZIP_MIN_SIZE,
 };
 pub use head::{
-    parse_request_head, parse_response_head, Framing, Method, RequestHead, ResponseHead,
+    parse_request_head, parse_response_head, Framing, Method, Parse, RequestHead, ResponseHead,
+    MAX_HEADERS,
 };
 pub use query::{percent_decode, percent_encode, query_pairs, EncodeSet};
 pub use render::{render_head, render_response, Response};
-
-/// Result of parsing a head from the bytes seen so far.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Parse<T> {
-    /// The head is complete; it used this many bytes of the input.
-    Done(T, usize),
-    /// More bytes are needed.
-    Partial,
-    /// The bytes can never become an acceptable head.
-    Invalid(&'static str),
-}
-
-/// Most header lines accepted in one head.
-pub const MAX_HEADERS: usize = 64;

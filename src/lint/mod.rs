@@ -25,7 +25,7 @@ pub mod tokenize;
 
 use std::net::IpAddr;
 
-use crate::config::ListenAddr;
+pub use rules::Agent;
 use rules::Severity;
 
 /// haproxy's own variables, set before it reads the configuration (2.6
@@ -46,19 +46,6 @@ pub fn haproxy_variable(name: &str) -> Option<String> {
         "HAPROXY_TCP_LOG_FMT",
     ];
     SET.contains(&name).then(String::new)
-}
-
-/// The agent as it runs, which the servers' settings must reach.
-#[derive(Debug, Clone, Copy)]
-pub struct Agent<'a> {
-    /// Its `-listen-addr`.
-    pub listen: &'a ListenAddr,
-    /// Its `-max-line-bytes`: a longer first line gets no reply.
-    pub max_line: usize,
-    /// Its `-reply-up`: haproxy 3.3/3.4's agent health trap is avoided.
-    pub reply_up: bool,
-    /// The haproxy line linted for (major, minor), if known.
-    pub haproxy: Option<(u32, u32)>,
 }
 
 /// One output line, before sorting.
@@ -224,6 +211,7 @@ pub fn static_senders(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::ListenAddr;
 
     /// The report of `files` for an agent on `:9777`.
     fn report(files: &[(&str, &str)]) -> String {

@@ -28,9 +28,21 @@ use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;
 
 use super::model::{atol, LoadState, Model, Server};
-use super::Agent;
 use crate::agent::request::{self, Reject, Request};
 use crate::config::ListenAddr;
+
+/// The agent as it runs, which the servers' settings must reach.
+#[derive(Debug, Clone, Copy)]
+pub struct Agent<'a> {
+    /// Its `-listen-addr`.
+    pub listen: &'a ListenAddr,
+    /// Its `-max-line-bytes`: a longer first line gets no reply.
+    pub max_line: usize,
+    /// Its `-reply-up`: haproxy 3.3/3.4's agent health trap is avoided.
+    pub reply_up: bool,
+    /// The haproxy line linted for (major, minor), if known.
+    pub haproxy: Option<(u32, u32)>,
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Severity {

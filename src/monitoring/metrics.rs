@@ -11,7 +11,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use crate::agent::Outcome;
 use crate::consul::client::Traffic;
-use crate::consul::watch::ErrorReason;
+use crate::consul::error::ErrorReason;
 use crate::http::server::Role;
 use crate::labels::label_enum;
 use crate::slice::Slice;

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 /// A whole second of the agent's life: seconds since its start, plus one,
 /// so that `Tick::NEVER` (0) can mean "never asked". Good for 68 years (the
-/// top bit of a slot's last ask is its [`Asks::asked_since_write`]).
+/// top bit of a slot's last ask is its `Asks::asked_since_write`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Tick(u32);
 
@@ -150,7 +150,7 @@ pub const KEEP_WHOLE: usize = 256;
 const LONG_PREFIX: usize = KEEP_WHOLE - 8;
 
 /// Asked identities without a key: the last ask of each, at most `cap` of
-/// them, each at most [`KEEP_WHOLE`] + 1 bytes. Survives every swap (it is
+/// them, each at most `KEEP_WHOLE` + 1 bytes. Survives every swap (it is
 /// not part of a snapshot).
 #[derive(Debug)]
 pub struct Strangers {
@@ -271,7 +271,7 @@ pub fn shown_identity(identity: &[u8]) -> String {
     }
     match std::str::from_utf8(identity) {
         Ok(s) if !s.contains('\\') => s.to_owned(),
-        _ => crate::logging::escape(identity, usize::MAX),
+        _ => crate::safe::escape(identity, usize::MAX),
     }
 }
 

@@ -31,7 +31,7 @@ use log::warn;
 
 use super::{Snapshot, Swapper};
 use crate::contract::Desired;
-use crate::logging::escape;
+use crate::safe::escape;
 use crate::slice::Slice;
 
 /// 2020-01-01T00:00:00Z: Flags below are not an expiry.
@@ -207,7 +207,7 @@ mod tests {
     use std::time::SystemTime;
 
     use super::*;
-    use crate::consul::kv::KvPair;
+    use crate::kv::KvPair;
     use crate::state::Clock;
 
     const T: u64 = 1_800_000_000;

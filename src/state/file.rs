@@ -24,7 +24,7 @@ use base64::Engine as _;
 use serde::{Deserialize, Serialize};
 
 use super::Snapshot;
-use crate::consul::kv::KvPair;
+use crate::kv::KvPair;
 
 /// The `format` field: a file of anything else is not ours.
 const FORMAT: &str = "gitlab-haproxy-agent-state";

@@ -28,7 +28,7 @@ use super::{
     Change, ChangeScan, Clock, Entry, Graveyard, InvalidKey, InvalidReason, Snapshot, Strangers,
 };
 use crate::contract::Desired;
-use crate::logging::escape;
+use crate::safe::escape;
 use crate::slice::Slice;
 
 /// Where the current state came from.
@@ -327,8 +327,8 @@ impl InvalidScan {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::consul::kv::KvPair;
     use crate::contract::Desired;
+    use crate::kv::KvPair;
 
     const PREFIX: &str = "p";
 

@@ -34,7 +34,7 @@ use std::time::{Duration, Instant};
 use log::{info, warn};
 
 use super::{Clock, Entry, Snapshot, Strangers, Swapper, Tick};
-use crate::logging::escape;
+use crate::safe::escape;
 use crate::slice::Slice;
 
 /// Asked identities without a key are forgotten after this long without

@@ -1,4 +1,4 @@
-//! The writers, `set`, `unset` ([`set`]) and `ramp` ([`ramp`]), and what
+//! The writers, `set`, `unset` ([`set()`]) and `ramp` ([`ramp()`]), and what
 //! they share: their words (their own flags, the daemon's consul flags,
 //! the identities), and consul, reached with the daemon's settings through
 //! the watch's transport ([`crate::consul::exchange`]).
@@ -21,9 +21,9 @@ use std::ffi::OsString;
 
 use crate::cli::{Args, Io};
 use crate::config::Command;
+use crate::consul::error::ErrorReason;
 use crate::consul::exchange::Exchange;
 use crate::consul::kv::{decode_list, KvPair};
-use crate::consul::watch::ErrorReason;
 use crate::http::{percent_encode, EncodeSet};
 use plan::{Held, Target, TxnAnswer};
 

@@ -4,7 +4,7 @@
 use std::time::{Duration, Instant, SystemTime};
 
 use super::*;
-use crate::consul::kv::KvPair;
+use crate::kv::KvPair;
 use crate::slice::Slice;
 use crate::state::{Clock, Snapshot};
 

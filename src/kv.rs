@@ -9,7 +9,7 @@
 //! Fields: `Key` is required; a missing `Value` is an empty value like
 //! `null`; a missing `ModifyIndex` is 0 (consul always sends it; it only feeds
 //! logs and change detection); a missing `Flags` is 0 (the application's
-//! opaque integer: the writers' expiry, see [`crate::expiry`]). Every other
+//! opaque integer: the writers' expiry, see [`crate::state::expiry`]). Every other
 //! field is skipped without being decoded. Entries are decoded straight into [`KvPair`]s as the array is
 //! read, with no intermediate document.
 
