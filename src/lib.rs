@@ -33,6 +33,7 @@ mod columns;
 pub mod config;
 pub mod consul;
 pub mod contract;
+pub mod debug_doc;
 pub mod decimal;
 pub mod devkv;
 pub mod drain;

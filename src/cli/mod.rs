@@ -25,7 +25,7 @@ mod drained;
 mod fetch;
 mod lint;
 mod save_state;
-mod status;
+pub(crate) mod status;
 pub mod write;
 
 use std::ffi::OsString;
