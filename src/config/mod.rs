@@ -6,7 +6,8 @@
 //! two.
 //!
 //! - `flags.rs`: the table of every flag and variable, and the usage text;
-//! - `lex.rs`: step one, argv walk and the one read of the environment;
+//! - `lex.rs`: step one, the one Go-flag walker (the commands' too) and
+//!   the one read of the environment;
 //! - `addr.rs`: listener and consul address forms (and the DNS lookup);
 //! - `validate.rs`: step two, into [`Config`] (and the token file read);
 //! - `tls.rs`: the consul TLS settings, into a rustls configuration (the
@@ -47,6 +48,10 @@ pub use addr::{
     ListenAddr, StatsSocket,
 };
 pub use flags::usage;
+/// `daemon_flag`: how the daemon's flag takes its value; the writers and
+/// `status` pass the daemon's flags on to [`parse`], so they need to know
+/// which word is a flag's value.
+pub use lex::{go_flags, takes as daemon_flag, Given, GoFlags, Takes, Word};
 pub use tls::{ConsulTls, SharedConfig};
 pub use validate::max_line_bytes;
 
@@ -222,15 +227,4 @@ impl Config {
             None => false,
         }
     }
-}
-
-/// Whether the daemon has the flag `name` (without dashes), and whether it
-/// takes a value (`Some(false)`: a bool flag). The writers pass the
-/// daemon's flags on to [`parse`], so they need to know which word is a
-/// flag's value.
-pub fn daemon_flag(name: &str) -> Option<bool> {
-    flags::FLAGS
-        .iter()
-        .find(|f| f.name == name)
-        .map(|f| f.kind != flags::Kind::Bool)
 }
