@@ -44,11 +44,15 @@ for scripts. Exits 1 when a key is unasked or past its expiry, or the agent
 is not answering from consul's state.
 ";
 
+/// Its own flags.
+const PPROF_ADDR: &str = "pprof-addr";
+const JSON: &str = "json";
+
 pub(super) fn run(args: &[std::ffi::OsString], io: &mut Io<'_>) -> u8 {
     let parsed = Args::parse_with(
         args,
-        &["pprof-addr", RECORD_PREFIX],
-        &["json"],
+        &[PPROF_ADDR, RECORD_PREFIX],
+        &[JSON],
         crate::config::daemon_flag,
     );
     let a = match parsed {
@@ -62,7 +66,7 @@ pub(super) fn run(args: &[std::ffi::OsString], io: &mut Io<'_>) -> u8 {
     if !a.positional.is_empty() {
         return usage_error(io, "status", "takes no arguments");
     }
-    let addr = match target(&a, io, "pprof-addr", "127.0.0.1:9779") {
+    let addr = match target(&a, io, PPROF_ADDR, "127.0.0.1:9779") {
         Ok(addr) => addr,
         Err(e) => return usage_error(io, "status", &e),
     };
@@ -75,7 +79,7 @@ pub(super) fn run(args: &[std::ffi::OsString], io: &mut Io<'_>) -> u8 {
         let records = kv
             .records()
             .map_err(|e| format!("the records under {}/: {e}", kv.meta()));
-        Ok(printed(&doc, records, a.flag("json")))
+        Ok(printed(&doc, records, a.flag(JSON)))
     });
     match printed {
         Ok((text, code)) => {
