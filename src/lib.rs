@@ -39,6 +39,7 @@ pub mod config;
 pub mod consul;
 pub mod contract;
 pub mod core;
+pub mod debug_doc;
 pub mod decimal;
 pub mod devkv;
 pub mod drain;

@@ -37,7 +37,7 @@ fn main() -> ExitCode {
     };
     let config = match command {
         Command::Help(text) => {
-            print!("{text}\n{}", cli::COMMANDS);
+            print!("{text}\n{}", cli::commands_help());
             return ExitCode::SUCCESS;
         }
         Command::Version(line) => {

@@ -1,12 +1,14 @@
-//! The words after an operator command: Go-style flags, as the daemon
-//! takes them (`-name value`, `-name=value`, `--name value`; a bool flag
-//! alone or `-name=true|false`), anywhere among the positional words; `--`
-//! ends the flags; a lone `-`, and a word like `-5%` (a dash and a digit),
-//! are positional.
+//! The words after an operator command: Go-style flags as the daemon
+//! takes them, walked by its own walker ([`crate::config::go_flags`]):
+//! `-name value`, `-name=value`, `--name value`; a bool flag alone or
+//! `-name=true|false`; anywhere among the positional words; `--` ends the
+//! flags; a lone `-`, and a word like `-5%` (a dash and a digit), are
+//! positional.
 
 use std::ffi::OsString;
 
-use crate::gocompat::{go_flag, parse_go_bool, GoArg};
+use crate::config::{go_flags, Given, Takes, Word};
+use crate::gocompat::parse_go_bool;
 
 /// What a command was given.
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -33,66 +35,51 @@ impl Args {
         Args::parse_with(args, values, bools, |_| None)
     }
 
-    /// As [`Args::parse`], and a flag `daemon` knows (`Some(takes a
-    /// value)`) goes to [`Args::daemon`] with its value.
+    /// As [`Args::parse`], and a flag `daemon` knows goes to
+    /// [`Args::daemon`] with its value.
     pub fn parse_with(
         args: &[OsString],
         values: &[&'static str],
         bools: &[&'static str],
-        daemon: fn(&str) -> Option<bool>,
+        daemon: fn(&str) -> Option<Takes>,
     ) -> Result<Args, String> {
         let mut a = Args::default();
-        let mut words = args.iter().map(|w| {
-            w.to_str()
-                .map(str::to_owned)
-                .ok_or_else(|| format!("argument {w:?} is not UTF-8"))
-        });
-        let mut flags_over = false;
-        while let Some(word) = words.next() {
-            let word = word?;
-            if word == "--" && !flags_over {
-                flags_over = true;
-                continue;
-            }
-            let (name, inline) = match go_flag(&word) {
-                GoArg::Flag(name, value) if !flags_over && !starts_with_digit(name) => {
-                    (name, value.map(str::to_owned))
-                }
-                GoArg::BadSyntax if !flags_over => {
-                    return Err(format!("bad flag syntax: {word:?}"))
-                }
-                _ => {
-                    a.positional.push(word);
+        let own = |name: &str| values.iter().chain(bools).find(|&&n| n == name).copied();
+        let takes = |name: &str| match own(name) {
+            Some(n) if values.contains(&n) => Some(Takes::Value),
+            Some(_) => Some(Takes::Bool),
+            None => daemon(name),
+        };
+        for word in go_flags(args.iter().cloned(), takes, true) {
+            let (word, name, given) = match word? {
+                Word::Positional(w) => {
+                    a.positional.push(w);
                     continue;
                 }
+                Word::Flag { word, name, given } => (word, name, given),
             };
-            if matches!(name, "h" | "help") {
-                a.help = true;
-            } else if let Some(&n) = values.iter().find(|&&n| n == name) {
-                let v = match inline {
-                    Some(v) => v,
-                    None => words
-                        .next()
-                        .transpose()?
-                        .ok_or_else(|| format!("flag needs an argument: -{n}"))?,
-                };
-                a.values.push((n, v));
-            } else if let Some(&n) = bools.iter().find(|&&n| n == name) {
-                let v = match inline {
-                    None => true,
-                    Some(v) => parse_go_bool(&v)
-                        .ok_or_else(|| format!("invalid value {v:?} for flag -{n}"))?,
-                };
-                a.bools.push((n, v));
-            } else if let Some(takes_value) = daemon(name) {
-                a.daemon.push(word.clone());
-                if takes_value && inline.is_none() {
-                    let v = words.next().transpose()?;
-                    a.daemon
-                        .push(v.ok_or_else(|| format!("flag needs an argument: -{name}"))?);
+            let next = matches!(given, Given::Next(_));
+            let value = match given {
+                Given::Alone => None,
+                Given::Inline(v) => Some(v),
+                Given::Next(v) => Some(
+                    v.into_string()
+                        .map_err(|v| format!("argument {v:?} is not valid UTF-8"))?,
+                ),
+            };
+            match (own(&name), value) {
+                _ if matches!(name.as_str(), "h" | "help") => a.help = true,
+                (Some(n), Some(v)) if values.contains(&n) => a.values.push((n, v)),
+                (Some(n), None) => a.bools.push((n, true)),
+                (Some(n), Some(v)) => match parse_go_bool(&v) {
+                    Some(b) => a.bools.push((n, b)),
+                    None => return Err(format!("invalid value {v:?} for flag -{n}")),
+                },
+                (None, v) if daemon(&name).is_some() => {
+                    a.daemon.push(word);
+                    a.daemon.extend(v.filter(|_| next));
                 }
-            } else {
-                return Err(format!("flag provided but not defined: -{name}"));
+                (None, _) => return Err(format!("flag provided but not defined: -{name}")),
             }
         }
         Ok(a)
@@ -123,10 +110,6 @@ impl Args {
             .find(|(n, _)| *n == name)
             .is_some_and(|(_, v)| *v)
     }
-}
-
-fn starts_with_digit(s: &str) -> bool {
-    s.starts_with(|c: char| c.is_ascii_digit())
 }
 
 #[cfg(test)]
@@ -173,8 +156,8 @@ mod tests {
         .map(OsString::from)
         .collect();
         let daemon = |name: &str| match name {
-            "consul-addr" | "kv-prefix" => Some(true),
-            "dev" => Some(false),
+            "consul-addr" | "kv-prefix" => Some(Takes::Value),
+            "dev" => Some(Takes::Bool),
             _ => None,
         };
         let a = Args::parse_with(&words, &[], &["json"], daemon).unwrap();

@@ -13,6 +13,9 @@
 //! - `set`, `unset`, `ramp`: write the desired state, checked, atomic,
 //!   guarded against another writer ([`write`](mod@write)).
 //!
+//! Each is one row of `TABLE` (name, synopsis, summary, run), whence
+//! the top-level `-h`, the test of the first word and the dispatch.
+//!
 //! In: the words after the command, the environment (for the same
 //! `GITLAB_HAPROXY_AGENT_*` addresses the daemon reads), stdout and stderr.
 //! Out: an exit code. Always holds: 0 ok, 1 a finding (no reply, an invalid
@@ -25,7 +28,7 @@ mod drained;
 mod fetch;
 mod lint;
 mod save_state;
-mod status;
+pub(crate) mod status;
 pub mod write;
 
 use std::ffi::OsString;
@@ -49,64 +52,105 @@ pub const OK: u8 = 0;
 pub const FINDING: u8 = 1;
 pub const USAGE: u8 = 2;
 
-/// The commands, as `-h` lists them.
-pub const COMMANDS: &str = "\
-Operator commands (the first word; exit 0 ok, 1 a finding, 2 usage):
-  ask IDENTITY [-listen-addr ADDR]
-        ask the running agent for IDENTITY exactly as haproxy does; print the reply line
-  check-value VALUE|-
-        print the reply a KV value produces, or why the agent would ignore it (- reads stdin)
-  status [-pprof-addr ADDR] [-record-prefix PREFIX] [-json] [consul flags]
-        every diverted key: value, reply, when this haproxy last asked, BY, SINCE, REASON, UNTIL
-  lint-haproxy FILE|DIR... [-listen-addr ADDR] [-max-line-bytes N] [-haproxy-version V | -haproxy-bin PATH] [-reply-up]
-        check the agent-check settings of haproxy configuration files, read as haproxy reads them
-  wait-drained IDENTITY... -timeout DURATION [-haproxy-master-socket ADDR]... [-haproxy-socket ADDR]...
-               [-prometheus URL] [-haproxy-config FILE]... [-require-drain] [-interval 1s] [-json]
-        wait until haproxy holds no session or queue for the servers named
-  save-server-state (-haproxy-master-socket ADDR | -haproxy-socket ADDR) [-o FILE | -haproxy-config FILE] [-timeout 5s]
-        save haproxy's server state to its server-state-file, before every reload and stop
-  set IDENTITY=VALUE... | -f FILE   [-reason TEXT] [-for DURATION|none | -until TIME] [-by WHO]
-               [-haproxy-config FILE]... [-dry-run] [-json]
-        write servers' states, checked, in one guarded consul transaction, each with its record
-        (a reason and an expiry not given are kept); prints the undo
-  unset IDENTITY... [-dry-run] [-json]
-        delete servers' keys (back to ready 100%), guarded as set
-  ramp IDENTITY... -to PCT -over DURATION [-from PCT] [-steps N|P1,P2,...] [-then drain|maint|unset]
-               [-reason TEXT] [-for DURATION|none | -until TIME] [-haproxy-config FILE]... [-dry-run]
-        write intermediate weights on a schedule, stopping if anyone else writes
-The writers take the daemon's consul flags and variables (-consul-addr, token, TLS, -kv-prefix).
-Each takes -h for its own help.
-";
+/// One operator command: the first word, its synopsis and summary as
+/// `-h` lists them, and what runs it with the words after it (each parses
+/// its own flags with [`Args`] and prints its own `-h`).
+struct Command {
+    name: &'static str,
+    /// The words after the name (continuation lines indented).
+    synopsis: &'static str,
+    summary: &'static str,
+    run: fn(&[OsString], &mut Io<'_>) -> u8,
+}
+
+/// The operator commands, in `-h` order: the top-level help, the test
+/// of the first word and the dispatch all come from here.
+const TABLE: &[Command] = &[
+    Command {
+        name: "ask",
+        synopsis: "IDENTITY [-listen-addr ADDR]",
+        summary: "ask the running agent for IDENTITY exactly as haproxy does; print the reply line",
+        run: ask::run,
+    },
+    Command {
+        name: "check-value",
+        synopsis: "VALUE|-",
+        summary: "print the reply a KV value produces, or why the agent would ignore it (- reads stdin)",
+        run: check_value,
+    },
+    Command {
+        name: "status",
+        synopsis: "[-pprof-addr ADDR] [-record-prefix PREFIX] [-json] [consul flags]",
+        summary: "every diverted key: value, reply, when this haproxy last asked, BY, SINCE, REASON, UNTIL",
+        run: status::run,
+    },
+    Command {
+        name: "lint-haproxy",
+        synopsis: "FILE|DIR... [-listen-addr ADDR] [-max-line-bytes N] [-haproxy-version V | -haproxy-bin PATH] [-reply-up]",
+        summary: "check the agent-check settings of haproxy configuration files, read as haproxy reads them",
+        run: lint::run,
+    },
+    Command {
+        name: "wait-drained",
+        synopsis: "IDENTITY... -timeout DURATION [-haproxy-master-socket ADDR]... [-haproxy-socket ADDR]...
+               [-prometheus URL] [-haproxy-config FILE]... [-require-drain] [-interval 1s] [-json]",
+        summary: "wait until haproxy holds no session or queue for the servers named",
+        run: drained::run,
+    },
+    Command {
+        name: "save-server-state",
+        synopsis: "(-haproxy-master-socket ADDR | -haproxy-socket ADDR) [-o FILE | -haproxy-config FILE] [-timeout 5s]",
+        summary: "save haproxy's server state to its server-state-file, before every reload and stop",
+        run: save_state::run,
+    },
+    Command {
+        name: "set",
+        synopsis: "IDENTITY=VALUE... | -f FILE   [-reason TEXT] [-for DURATION|none | -until TIME] [-by WHO]
+               [-haproxy-config FILE]... [-dry-run] [-json]",
+        summary: "write servers' states, checked, in one guarded consul transaction, each with its record
+        (a reason and an expiry not given are kept); prints the undo",
+        run: write::set,
+    },
+    Command {
+        name: "unset",
+        synopsis: "IDENTITY... [-dry-run] [-json]",
+        summary: "delete servers' keys (back to ready 100%), guarded as set",
+        run: write::unset,
+    },
+    Command {
+        name: "ramp",
+        synopsis: "IDENTITY... -to PCT -over DURATION [-from PCT] [-steps N|P1,P2,...] [-then drain|maint|unset]
+               [-reason TEXT] [-for DURATION|none | -until TIME] [-haproxy-config FILE]... [-dry-run]",
+        summary: "write intermediate weights on a schedule, stopping if anyone else writes",
+        run: write::ramp,
+    },
+];
+
+/// The commands, as `-h` lists them after the daemon's usage.
+pub fn commands_help() -> String {
+    let mut out =
+        String::from("Operator commands (the first word; exit 0 ok, 1 a finding, 2 usage):\n");
+    for c in TABLE {
+        out.push_str(&format!(
+            "  {} {}\n        {}\n",
+            c.name, c.synopsis, c.summary
+        ));
+    }
+    out.push_str("The writers take the daemon's consul flags and variables (-consul-addr, token, TLS, -kv-prefix).\n");
+    out.push_str("Each takes -h for its own help.\n");
+    out
+}
 
 /// Whether `word` names an operator command.
 pub fn is_command(word: &str) -> bool {
-    matches!(
-        word,
-        "ask"
-            | "check-value"
-            | "status"
-            | "lint-haproxy"
-            | "wait-drained"
-            | "save-server-state"
-            | "set"
-            | "unset"
-            | "ramp"
-    )
+    TABLE.iter().any(|c| c.name == word)
 }
 
 /// Runs the command `word` with the words after it.
 pub fn run(word: &str, args: &[OsString], io: &mut Io<'_>) -> u8 {
-    match word {
-        "ask" => ask::run(args, io),
-        "check-value" => check_value(args, io),
-        "status" => status::run(args, io),
-        "lint-haproxy" => lint::run(args, io),
-        "wait-drained" => drained::run(args, io),
-        "save-server-state" => save_state::run(args, io),
-        "set" => write::set(args, io),
-        "unset" => write::unset(args, io),
-        "ramp" => write::ramp(args, io),
-        _ => usage_error(io, word, "not an operator command"),
+    match TABLE.iter().find(|c| c.name == word) {
+        Some(c) => (c.run)(args, io),
+        None => usage_error(io, word, "not an operator command"),
     }
 }
 

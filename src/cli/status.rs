@@ -13,13 +13,14 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use serde_json::{json, Value};
+use serde::Serialize;
 
 use super::fetch::http_get;
 use super::write::record::{self, Record};
 use super::write::{Kv, RECORD_PREFIX};
 use super::{target, usage_error, Args, Io, FINDING, OK};
 use crate::consul::kv::KvPair;
+use crate::debug_doc::{Document, IdentityRow, Source};
 
 /// The whole request, connect to last byte.
 const DEADLINE: Duration = Duration::from_secs(30);
@@ -43,11 +44,15 @@ for scripts. Exits 1 when a key is unasked or past its expiry, or the agent
 is not answering from consul's state.
 ";
 
+/// Its own flags.
+const PPROF_ADDR: &str = "pprof-addr";
+const JSON: &str = "json";
+
 pub(super) fn run(args: &[std::ffi::OsString], io: &mut Io<'_>) -> u8 {
     let parsed = Args::parse_with(
         args,
-        &["pprof-addr", RECORD_PREFIX],
-        &["json"],
+        &[PPROF_ADDR, RECORD_PREFIX],
+        &[JSON],
         crate::config::daemon_flag,
     );
     let a = match parsed {
@@ -61,7 +66,7 @@ pub(super) fn run(args: &[std::ffi::OsString], io: &mut Io<'_>) -> u8 {
     if !a.positional.is_empty() {
         return usage_error(io, "status", "takes no arguments");
     }
-    let addr = match target(&a, io, "pprof-addr", "127.0.0.1:9779") {
+    let addr = match target(&a, io, PPROF_ADDR, "127.0.0.1:9779") {
         Ok(addr) => addr,
         Err(e) => return usage_error(io, "status", &e),
     };
@@ -69,36 +74,51 @@ pub(super) fn run(args: &[std::ffi::OsString], io: &mut Io<'_>) -> u8 {
         Ok(kv) => kv,
         Err(e) => return usage_error(io, "status", &e),
     };
-    let report = fetch(addr).and_then(|body| {
-        let doc = serde_json::from_slice::<Value>(&body);
-        let doc = doc.map_err(|e| format!("/debug/state is not JSON: {e}"))?;
+    let printed = fetch(addr).and_then(|body| {
+        let doc = read(&body)?;
         let records = kv
             .records()
             .map_err(|e| format!("the records under {}/: {e}", kv.meta()));
-        Report::of(&doc, records)
+        Ok(printed(&doc, records, a.flag(JSON)))
     });
-    let report = match report {
-        Ok(report) => report,
+    match printed {
+        Ok((text, code)) => {
+            let _ = io.out.write_all(text.as_bytes());
+            code
+        }
         Err(e) => {
             let e = crate::safe::text(&e);
             let _ = writeln!(io.err, "cannot read the agent's state at http://{addr}/debug/state: {e} (is the agent running with this -pprof-addr?)");
-            return FINDING;
+            FINDING
         }
-    };
-    let text = if a.flag("json") {
-        let mut s = serde_json::to_string_pretty(&report.json()).unwrap_or_default();
-        s.push('\n');
-        s
-    } else {
-        report.table()
+    }
+}
+
+/// `/debug/state`'s body as the agent's document: a field missing or of
+/// another type is an error naming it.
+pub(crate) fn read(body: &[u8]) -> Result<Document, String> {
+    serde_json::from_slice(body).map_err(|e| format!("/debug/state is not the agent's: {e}"))
+}
+
+/// What `status` prints of a document and the records (the table, or
+/// `-json`), escaped for a terminal, and its exit code.
+pub(crate) fn printed(
+    doc: &Document,
+    records: Result<HashMap<String, KvPair>, String>,
+    json: bool,
+) -> (String, u8) {
+    let report = Report::of(doc, records);
+    let text = match json {
+        true => {
+            let mut s = serde_json::to_string_pretty(&report.json()).unwrap_or_default();
+            s.push('\n');
+            s
+        }
+        false => report.table(),
     };
     // -json too: its escapes are JSON's, so it stays JSON.
-    let _ = io.out.write_all(crate::safe::output(&text).as_bytes());
-    if report.ok() {
-        OK
-    } else {
-        FINDING
-    }
+    let text = crate::safe::output(&text).into_owned();
+    (text, if report.ok() { OK } else { FINDING })
 }
 
 /// GET /debug/state, the body, within [`DEADLINE`] in all.
@@ -243,7 +263,7 @@ fn shown(text: &str, max: usize) -> String {
 
 /// What `/debug/state` says, reduced to what an operator checks.
 struct Report {
-    source: Option<String>,
+    source: Option<Source>,
     index: u64,
     age_seconds: Option<f64>,
     unasked_after: u64,
@@ -263,33 +283,21 @@ struct Report {
 }
 
 impl Report {
-    /// `Err` when the document is not the agent's `/debug/state`;
-    /// `records`: the writers' records by identity, or why they could not
-    /// be read.
-    fn of(doc: &Value, records: Result<HashMap<String, KvPair>, String>) -> Result<Report, String> {
-        if !doc["watcher"].is_object()
-            || !doc
-                .get("state")
-                .is_some_and(|s| s.is_null() || s.is_object())
-        {
-            return Err("/debug/state is not the agent's (no watcher or state)".into());
-        }
-        let asking = &doc["asking"];
-        let unasked: HashMap<&str, Option<String>> = asking["unasked"]
-            .as_array()
+    /// `records`: the writers' records by identity, or why they could
+    /// not be read.
+    fn of(doc: &Document, records: Result<HashMap<String, KvPair>, String>) -> Report {
+        let asking = doc.asking.as_ref();
+        let unasked: HashMap<&str, Option<String>> = asking
             .into_iter()
-            .flatten()
-            .filter_map(|u| {
-                let meant = u["did_you_mean"].as_str().map(str::to_owned);
-                Some((u["identity"].as_str()?, meant))
-            })
+            .flat_map(|a| &a.unasked)
+            .map(|u| (u.identity.as_str(), u.did_you_mean.clone()))
             .collect();
-        let identities = doc["state"]["identities"].as_object();
-        let after = asking["unasked_after_seconds"].as_u64().unwrap_or(0);
-        let rows = identities
+        let after = asking.map_or(0, |a| a.unasked_after_seconds);
+        let state = doc.state.as_ref();
+        let rows = state
             .into_iter()
-            .flatten()
-            .filter(|(_, e)| e["reply"] != "ready 100%")
+            .flat_map(|s| &s.identities)
+            .filter(|(_, e)| e.reply != "ready 100%")
             .map(|(id, e)| {
                 let mut row = Row::of(id, e, &unasked, after);
                 row.record = match &records {
@@ -299,23 +307,21 @@ impl Report {
                 row
             })
             .collect();
-        let now = doc["expiry"]["now_unix_seconds"]
-            .as_u64()
-            .unwrap_or_else(crate::cli::write::unix_now);
-        Ok(Report {
-            source: doc["source"].as_str().map(str::to_owned),
-            index: doc["state"]["index"].as_u64().unwrap_or(0),
-            age_seconds: doc["age_seconds"].as_f64(),
-            unasked_after: asking["unasked_after_seconds"].as_u64().unwrap_or(0),
-            keys: doc["state"]["keys"].as_u64().unwrap_or(0),
-            failures: doc["watcher"]["consecutive_failures"].as_u64().unwrap_or(0),
-            last_error: doc["watcher"]["last_error"].as_str().map(str::to_owned),
-            holding: doc["watcher"]["phase"] == "awaiting_head",
-            unknown_identities: asking["unknown_identities_count"].as_u64().unwrap_or(0),
+        let watcher = &doc.head.watcher;
+        Report {
+            source: doc.head.source,
+            index: state.map_or(0, |s| s.index),
+            age_seconds: doc.head.age_seconds,
+            unasked_after: after,
+            keys: state.map_or(0, |s| s.keys),
+            failures: watcher.consecutive_failures,
+            last_error: watcher.last_error.clone(),
+            holding: watcher.phase == "awaiting_head",
+            unknown_identities: asking.map_or(0, |a| a.unknown_identities_count),
             rows,
-            now,
+            now: doc.head.expiry.now_unix_seconds,
             records_error: records.err(),
-        })
+        }
     }
 
     /// Diverted keys past their expiry.
@@ -330,33 +336,33 @@ impl Report {
     /// Answering consul's state, and every diverted key asked for since
     /// its write.
     fn ok(&self) -> bool {
-        self.source.as_deref() == Some("consul")
+        self.source == Some(Source::Consul)
             && self.failures == 0
             && self.rows.iter().all(|r| r.standing == Standing::Asked)
             && self.expired() == 0
     }
 
     fn headline(&self) -> String {
-        match self.source.as_deref() {
-            Some("consul") if self.failures > 0 => format!(
+        match self.source {
+            Some(Source::Consul) if self.failures > 0 => format!(
                 "CONSUL FAILING ({} requests in a row, last: {}): answering from its last read (index {}, {} ago); KV writes are not seen until it answers",
                 self.failures,
                 self.last_error.as_deref().unwrap_or("?"),
                 self.index,
                 self.age_seconds.map_or("?".into(), |a| format!("{a:.0}s")),
             ),
-            Some("consul") => {
+            Some(Source::Consul) => {
                 let age = self.age_seconds.map_or("?".into(), |a| format!("{a:.0}s"));
                 match self.holding {
                     true => format!("answering from consul: index {}, watching: a blocking query is held open and consul answers it at the next change (last answer {age} ago)", self.index),
                     false => format!("answering from consul: index {}, last read {age} ago (the watch is between reads)", self.index),
                 }
             }
-            Some("state_file") => format!(
+            Some(Source::StateFile) => format!(
                 "answering from the state file (index {}): consul not read since the start; KV writes are not seen yet",
                 self.index
             ),
-            _ => "NOT ANSWERING: no complete consul read and no state file answered yet; every check closes without a reply".into(),
+            None => "NOT ANSWERING: no complete consul read and no state file answered yet; every check closes without a reply".into(),
         }
     }
 
@@ -415,45 +421,84 @@ impl Report {
         lines.join("\n") + "\n"
     }
 
-    fn json(&self) -> Value {
-        let rows: Vec<Value> = self
+    fn json(&self) -> Summary<'_> {
+        let diverted = self
             .rows
             .iter()
             .map(|r| {
-                json!({
-                    "identity": r.identity,
-                    "value": r.value,
-                    "reply": r.reply,
-                    "modify_index": r.modify_index,
-                    "last_asked_unix_seconds": r.last_asked.map(|(t, _)| t),
-                    "last_asked_seconds_ago": r.last_asked.map(|(_, ago)| ago),
-                    "standing": r.standing.label(),
-                    "did_you_mean": r.did_you_mean,
-                    "until_unix_seconds": r.expires,
-                    "expired": r.expired(self.now),
-                    "record": r.record.label(),
-                    "by": r.record.record().map(|x| &x.by),
-                    "since_unix_seconds": r.record.record().map(|x| x.when),
-                    "reason": r.record.record().and_then(|x| x.reason.as_ref()),
-                    "record_until_unix_seconds": r.record.record().and_then(|x| x.until),
-                    "notes": r.notes(),
-                })
+                let rec = r.record.record();
+                Diverted {
+                    by: rec.map(|x| x.by.as_str()),
+                    did_you_mean: r.did_you_mean.as_deref(),
+                    expired: r.expired(self.now),
+                    identity: &r.identity,
+                    last_asked_seconds_ago: r.last_asked.map(|(_, ago)| ago),
+                    last_asked_unix_seconds: r.last_asked.map(|(t, _)| t),
+                    modify_index: r.modify_index,
+                    notes: r.notes(),
+                    reason: rec.and_then(|x| x.reason.as_deref()),
+                    record: r.record.label(),
+                    record_until_unix_seconds: rec.and_then(|x| x.until),
+                    reply: &r.reply,
+                    since_unix_seconds: rec.map(|x| x.when),
+                    standing: r.standing.label(),
+                    until_unix_seconds: r.expires,
+                    value: &r.value,
+                }
             })
             .collect();
-        json!({
-            "ok": self.ok(),
-            "source": self.source,
-            "index": self.index,
-            "unasked_after_seconds": self.unasked_after,
-            "keys": self.keys,
-            "diverted": rows,
-            "unasked": self.count(Standing::Unasked),
-            "waiting": self.count(Standing::Waiting),
-            "expired": self.expired(),
-            "records_error": self.records_error,
-            "unknown_identities": self.unknown_identities,
-        })
+        Summary {
+            diverted,
+            expired: self.expired(),
+            index: self.index,
+            keys: self.keys,
+            ok: self.ok(),
+            records_error: self.records_error.as_deref(),
+            source: self.source,
+            unasked: self.count(Standing::Unasked),
+            unasked_after_seconds: self.unasked_after,
+            unknown_identities: self.unknown_identities,
+            waiting: self.count(Standing::Waiting),
+        }
     }
+}
+
+/// `status -json` (members in alphabetical order, as it always printed
+/// them).
+#[derive(Serialize, Debug)]
+struct Summary<'a> {
+    diverted: Vec<Diverted<'a>>,
+    expired: usize,
+    index: u64,
+    keys: u64,
+    ok: bool,
+    records_error: Option<&'a str>,
+    source: Option<Source>,
+    unasked: usize,
+    unasked_after_seconds: u64,
+    unknown_identities: u64,
+    waiting: usize,
+}
+
+/// One diverted key of `status -json`.
+#[derive(Serialize, Debug)]
+struct Diverted<'a> {
+    by: Option<&'a str>,
+    did_you_mean: Option<&'a str>,
+    expired: bool,
+    identity: &'a str,
+    last_asked_seconds_ago: Option<u64>,
+    last_asked_unix_seconds: Option<u64>,
+    modify_index: u64,
+    notes: Vec<String>,
+    reason: Option<&'a str>,
+    record: &'static str,
+    record_until_unix_seconds: Option<u64>,
+    reply: &'a str,
+    since_unix_seconds: Option<u64>,
+    standing: &'static str,
+    until_unix_seconds: Option<u64>,
+    value: &'a str,
 }
 
 impl Row {
@@ -474,9 +519,11 @@ impl Row {
     fn notes(&self) -> Vec<String> {
         let mut notes = match (self.standing, &self.did_you_mean) {
             (Standing::Asked, _) => vec![],
-            (Standing::Waiting, _) => vec!["WAITING: not asked since its write yet".to_owned()],
+            (Standing::Waiting, _) => vec![String::from("WAITING: not asked since its write yet")],
             (Standing::Unasked, Some(id)) => vec![format!("UNASKED: did you mean {id}?")],
-            (Standing::Unasked, None) => vec!["UNASKED: no close identity is asked for".to_owned()],
+            (Standing::Unasked, None) => {
+                vec![String::from("UNASKED: no close identity is asked for")]
+            }
         };
         match &self.record {
             Written::None => notes.push("no record".into()),
@@ -499,35 +546,29 @@ impl Row {
 
     /// `after`: `-unasked-after` in seconds (a key asked within it is
     /// asked, even if the agent's last sweep, up to 5 s ago, said unasked).
-    fn of(id: &str, e: &Value, unasked: &HashMap<&str, Option<String>>, after: u64) -> Row {
-        let last_asked = e["last_asked"]["unix_seconds"]
-            .as_u64()
-            .zip(e["last_asked"]["seconds_ago"].as_u64());
-        let since = e["unchanged_since_unix_seconds"]
-            .as_u64()
-            .unwrap_or(u64::MAX);
+    fn of(id: &str, e: &IdentityRow, unasked: &HashMap<&str, Option<String>>, after: u64) -> Row {
+        let last_asked = e.last_asked.map(|a| (a.unix_seconds, a.seconds_ago));
         // The agent orders an ask and the write by the swap that applied
-        // it, which whole seconds cannot (an agent before that field: only
-        // an ask in a later second surely came after the write).
-        let asked_since = |t: u64| e["asked_since_write"].as_bool().unwrap_or(t > since);
+        // it, which whole seconds cannot.
+        let asked_since = e.asked_since_write == Some(true);
         let standing = match (unasked.contains_key(id), last_asked) {
-            (_, Some((t, ago))) if asked_since(t) && ago < after.max(1) => Standing::Asked,
+            (_, Some((_, ago))) if asked_since && ago < after.max(1) => Standing::Asked,
             (true, _) => Standing::Unasked,
-            (false, Some((t, _))) if asked_since(t) => Standing::Asked,
+            (false, Some(_)) if asked_since => Standing::Asked,
             (false, _) => Standing::Waiting,
         };
         Row {
             identity: id.to_owned(),
-            value: e["value"].as_str().unwrap_or("").to_owned(),
-            reply: e["reply"].as_str().unwrap_or("").to_owned(),
-            modify_index: e["modify_index"].as_u64().unwrap_or(0),
+            value: e.value.clone(),
+            reply: e.reply.clone(),
+            modify_index: e.modify_index,
             last_asked,
             standing,
             did_you_mean: match standing {
                 Standing::Unasked => unasked.get(id).cloned().flatten(),
                 _ => None,
             },
-            expires: e["expires_unix_seconds"].as_u64(),
+            expires: e.expires_unix_seconds.map(u64::from),
             record: Written::None,
         }
     }
@@ -536,21 +577,49 @@ impl Row {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::debug_doc::Asked;
+    use serde_json::{json, Value};
 
-    fn doc() -> Value {
-        json!({
-            "source": "consul",
-            "age_seconds": 2.4,
-            "watcher": {"phase": "awaiting_head"},
-            "state": {"index": 42, "keys": 4, "identities": {
-                "be_web/srv01": {"value": "drain", "reply": "drain 100%", "modify_index": 40, "last_asked": null, "unchanged_since_unix_seconds": 900, "unasked": true},
-                "be_web/srv2": {"value": "50%", "reply": "ready 50%", "modify_index": 41, "last_asked": {"unix_seconds": 1000, "seconds_ago": 1}, "unchanged_since_unix_seconds": 900, "unasked": false},
-                "be_web/srv3": {"value": "ready", "reply": "ready 100%", "modify_index": 42, "last_asked": {"unix_seconds": 1000, "seconds_ago": 1}, "unchanged_since_unix_seconds": 900, "unasked": false},
-                "be_web/srv4": {"value": "maint", "reply": "maint 100%", "modify_index": 43, "last_asked": {"unix_seconds": 1000, "seconds_ago": 1}, "unchanged_since_unix_seconds": 1000, "unasked": false},
+    /// The agent's document, as `status` reads it.
+    fn doc() -> Document {
+        let asked = json!({"unix_seconds": 1000, "seconds_ago": 1});
+        let row = |value: &str,
+                   reply: &str,
+                   index: u64,
+                   (asked, since, after): (&Value, u64, bool)| {
+            json!({"value": value, "reply": reply, "modify_index": index, "expires_unix_seconds": null, "last_asked": asked, "unchanged_since_unix_seconds": since, "asked_since_write": after, "unasked": asked.is_null()})
+        };
+        let doc = json!({
+            "version": "gitlab-haproxy-agent 1", "synced": true, "source": "consul", "state_file": null,
+            "kv_prefix": "p", "age_seconds": 2.4, "last_change_unix_seconds": null, "absent_reply": "ready 100%",
+            "expiry": {"expired_keys": 0, "next_unix_seconds": null, "now_unix_seconds": 10_000},
+            "watcher": {"phase": "awaiting_head", "index": 42, "consecutive_failures": 0, "last_error": null,
+                "backing_off": false, "next_request_in_seconds": null, "request_deadline_in_seconds": 300.0},
+            "state": {"index": 42, "keys": 4, "identities_shown": "diverted", "invalid": [], "identities": {
+                "be_web/srv01": row("drain", "drain 100%", 40, (&Value::Null, 900, false)),
+                "be_web/srv2": row("50%", "ready 50%", 41, (&asked, 900, true)),
+                "be_web/srv3": row("ready", "ready 100%", 42, (&asked, 900, true)),
+                // Written and asked in second 1000, the ask before the write.
+                "be_web/srv4": row("maint", "maint 100%", 43, (&asked, 1000, false)),
             }},
             "asking": {"unasked_after_seconds": 60, "unasked": [
-                {"identity": "be_web/srv01", "did_you_mean": "be_web/srv1"}
-            ], "unknown_identities": {"be_web/srv1": {"unix_seconds": 1000, "seconds_ago": 1}}, "unknown_identities_count": 1},
+                {"identity": "be_web/srv01", "did_you_mean": "be_web/srv1", "value": "drain", "reply": "drain 100%",
+                 "modify_index": 40, "last_asked": null, "unchanged_since_unix_seconds": 900}
+            ], "unknown_identities": {"be_web/srv1": asked}, "unknown_identities_count": 1, "unknown_identities_overflow": 0},
+        });
+        serde_json::from_value(doc).expect("the fixture is a document")
+    }
+
+    /// An identity of the fixture's state.
+    fn id<'a>(d: &'a mut Document, id: &str) -> &'a mut IdentityRow {
+        let s = d.state.as_mut().expect("a state");
+        s.identities.get_mut(id).expect("in the fixture")
+    }
+
+    fn asked(unix_seconds: u64, seconds_ago: u64) -> Option<Asked> {
+        Some(Asked {
+            unix_seconds,
+            seconds_ago,
         })
     }
 
@@ -585,15 +654,15 @@ mod tests {
     #[test]
     fn the_headline_tells_a_held_blocking_query_from_a_read_between_polls() {
         let mut d = doc();
-        d["age_seconds"] = json!(77.0);
-        let held = Report::of(&d, Ok(records())).unwrap().headline();
+        d.head.age_seconds = Some(77.0);
+        let held = Report::of(&d, Ok(records())).headline();
         assert!(
             held.contains("watching: a blocking query is held open")
                 && held.contains("last answer 77s ago"),
             "{held}"
         );
-        d["watcher"]["phase"] = json!("idle");
-        let idle = Report::of(&d, Ok(records())).unwrap().headline();
+        d.head.watcher.phase = "idle".into();
+        let idle = Report::of(&d, Ok(records())).headline();
         assert_eq!(
             idle,
             "answering from consul: index 42, last read 77s ago (the watch is between reads)"
@@ -603,9 +672,8 @@ mod tests {
     #[test]
     fn the_table_shows_diverted_keys_and_marks_the_unasked_with_the_identity_meant() {
         let mut d = doc();
-        d["expiry"] = json!({"expired_keys": 1, "now_unix_seconds": 10_000});
-        d["state"]["identities"]["be_web/srv2"]["expires_unix_seconds"] = json!(8_800);
-        let r = Report::of(&d, Ok(records())).unwrap();
+        id(&mut d, "be_web/srv2").expires_unix_seconds = Some(8_800);
+        let r = Report::of(&d, Ok(records()));
         assert!(!r.ok());
         assert_eq!(
             r.table(),
@@ -617,23 +685,20 @@ mod tests {
              3 diverted of 4 keys; 1 unasked (no check within 60s), 1 waiting for a first check since the write; 1 past its expiry; 1 identity asked without a key\n"
         );
         let j = r.json();
-        assert_eq!(j["expired"], 1);
-        assert_eq!(j["diverted"][1]["expired"], true);
-        assert_eq!(j["diverted"][1]["until_unix_seconds"], 8_800);
-        assert_eq!(j["diverted"][1]["by"], "alice@lb1");
-        assert_eq!(j["diverted"][1]["reason"], "INC-123 db failover");
-        assert_eq!(j["diverted"][0]["record"], "none");
-        assert_eq!(j["diverted"][2]["record"], "changed_outside");
-        let j = r.json();
-        assert_eq!(
-            (j["unasked"].as_u64(), j["waiting"].as_u64()),
-            (Some(1), Some(1))
-        );
-        assert_eq!(j["diverted"][2]["standing"], "waiting");
-        assert_eq!(j["diverted"][1]["standing"], "asked");
-        assert_eq!(j["diverted"][0]["did_you_mean"], "be_web/srv1");
-        assert!(j["diverted"][0]["last_asked_unix_seconds"].is_null());
-        assert_eq!(j["diverted"][1]["last_asked_seconds_ago"], 1);
+        assert_eq!(j.expired, 1);
+        let (srv01, srv2, srv4) = (&j.diverted[0], &j.diverted[1], &j.diverted[2]);
+        assert!(srv2.expired);
+        assert_eq!(srv2.until_unix_seconds, Some(8_800));
+        assert_eq!(srv2.by, Some("alice@lb1"));
+        assert_eq!(srv2.reason, Some("INC-123 db failover"));
+        assert_eq!(srv01.record, "none");
+        assert_eq!(srv4.record, "changed_outside");
+        assert_eq!((j.unasked, j.waiting), (1, 1));
+        assert_eq!(srv4.standing, "waiting");
+        assert_eq!(srv2.standing, "asked");
+        assert_eq!(srv01.did_you_mean, Some("be_web/srv1"));
+        assert_eq!(srv01.last_asked_unix_seconds, None);
+        assert_eq!(srv2.last_asked_seconds_ago, Some(1));
     }
 
     /// Issue 39: KV key names with C1 controls, bidi overrides and
@@ -643,24 +708,27 @@ mod tests {
     #[test]
     fn hostile_keys_records_and_asked_identities_are_shown_escaped_one_line_each() {
         let mut d = doc();
-        let keys = ["be\u{9b}2J/a", "be\u{202e}x/b\u{200b}", "be\n/c\u{85}"];
-        let ids = d["state"]["identities"].as_object_mut().unwrap();
-        let srv2 = ids["be_web/srv2"].clone();
-        for k in keys {
-            ids.insert(k.to_owned(), srv2.clone());
+        let keys: Vec<&str> = "be\u{9b}2J/a be\u{202e}x/b\u{200b} be\n/c\u{85}"
+            .split(' ')
+            .collect();
+        let srv2 = id(&mut d, "be_web/srv2").clone();
+        for &k in &keys {
+            let s = d.state.as_mut().unwrap();
+            s.identities.insert(k.to_owned(), srv2.clone());
         }
-        ids[keys[0]]["unasked"] = json!(true);
-        ids[keys[0]]["last_asked"] = json!(null);
-        d["asking"]["unasked"] =
-            json!([{"identity": keys[0], "did_you_mean": "x\u{1b}]52;c;eA==\u{7}"}]);
+        id(&mut d, keys[0]).unasked = true;
+        id(&mut d, keys[0]).last_asked = None;
+        let asking = d.asking.as_mut().unwrap();
+        asking.unasked[0].identity = keys[0].to_owned();
+        asking.unasked[0].did_you_mean = Some("x\u{1b}]52;c;eA==\u{7}".into());
         let mut recs = records();
-        let mut pair = recs["be_web/srv2"].clone();
+        let mut pair = recs.get("be_web/srv2").unwrap().clone();
         let mut rec = record::decode(&pair.value).unwrap();
         rec.by = "mallory\u{1b}[2J\u{1b}]52;c;ZXZpbA==\u{7}".into();
         rec.reason = Some("\u{9d}ok\u{2028}".into());
         pair.value = rec.encode().into_bytes();
         recs.insert(keys[1].to_owned(), pair);
-        let r = Report::of(&d, Ok(recs)).unwrap();
+        let r = Report::of(&d, Ok(recs));
         let table = r.table();
         assert!(
             !table.chars().any(|c| c != '\n' && crate::safe::hidden(c)),
@@ -680,29 +748,23 @@ mod tests {
             crate::safe::output(&serde_json::to_string_pretty(&r.json()).unwrap()).into_owned();
         assert!(!json.chars().any(|c| c != '\n' && crate::safe::hidden(c)));
         let back: Value = serde_json::from_str(&json).expect("-json stays JSON");
-        assert_eq!(back, r.json());
+        assert_eq!(back, serde_json::to_value(r.json()).unwrap());
     }
 
     #[test]
     fn a_record_whose_until_differs_from_the_flags_says_so_and_an_expiry_ahead_is_ok() {
-        let mut d = doc();
-        d["asking"]["unasked"] = json!([]);
-        for id in ["be_web/srv01", "be_web/srv4"] {
-            d["state"]["identities"][id]["last_asked"] =
-                json!({"unix_seconds": 1001, "seconds_ago": 0});
-        }
-        d["expiry"] = json!({"now_unix_seconds": 10_000});
-        d["state"]["identities"]["be_web/srv2"]["expires_unix_seconds"] = json!(16_000);
-        let r = Report::of(&d, Ok(records())).unwrap();
+        let mut d = all_asked();
+        id(&mut d, "be_web/srv2").expires_unix_seconds = Some(16_000);
+        let r = Report::of(&d, Ok(records()));
         assert!(r.ok(), "an expiry ahead is no finding");
         assert_eq!(r.rows[1].until(r.now), "in 1h40m");
         let notes = r.rows[1].notes();
         assert_eq!(
             notes,
-            ["the record says until 1970-01-01T02:26:40Z"],
+            vec![String::from("the record says until 1970-01-01T02:26:40Z")],
             "{notes:?}"
         );
-        let r = Report::of(&d, Err("GET /v1/kv/m/: consul unreachable".into())).unwrap();
+        let r = Report::of(&d, Err("GET /v1/kv/m/: consul unreachable".into()));
         assert!(r
             .table()
             .ends_with("records not read: GET /v1/kv/m/: consul unreachable\n"));
@@ -714,11 +776,10 @@ mod tests {
     /// writer's clock ahead of the agent's is said, not shown as 0s ago.
     #[test]
     fn a_record_written_after_its_key_or_from_a_clock_ahead_is_said_so() {
-        let mut d = doc();
-        d["expiry"] = json!({"now_unix_seconds": 10_000});
+        let d = doc();
         let mut recs = records();
         recs.get_mut("be_web/srv2").unwrap().modify_index = 99;
-        let r = Report::of(&d, Ok(recs)).unwrap();
+        let r = Report::of(&d, Ok(recs));
         assert_eq!(r.rows[1].record.label(), "record_changed_outside");
         assert!(
             r.rows[1].notes()[0].contains("not to be trusted"),
@@ -736,12 +797,11 @@ mod tests {
     #[test]
     fn a_record_saying_what_the_key_holds_is_trusted_whatever_the_indexes() {
         let mut d = doc();
-        d["expiry"] = json!({"now_unix_seconds": 10_000});
-        d["state"]["identities"]["be_web/srv2"]["expires_unix_seconds"] = json!(8_800);
+        id(&mut d, "be_web/srv2").expires_unix_seconds = Some(8_800);
         for index in [99, 3] {
             let mut recs = records();
             recs.get_mut("be_web/srv2").unwrap().modify_index = index;
-            let r = Report::of(&d, Ok(recs)).unwrap();
+            let r = Report::of(&d, Ok(recs));
             assert_eq!(r.rows[1].record.label(), "written", "record index {index}");
         }
     }
@@ -750,14 +810,13 @@ mod tests {
     /// as a number, never a panic.
     #[test]
     fn an_until_no_clock_can_hold_is_shown_as_a_number() {
-        let mut d = doc();
-        d["expiry"] = json!({"now_unix_seconds": 10_000});
+        let d = doc();
         let mut recs = records();
         let pair = recs.get_mut("be_web/srv2").unwrap();
         let mut r = record::decode(&pair.value).unwrap();
         r.until = Some(u64::MAX);
         pair.value = r.encode().into_bytes();
-        let r = Report::of(&d, Ok(recs)).unwrap();
+        let r = Report::of(&d, Ok(recs));
         let notes = r.rows[1].notes().join("; ");
         assert!(
             notes.contains("18446744073709551615 (Unix seconds)"),
@@ -767,44 +826,39 @@ mod tests {
         let _ = r.json();
     }
 
+    /// The fixture with every diverted key asked since its write.
+    fn all_asked() -> Document {
+        let mut d = doc();
+        d.asking.as_mut().unwrap().unasked.clear();
+        for i in "be_web/srv01 be_web/srv4".split(' ') {
+            let row = id(&mut d, i);
+            (row.last_asked, row.asked_since_write, row.unasked) =
+                (asked(1001, 0), Some(true), false);
+        }
+        d
+    }
+
     #[test]
     fn all_asked_is_ok_and_no_state_or_the_file_is_a_finding() {
-        let mut d = doc();
-        d["asking"]["unasked"] = json!([]);
-        d["state"]["identities"]["be_web/srv01"]["last_asked"] =
-            json!({"unix_seconds": 1000, "seconds_ago": 1});
-        d["state"]["identities"]["be_web/srv4"]["last_asked"] =
-            json!({"unix_seconds": 1001, "seconds_ago": 0});
-        assert!(Report::of(&d, Ok(HashMap::new())).unwrap().ok());
-        d["source"] = json!("state_file");
-        let r = Report::of(&d, Ok(HashMap::new())).unwrap();
+        let mut d = all_asked();
+        assert!(Report::of(&d, Ok(HashMap::new())).ok());
+        d.head.source = Some(Source::StateFile);
+        let r = Report::of(&d, Ok(HashMap::new()));
         assert!(!r.ok());
         assert!(r.table().starts_with("answering from the state file"));
-        let r = Report::of(
-            &json!({"source": null, "state": null, "watcher": {}}),
-            Ok(HashMap::new()),
-        )
-        .unwrap();
+        (d.head.source, d.state, d.asking) = (None, None, None);
+        let r = Report::of(&d, Ok(HashMap::new()));
         assert!(!r.ok());
         assert!(r.table().starts_with("NOT ANSWERING"), "{}", r.table());
-        assert!(
-            Report::of(&json!({"hello": 1}), Ok(HashMap::new())).is_err(),
-            "not the agent's document"
-        );
     }
 
     #[test]
     fn consul_failing_is_a_finding_even_when_every_key_is_asked() {
-        let mut d = doc();
-        d["asking"]["unasked"] = json!([]);
-        for id in ["be_web/srv01", "be_web/srv4"] {
-            d["state"]["identities"][id]["last_asked"] =
-                json!({"unix_seconds": 1001, "seconds_ago": 0});
-        }
-        assert!(Report::of(&d, Ok(HashMap::new())).unwrap().ok());
-        d["watcher"]["consecutive_failures"] = json!(3);
-        d["watcher"]["last_error"] = json!("connection refused");
-        let r = Report::of(&d, Ok(HashMap::new())).unwrap();
+        let mut d = all_asked();
+        assert!(Report::of(&d, Ok(HashMap::new())).ok());
+        d.head.watcher.consecutive_failures = 3;
+        d.head.watcher.last_error = Some("connection refused".into());
+        let r = Report::of(&d, Ok(HashMap::new()));
         assert!(!r.ok());
         assert!(
             r.table()
@@ -818,14 +872,14 @@ mod tests {
     fn an_ask_in_the_second_of_the_write_is_asked_when_the_agent_says_it_came_after() {
         let mut d = doc();
         // be_web/srv4: written and asked in second 1000.
-        d["state"]["identities"]["be_web/srv4"]["asked_since_write"] = json!(true);
+        id(&mut d, "be_web/srv4").asked_since_write = Some(true);
         assert_eq!(
-            Report::of(&d, Ok(HashMap::new())).unwrap().rows[2].standing,
+            Report::of(&d, Ok(HashMap::new())).rows[2].standing,
             Standing::Asked
         );
-        d["state"]["identities"]["be_web/srv4"]["asked_since_write"] = json!(false);
+        id(&mut d, "be_web/srv4").asked_since_write = Some(false);
         assert_eq!(
-            Report::of(&d, Ok(HashMap::new())).unwrap().rows[2].standing,
+            Report::of(&d, Ok(HashMap::new())).rows[2].standing,
             Standing::Waiting
         );
     }
@@ -834,10 +888,38 @@ mod tests {
     fn a_key_asked_since_the_last_sweep_is_asked_not_unasked() {
         let mut d = doc();
         // The sweep said unasked; a check asked since, after the write.
-        d["state"]["identities"]["be_web/srv01"]["last_asked"] =
-            json!({"unix_seconds": 1001, "seconds_ago": 0});
-        let r = Report::of(&d, Ok(HashMap::new())).unwrap();
+        let row = id(&mut d, "be_web/srv01");
+        (row.last_asked, row.asked_since_write) = (asked(1001, 0), Some(true));
+        let r = Report::of(&d, Ok(HashMap::new()));
         assert_eq!(r.rows[0].standing, Standing::Asked);
         assert_eq!(r.rows[0].did_you_mean, None);
+    }
+
+    /// A field renamed or dropped by the agent, or of another type, is an
+    /// error naming it, never a zero; a document that is not the agent's
+    /// too.
+    #[test]
+    fn a_missing_or_mistyped_field_is_an_error_naming_it() {
+        let body = serde_json::to_string(&json!({
+            "version": "1", "synced": true, "source": null, "state_file": null, "kv_prefix": "p",
+            "age_seconds": null, "last_change_unix_seconds": null, "absent_reply": "ready 100%",
+            "expiry": {"expired_keys": 0, "next_unix_seconds": null, "now_unix_seconds": 1},
+            "watcher": {"phase": "idle", "index": 0, "last_error": null, "backing_off": false,
+                "next_request_in_seconds": null, "request_deadline_in_seconds": null},
+            "state": null, "asking": null,
+        }))
+        .unwrap();
+        let e = read(body.as_bytes()).unwrap_err();
+        assert!(e.contains("missing field `consecutive_failures`"), "{e}");
+        let typo = body.replace("\"index\":0", "\"consecutive_failures\":\"0\",\"index\":0");
+        let e = read(typo.as_bytes()).unwrap_err();
+        assert!(e.contains("invalid type: string \"0\""), "{e}");
+        let full = body.replace("\"index\":0", "\"consecutive_failures\":0,\"index\":0");
+        assert!(read(full.as_bytes()).is_ok());
+        let no_state = full.replace("\"state\":null,", "");
+        assert!(read(no_state.as_bytes())
+            .unwrap_err()
+            .contains("missing field `state`"));
+        assert!(read(b"{\"hello\": 1}").is_err(), "not the agent's document");
     }
 }

@@ -4,6 +4,9 @@
 //! variable up. Out: `-h`/`-version`, or every setting's raw value with its
 //! source, or the first syntax error on the command line.
 //!
+//! The walk over Go's flag syntax ([`go_flags`]) is the commands' too
+//! ([`crate::cli::Args`]).
+//!
 //! Always holds: flags take Go `flag` syntax (`-name value`, `-name=value`,
 //! `--name value`, `--name=value`; a bool flag never takes the next
 //! argument); a repeated flag keeps its last value; the environment is read
@@ -27,27 +30,114 @@ fn unexpected_argument(arg: &str) -> UsageError {
     ))
 }
 
-/// Walks argv in Go `flag` style. The walk knows which flags take a value,
-/// so that a value such as `-1s` is never mistaken for a flag. `-h`, `-help`
-/// and `-version` stop it at once, whatever follows (as Go stops at `-h`).
+/// How a flag takes its value: `Value` the next argument unless given
+/// `=value`; `Bool` never the next argument.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Takes {
+    Value,
+    Bool,
+}
+
+/// A flag's value, as given.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Given {
+    /// `-name` alone: a bool flag, or one the walk does not know.
+    Alone,
+    /// `-name=value`.
+    Inline(String),
+    /// `-name value`: the next argument, as it is (maybe not UTF-8).
+    Next(OsString),
+}
+
+/// One step of a walk over Go `flag` syntax.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Word {
+    /// `word` as written, its name without dashes, and its value.
+    Flag {
+        word: String,
+        name: String,
+        given: Given,
+    },
+    /// Not a flag: after `--`, a lone `-`, anything without a dash; with
+    /// `digits` a dash and a digit (`-5%`).
+    Positional(String),
+}
+
+/// The one walker over Go's `flag` syntax, for the daemon and the
+/// commands: `-name value`, `-name=value`, `--name`, a bool only as
+/// `-name` or `-name=false`; `--` ends the flags (and is not a word).
+/// `takes` says which flags take the next argument, so that a value such
+/// as `-1s` is never mistaken for a flag; a flag it does not know is
+/// returned alone for the caller to refuse.
+pub struct GoFlags<I, F> {
+    args: I,
+    takes: F,
+    digits: bool,
+    over: bool,
+}
+
+/// Walks `args`; `digits`: a dash and a digit is a positional word.
+pub fn go_flags<I, F>(args: I, takes: F, digits: bool) -> GoFlags<I::IntoIter, F>
+where
+    I: IntoIterator<Item = OsString>,
+    F: Fn(&str) -> Option<Takes>,
+{
+    GoFlags {
+        args: args.into_iter(),
+        takes,
+        digits,
+        over: false,
+    }
+}
+
+impl<I: Iterator<Item = OsString>, F: Fn(&str) -> Option<Takes>> Iterator for GoFlags<I, F> {
+    type Item = Result<Word, String>;
+
+    fn next(&mut self) -> Option<Result<Word, String>> {
+        let word = match self.args.next()?.into_string() {
+            Ok(w) if w == "--" && !self.over => {
+                self.over = true;
+                return self.next();
+            }
+            Ok(w) => w,
+            Err(w) => return Some(Err(format!("argument {w:?} is not valid UTF-8"))),
+        };
+        let (name, inline) = match go_flag(&word) {
+            _ if self.over => return Some(Ok(Word::Positional(word))),
+            GoArg::Flag(name, _)
+                if self.digits && name.starts_with(|c: char| c.is_ascii_digit()) =>
+            {
+                return Some(Ok(Word::Positional(word)))
+            }
+            GoArg::Flag(name, inline) => (name.to_owned(), inline.map(str::to_owned)),
+            GoArg::NotFlag => return Some(Ok(Word::Positional(word))),
+            GoArg::BadSyntax => return Some(Err(format!("bad flag syntax: {word:?}"))),
+        };
+        let given = match (inline, (self.takes)(&name)) {
+            (Some(v), _) => Given::Inline(v),
+            (None, Some(Takes::Value)) => match self.args.next() {
+                Some(v) => Given::Next(v),
+                None => return Some(Err(format!("flag needs an argument: -{name}"))),
+            },
+            (None, _) => Given::Alone,
+        };
+        Some(Ok(Word::Flag { word, name, given }))
+    }
+}
+
+/// The daemon's walk ([`go_flags`] over [`FLAGS`]). `-h`, `-help` and
+/// `-version` stop it at once, whatever follows (as Go stops at `-h`).
 pub(super) fn lex(args: Vec<OsString>) -> Result<Lexed, UsageError> {
     let mut low = LowArgs::new();
     // The first flag, in table order, that was given a value that is not
     // UTF-8; reported only once the whole command line is known good.
     let mut not_utf8: Option<usize> = None;
-    let mut args = args.into_iter();
-    while let Some(arg) = args.next() {
-        let arg = arg
-            .into_string()
-            .map_err(|a| usage_error(format!("argument {a:?} is not valid UTF-8")))?;
-        if arg == "--" {
-            return match args.next() {
-                Some(next) => Err(unexpected_argument(&next.to_string_lossy())),
-                None => break,
-            };
-        }
-        let (name, inline) = split_flag(&arg)?;
-        match name {
+    for word in go_flags(args, takes, false) {
+        let (name, given) = match word.map_err(usage_error)? {
+            Word::Positional(arg) => return Err(unexpected_argument(&arg)),
+            Word::Flag { name, given, .. } => (name, given),
+        };
+        match name.as_str() {
             "h" | "help" => return Ok(Lexed::Help),
             "version" => return Ok(Lexed::Version),
             _ => {}
@@ -60,16 +150,16 @@ pub(super) fn lex(args: Vec<OsString>) -> Result<Lexed, UsageError> {
             )));
         };
         let flag = &mut flags[row];
-        let value = match (flag.spec.kind, inline) {
-            (_, Some(v)) => v.to_owned(),
-            (Kind::Bool, None) => "true".to_owned(),
-            (_, None) => match args.next().map(OsString::into_string) {
-                Some(Ok(v)) => v,
-                Some(Err(_)) => {
+        let value = match given {
+            Given::Inline(v) => v,
+            // Only a bool flag is alone.
+            Given::Alone => "true".to_owned(),
+            Given::Next(v) => match v.into_string() {
+                Ok(v) => v,
+                Err(_) => {
                     not_utf8 = Some(not_utf8.map_or(row, |first| first.min(row)));
                     continue;
                 }
-                None => return Err(usage_error(format!("flag needs an argument: -{name}"))),
             },
         };
         let raw = Raw {
@@ -91,14 +181,13 @@ pub(super) fn lex(args: Vec<OsString>) -> Result<Lexed, UsageError> {
     Ok(Lexed::Run(Box::new(low)))
 }
 
-/// `-name`, `--name`, `-name=value`, `--name=value` -> the name and the
-/// value after `=`, if any.
-fn split_flag(arg: &str) -> Result<(&str, Option<&str>), UsageError> {
-    match go_flag(arg) {
-        GoArg::Flag(name, value) => Ok((name, value)),
-        GoArg::NotFlag => Err(unexpected_argument(arg)),
-        GoArg::BadSyntax => Err(usage_error(format!("bad flag syntax: {arg:?}"))),
-    }
+/// How the daemon's flag `name` takes its value, if it has one by that
+/// name.
+pub fn takes(name: &str) -> Option<Takes> {
+    FLAGS.iter().find(|f| f.name == name).map(|f| match f.kind {
+        Kind::Bool => Takes::Bool,
+        _ => Takes::Value,
+    })
 }
 
 /// The one read of the environment: each flag not given on the command line

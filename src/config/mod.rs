@@ -6,7 +6,8 @@
 //! two.
 //!
 //! - `flags.rs`: the table of every flag and variable, and the usage text;
-//! - `lex.rs`: step one, argv walk and the one read of the environment;
+//! - `lex.rs`: step one, the one Go-flag walker (the commands' too) and
+//!   the one read of the environment;
 //! - `addr.rs`: listener and consul address forms (and the DNS lookup);
 //! - `validate.rs`: step two, into [`Config`] (and the token file read);
 //! - `model.rs`: the validated types ([`Config`], [`ConsulConfig`]);
@@ -52,6 +53,10 @@ pub use addr::{
 pub use check::UsageError;
 pub use flags::usage;
 pub use model::{Command, Config, ConsulConfig, GzipMode};
+/// `daemon_flag`: how the daemon's flag takes its value; the writers and
+/// `status` pass the daemon's flags on to [`parse`], so they need to know
+/// which word is a flag's value.
+pub use lex::{go_flags, takes as daemon_flag, Given, GoFlags, Takes, Word};
 pub use tls::{ConsulTls, SharedConfig};
 pub use validate::max_line_bytes;
 
@@ -68,15 +73,4 @@ pub fn parse(
     };
     lex::read_env(&mut low, env);
     Ok(Command::Run(Box::new(validate::config(&low)?)))
-}
-
-/// Whether the daemon has the flag `name` (without dashes), and whether it
-/// takes a value (`Some(false)`: a bool flag). The writers pass the
-/// daemon's flags on to [`parse`], so they need to know which word is a
-/// flag's value.
-pub fn daemon_flag(name: &str) -> Option<bool> {
-    flags::FLAGS
-        .iter()
-        .find(|f| f.name == name)
-        .map(|f| f.kind != flags::Kind::Bool)
 }

@@ -27,10 +27,11 @@ use std::fmt::Write as _;
 use std::sync::Arc;
 use std::time::{Instant, SystemTime};
 
-use serde_json::{json, Value};
+use serde_json::json;
 
 use super::{Status, MAX_UNKNOWN_SHOWN};
 use crate::contract::Desired;
+use crate::debug_doc::{self as doc, Asked, Head, IdentityRow, InvalidRow, UnaskedRow};
 use crate::slice::Slice;
 use crate::state::unasked::{Asking, Finding};
 use crate::state::{shown_identity, Snapshot, Source, Tick};
@@ -90,10 +91,7 @@ impl DebugStateRender {
     /// `st`'s snapshot, shared for the slices to come.
     pub fn new(st: &Status<'_>, state: Option<Arc<Snapshot>>, only_diverted: bool) -> Self {
         let mut out = String::with_capacity(64 * 1024);
-        out.push_str("{\n");
-        for (key, value) in head(st) {
-            let _ = writeln!(out, "{}: {value},", json!(key));
-        }
+        out.push_str(&doc::head_lines(&head(st)));
         let part = match &state {
             Some(s) => {
                 let shown = if only_diverted { "diverted" } else { "all" };
@@ -195,7 +193,11 @@ impl DebugStateRender {
             return Part::Done;
         };
         while let Some(id) = ids.pop_first() {
-            let row = identity_row(s, &id, asking, self.now);
+            // The ids are the snapshot's own: each has its entry.
+            let Some(row) = identity_row(s, &id, asking, self.now) else {
+                continue;
+            };
+            let row = doc::row(&row);
             push_row(
                 &mut self.out,
                 &mut first,
@@ -214,7 +216,12 @@ impl DebugStateRender {
             return Part::Done;
         };
         while let Some(k) = s.invalid().get(pos) {
-            let row = json!({"key": k.key, "value": k.value, "reason": k.reason.label(), "modify_index": k.modify_index}).to_string();
+            let row = doc::row(&InvalidRow {
+                key: k.key.clone(),
+                modify_index: k.modify_index,
+                reason: k.reason.label().to_owned(),
+                value: k.value.clone(),
+            });
             push_row(&mut self.out, &mut (pos == 0), format_args!("{row}"));
             pos += 1;
             if slice.spent(row.len()) {
@@ -270,7 +277,7 @@ impl DebugStateRender {
     ) -> Part {
         let Some(a) = asking else { return Part::Done };
         while let Some((id, f)) = keys.pop_first() {
-            let row = unasked_row(a, &id, &f, self.now).to_string();
+            let row = doc::row(&unasked_row(a, &id, &f, self.now));
             push_row(&mut self.out, &mut first, format_args!("{row}"));
             if slice.spent(row.len()) {
                 return Part::Unasked { keys, first };
@@ -298,7 +305,7 @@ impl DebugStateRender {
     ) -> Part {
         let Some(a) = asking else { return Part::Done };
         while let Some(r) = rows.pop() {
-            let row = asked_json(a, r.ago.0, self.now).unwrap_or_default();
+            let row = doc::row(&asked(a, r.ago.0, self.now));
             push_row(
                 &mut self.out,
                 &mut first,
@@ -375,93 +382,93 @@ fn collect<'a>(
     true
 }
 
-/// The document's scalar fields, in order.
-fn head(st: &Status<'_>) -> Vec<(&'static str, Value)> {
-    let age = st
-        .metrics
-        .last_success
-        .map(|t| st.now.saturating_duration_since(t).as_secs_f64());
-    let last_change = st.metrics.last_change.and_then(|t| {
-        t.duration_since(SystemTime::UNIX_EPOCH)
-            .ok()
-            .map(|d| d.as_secs_f64())
-    });
+/// The document's head.
+fn head(st: &Status<'_>) -> Head {
+    let unix = |t: SystemTime| t.duration_since(SystemTime::UNIX_EPOCH).ok();
     let state_file = st.state_file.as_ref().map(|f| {
         let written = match st.source {
             Some(Source::File { written }) => Some(written),
             _ => None,
         };
-        json!({
-            "path": f.path.display().to_string(),
-            "answering_from_it": written.is_some(),
-            "written_unix_seconds": written.and_then(|t| t.duration_since(SystemTime::UNIX_EPOCH).ok()).map(|d| d.as_secs_f64()),
-            "age_seconds": written.and_then(|t| SystemTime::now().duration_since(t).ok()).map(|d| d.as_secs_f64()),
-            "writes": f.writes,
-            "write_errors": f.write_errors,
-        })
+        doc::StateFile {
+            age_seconds: written
+                .and_then(|t| SystemTime::now().duration_since(t).ok())
+                .map(|d| d.as_secs_f64()),
+            answering_from_it: written.is_some(),
+            path: f.path.display().to_string(),
+            write_errors: f.write_errors,
+            writes: f.writes,
+            written_unix_seconds: written.and_then(unix).map(|d| d.as_secs_f64()),
+        }
     });
-    vec![
-        ("version", json!(crate::build_info::version_line())),
-        ("synced", json!(st.source == Some(Source::Consul))),
-        (
-            "source",
-            json!(st.source.map(|s| match s {
-                Source::Consul => "consul",
-                Source::File { .. } => "state_file",
-            })),
-        ),
-        ("state_file", json!(state_file)),
-        ("kv_prefix", json!(st.kv_prefix)),
-        ("age_seconds", json!(age)),
-        ("last_change_unix_seconds", json!(last_change)),
-        ("absent_reply", json!("ready 100%")),
-        (
-            "expiry",
-            json!({
-                "expired_keys": st.expiry.expired,
-                "next_unix_seconds": st.expiry.next,
-                "now_unix_seconds": SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| d.as_secs()),
-            }),
-        ),
-        (
-            "watcher",
-            json!({
-                "phase": st.watch.phase,
-                "index": st.watch.index,
-                "consecutive_failures": st.watch.failures,
-                "last_error": st.watch.last_error,
-                "backing_off": st.watch.failures > 0 && st.watch.next_request_in.is_some(),
-                "next_request_in_seconds": st.watch.next_request_in.map(|d| d.as_secs_f64()),
-                "request_deadline_in_seconds": st.watch.request_deadline_in.map(|d| d.as_secs_f64()),
-            }),
-        ),
-    ]
+    Head {
+        version: crate::build_info::version_line(),
+        synced: st.source == Some(Source::Consul),
+        source: st.source.map(|s| match s {
+            Source::Consul => doc::Source::Consul,
+            Source::File { .. } => doc::Source::StateFile,
+        }),
+        state_file,
+        kv_prefix: st.kv_prefix.to_owned(),
+        age_seconds: st
+            .metrics
+            .last_success
+            .map(|t| st.now.saturating_duration_since(t).as_secs_f64()),
+        last_change_unix_seconds: st
+            .metrics
+            .last_change
+            .and_then(unix)
+            .map(|d| d.as_secs_f64()),
+        absent_reply: "ready 100%".to_owned(),
+        expiry: doc::Expiry {
+            expired_keys: st.expiry.expired as u64,
+            next_unix_seconds: st.expiry.next.map(u64::from),
+            now_unix_seconds: unix(SystemTime::now()).map_or(0, |d| d.as_secs()),
+        },
+        watcher: doc::Watcher {
+            backing_off: st.watch.failures > 0 && st.watch.next_request_in.is_some(),
+            consecutive_failures: u64::from(st.watch.failures),
+            index: st.watch.index,
+            last_error: st.watch.last_error.map(str::to_owned),
+            next_request_in_seconds: st.watch.next_request_in.map(|d| d.as_secs_f64()),
+            phase: st.watch.phase.to_owned(),
+            request_deadline_in_seconds: st.watch.request_deadline_in.map(|d| d.as_secs_f64()),
+        },
+    }
 }
 
-/// One identity of the state, with its asks.
-fn identity_row(s: &Snapshot, id: &str, asking: Option<Asking<'_>>, now: Instant) -> String {
-    let Some(e) = s.get(id.as_bytes()) else {
-        return "null".to_owned();
-    };
-    let unasked = asking.is_some_and(|a| a.unasked.get(id).is_some());
+/// One identity of the state, with its asks; `None` if the state has no
+/// such identity.
+fn identity_row(
+    s: &Snapshot,
+    id: &str,
+    asking: Option<Asking<'_>>,
+    now: Instant,
+) -> Option<IdentityRow> {
+    let e = s.get(id.as_bytes())?;
     let asks = asking.and_then(|a| Some((a, s.asks(id.as_bytes(), a.previous)?)));
-    let since = asks.map(|(a, (_, since, _))| a.clock.unix_seconds(since));
-    let last = asks.and_then(|(a, (last, _, _))| asked_json(a, last, now));
-    let asked_since = asks.map(|(_, (_, _, asked_since))| asked_since);
-    let expires = (e.expires != 0).then_some(e.expires);
-    json!({"value": e.desired.to_string(), "reply": reply_text(e.desired), "modify_index": e.modify_index, "expires_unix_seconds": expires, "last_asked": last, "unchanged_since_unix_seconds": since, "asked_since_write": asked_since, "unasked": unasked}).to_string()
+    Some(IdentityRow {
+        asked_since_write: asks.map(|(_, (_, _, asked_since))| asked_since),
+        expires_unix_seconds: (e.expires != 0).then_some(e.expires),
+        last_asked: asks.and_then(|(a, (last, _, _))| asked(a, last, now)),
+        modify_index: e.modify_index,
+        reply: reply_text(e.desired),
+        unasked: asking.is_some_and(|a| a.unasked.get(id).is_some()),
+        unchanged_since_unix_seconds: asks.map(|(a, (_, since, _))| a.clock.unix_seconds(since)),
+        value: e.desired.to_string(),
+    })
 }
 
-fn unasked_row(a: Asking<'_>, id: &str, f: &Finding, now: Instant) -> Value {
-    json!({
-        "identity": id,
-        "value": f.entry.desired.to_string(),
-        "reply": reply_text(f.entry.desired),
-        "modify_index": f.entry.modify_index,
-        "last_asked": asked_json(a, f.last_asked, now),
-        "unchanged_since_unix_seconds": a.clock.unix_seconds(f.since),
-        "did_you_mean": f.suggestion.as_ref().and_then(|s| s.as_deref()),
-    })
+fn unasked_row(a: Asking<'_>, id: &str, f: &Finding, now: Instant) -> UnaskedRow {
+    UnaskedRow {
+        did_you_mean: f.suggestion.clone().flatten(),
+        identity: id.to_owned(),
+        last_asked: asked(a, f.last_asked, now),
+        modify_index: f.entry.modify_index,
+        reply: reply_text(f.entry.desired),
+        unchanged_since_unix_seconds: a.clock.unix_seconds(f.since),
+        value: f.entry.desired.to_string(),
+    }
 }
 
 fn reply_text(d: Desired) -> String {
@@ -469,10 +476,11 @@ fn reply_text(d: Desired) -> String {
 }
 
 /// A last ask: when (Unix seconds) and how long ago; `None` for never.
-fn asked_json(a: Asking<'_>, t: Tick, now: Instant) -> Option<Value> {
-    let unix = a.clock.unix_seconds(t);
-    let ago = t.secs_until(a.clock.tick(now));
-    (!t.is_never()).then(|| json!({"unix_seconds": unix, "seconds_ago": ago}))
+fn asked(a: Asking<'_>, t: Tick, now: Instant) -> Option<Asked> {
+    (!t.is_never()).then(|| Asked {
+        seconds_ago: u64::from(t.secs_until(a.clock.tick(now))),
+        unix_seconds: a.clock.unix_seconds(t),
+    })
 }
 
 /// The whole document at once (tests).
@@ -481,4 +489,108 @@ pub fn debug_state(st: &Status<'_>, state: Option<Arc<Snapshot>>, only_diverted:
     let mut r = DebugStateRender::new(st, state, only_diverted);
     while !r.step(st.asking, &mut Slice::unlimited()) {}
     r.finish()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::consul::kv::KvPair;
+    use crate::monitoring::metrics::Metrics;
+    use crate::monitoring::{StateFileStatus, WatchStatus};
+    use crate::state::unasked::Unasked;
+    use crate::state::{Clock, Swapper};
+    use std::time::Duration;
+
+    /// A state of every kind of row: diverted and ready keys, one with an
+    /// expiry in its Flags, an invalid key, asks, an unasked key with the
+    /// identity meant, an identity asked without a key; and the document
+    /// the daemon renders of it.
+    fn rendered(only_diverted: bool) -> String {
+        let t0 = Instant::now();
+        let wall = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+        let mut state = Swapper::new("p", Clock::new(t0, wall), 8);
+        let kv = |key: &str, value: &str, modify_index: u64, flags: u64| KvPair {
+            key: format!("p/{key}"),
+            value: value.as_bytes().to_vec(),
+            modify_index,
+            flags,
+        };
+        let pairs = vec![
+            kv("be_web/srv01", "drain", 7, 0),
+            kv("be_web/srv2", "50%", 8, 1_700_000_030),
+            kv("be_web/srv3", "ready", 8, 0),
+            kv("be_web/srv4", "maint", 9, 0),
+            kv("be_web/srv5", "up", 9, 0),
+        ];
+        state.swap(Snapshot::build("p", 9, pairs), t0);
+        let at = t0 + Duration::from_secs(50);
+        for id in ["be_web/srv1", "be_web/srv2", "be_web/srv3"] {
+            state.answer(id.as_bytes(), at);
+        }
+        let mut unasked = Unasked::new(Duration::from_secs(60), t0);
+        let now = t0 + Duration::from_secs(61);
+        unasked.step(&mut state, now, &mut Slice::unlimited());
+        let metrics = Metrics {
+            last_success: Some(now - Duration::from_secs(2)),
+            ..Default::default()
+        };
+        let st = Status {
+            metrics: &metrics,
+            snapshot: state.current(),
+            watch: WatchStatus {
+                phase: "awaiting_head",
+                index: 9,
+                failures: 0,
+                requests: 3,
+                traffic: Default::default(),
+                last_error: None,
+                next_request_in: None,
+                request_deadline_in: Some(Duration::from_secs(300)),
+            },
+            now,
+            started: wall,
+            max_connections: 100,
+            kv_prefix: "p",
+            source: Some(Source::Consul),
+            state_file: Some(StateFileStatus {
+                path: std::path::Path::new("/var/lib/agent/state.json"),
+                writes: 4,
+                write_errors: 1,
+            }),
+            asking: Some(Asking {
+                clock: state.clock(),
+                strangers: state.strangers(),
+                unasked: &unasked,
+                previous: None,
+            }),
+            expiry: crate::state::expiry::Shown {
+                expired: 1,
+                next: None,
+            },
+        };
+        debug_state(&st, state.shared(), only_diverted)
+    }
+
+    /// `status` reads the daemon's own render, every row typed: what it
+    /// prints is what the state holds.
+    #[test]
+    fn status_reads_the_daemons_render() {
+        let body = rendered(true);
+        let mut doc = crate::cli::status::read(body.as_bytes()).expect("status reads it");
+        let all = crate::cli::status::read(rendered(false).as_bytes()).unwrap();
+        assert_eq!(all.state.unwrap().identities.len(), 4);
+        // The fixture's clock, not the wall's: srv2 expired 70s ago.
+        doc.head.expiry.now_unix_seconds = 1_700_000_100;
+        let (text, code) = crate::cli::status::printed(&doc, Ok(Default::default()), false);
+        assert_eq!(code, crate::cli::FINDING);
+        assert_eq!(
+            text,
+            "answering from consul: index 9, watching: a blocking query is held open and consul answers it at the next change (last answer 2s ago)\n\
+             IDENTITY      VALUE  REPLY       LAST ASKED  BY  SINCE  REASON  UNTIL\n\
+             be_web/srv01  drain  drain 100%  never       -   -      -       -               UNASKED: did you mean be_web/srv1?; no record\n\
+             be_web/srv2   50%    ready 50%   11s ago     -   -      -       EXPIRED 1m ago  no record\n\
+             be_web/srv4   maint  maint 100%  never       -   -      -       -               UNASKED: did you mean be_web/srv1?; no record\n\
+             3 diverted of 4 keys; 2 unasked (no check within 60s), 0 waiting for a first check since the write; 1 past its expiry; 1 identity asked without a key\n"
+        );
+    }
 }
