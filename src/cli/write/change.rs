@@ -94,12 +94,9 @@ impl Change {
 
 #[cfg(test)]
 mod tests {
+    use super::super::key::tests::pct;
     use super::*;
     use crate::contract::Desired;
-
-    fn pct(n: u16) -> Desired {
-        Desired::ready_pct(n).unwrap()
-    }
 
     #[test]
     fn changes_render_in_reply_terms() {

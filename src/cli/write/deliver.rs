@@ -229,12 +229,9 @@ fn indexes_after(
 
 #[cfg(test)]
 mod tests {
+    use super::super::key::tests::pct;
     use super::*;
     use crate::contract::Desired;
-
-    fn pct(n: u16) -> Desired {
-        Desired::ready_pct(n).unwrap()
-    }
 
     /// `Results` has no entry for a delete (`agent/consul/state/txn.go`
     /// `txnKVS` returns no result when `entry` is nil): indexes are matched

@@ -146,10 +146,11 @@ pub fn moved(targets: &[Target], held: &[Held], guards: &[u64]) -> Option<usize>
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
-    fn pct(n: u16) -> Desired {
+    /// `ready N%`.
+    pub(in crate::cli::write) fn pct(n: u16) -> Desired {
         Desired::ready_pct(n).unwrap()
     }
 

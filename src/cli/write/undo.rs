@@ -122,12 +122,9 @@ pub fn unrestorable(changed: &[&Change], max_line: usize) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::super::change::Carried;
+    use super::super::key::tests::pct;
     use super::super::key::Target;
     use super::*;
-
-    fn pct(n: u16) -> Desired {
-        Desired::ready_pct(n).unwrap()
-    }
 
     /// `unset` may delete a key no haproxy can ask for (cleanup), but the
     /// undo's `set` refuses its identity: the undo says it cannot restore

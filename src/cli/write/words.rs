@@ -141,12 +141,9 @@ pub fn check_distinct(identities: &[String]) -> Result<(), String> {
 
 #[cfg(test)]
 mod tests {
+    use super::super::key::tests::pct;
     use super::*;
     use crate::contract::Desired;
-
-    fn pct(n: u16) -> Desired {
-        Desired::ready_pct(n).unwrap()
-    }
 
     fn words(w: &[&str]) -> Result<Vec<(String, Target)>, Vec<String>> {
         parse_sets(
