@@ -79,7 +79,7 @@ pub struct Entry {
     pub desired: Desired,
     pub modify_index: u64,
     /// The expiry its consul `Flags` carry (Unix seconds), 0 for none
-    /// ([`expiry::of_flags`]): shown, never acted on.
+    /// ([`crate::contract::expiry::of_flags`]): shown, never acted on.
     pub expires: u32,
 }
 
@@ -495,7 +495,7 @@ impl SnapshotBuilder {
                 let entry = Entry {
                     desired,
                     modify_index: pair.modify_index,
-                    expires: expiry::of_flags(pair.flags),
+                    expires: crate::contract::expiry::of_flags(pair.flags),
                 };
                 let diverted = desired.reply() != Desired::READY.reply();
                 s.expiring += usize::from(diverted && entry.expires != 0);

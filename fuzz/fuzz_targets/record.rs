@@ -1,4 +1,4 @@
-//! `cli::write::record::decode`, `status`'s reading of a writer's record
+//! `contract::record::decode`, `status`'s reading of a writer's record
 //! from KV (anyone may `consul kv put` any bytes there): never panic; a
 //! record read back is written again within 4 KiB when its free text is
 //! within the writers' bounds, and reads back the same but for the cut
@@ -9,9 +9,9 @@
 //! Input: a record's bytes.
 #![no_main]
 
-use gitlab_haproxy_agent::cli::write::record::{
-    check_text, decode, parse_until, MAX_RECORD, MAX_TEXT,
-};
+use gitlab_haproxy_agent::contract::expiry::{of_flags, parse_until};
+use gitlab_haproxy_agent::cli::write::recorder::check_text;
+use gitlab_haproxy_agent::contract::record::{decode, MAX_RECORD, MAX_TEXT};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
@@ -22,7 +22,7 @@ fuzz_target!(|data: &[u8]| {
         }
         if let Ok(until) = parse_until(text) {
             assert_eq!(
-                gitlab_haproxy_agent::state::expiry::of_flags(u64::from(until)),
+                of_flags(u64::from(until)),
                 until
             );
         }

@@ -1,11 +1,11 @@
-//! `cli::write::plan::parse_answer`, the writers' reading of consul's answer
+//! `contract::txn::parse_answer`, the writers' reading of consul's answer
 //! to `PUT /v1/txn`: never panic; an applied answer names only keys that
 //! are in the body.
 //!
 //! Input: an answer body (the first byte picks the status, 200 or 409).
 #![no_main]
 
-use gitlab_haproxy_agent::cli::write::plan::{parse_answer, TxnAnswer};
+use gitlab_haproxy_agent::contract::txn::{parse_answer, TxnAnswer};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

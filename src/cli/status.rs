@@ -16,10 +16,10 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 use super::fetch::http_get;
-use super::write::record::{self, Record};
 use super::write::{Kv, RECORD_PREFIX};
 use super::{target, usage_error, Args, Io, FINDING, OK};
 use crate::consul::kv::KvPair;
+use crate::contract::record::{self, Record};
 use crate::debug_doc::{Document, IdentityRow, Source};
 
 /// The whole request, connect to last byte.
@@ -258,7 +258,7 @@ fn since(when: u64, now: u64) -> String {
 /// Text from a record as a terminal may show it ([`crate::safe::text`]),
 /// cut to `max` bytes.
 fn shown(text: &str, max: usize) -> String {
-    super::write::plan::cut(&crate::safe::text(text), max)
+    crate::contract::record::cut(&crate::safe::text(text), max)
 }
 
 /// What `/debug/state` says, reduced to what an operator checks.

@@ -18,11 +18,8 @@
 //! | counting | a slice per turn | entries left | counting |
 //! | counting | | done | idle (due: the nearest expiry, or at once after a swap during it) |
 //!
-//! Flags is consul's opaque integer for the application (`api/kv.go`
-//! `KVPair.Flags`); consul's own lock and semaphore helpers set magic
-//! values there (`api/lock.go` `LockFlagValue` 0x2ddccbc058a50c18,
-//! `api/semaphore.go` `SemaphoreFlagValue` 0xe0f69a2baa414de0): only a
-//! value between [`EARLIEST`] and [`LATEST`] is an expiry.
+//! What Flags value is an expiry is the KV contract's
+//! ([`crate::contract::expiry`]).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -34,21 +31,8 @@ use crate::contract::Desired;
 use crate::safe::escape;
 use crate::slice::Slice;
 
-/// 2020-01-01T00:00:00Z: Flags below are not an expiry.
-pub const EARLIEST: u64 = 1_577_836_800;
-/// 2100-01-01T00:00:00Z: Flags from here on are not an expiry.
-pub const LATEST: u64 = 4_102_444_800;
 /// The slice cost counted for a log line.
 const LINE_COST: usize = 512;
-
-/// The expiry `flags` carry (Unix seconds), 0 for none.
-pub fn of_flags(flags: u64) -> u32 {
-    match (EARLIEST..LATEST).contains(&flags) {
-        // LATEST < u32::MAX.
-        true => flags as u32,
-        false => 0,
-    }
-}
 
 /// What the monitoring shows of the last count.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -235,21 +219,6 @@ mod tests {
             slices += 1;
         }
         slices
-    }
-
-    /// consul's lock and semaphore keys carry magic Flags (`api/lock.go`
-    /// `LockFlagValue`, `api/semaphore.go` `SemaphoreFlagValue`): neither
-    /// is an expiry, nor 0, nor anything outside 2020..2100.
-    #[test]
-    fn only_2020_to_2100_is_an_expiry() {
-        assert_eq!(of_flags(0), 0);
-        assert_eq!(of_flags(0x2ddc_cbc0_58a5_0c18), 0, "LockFlagValue");
-        assert_eq!(of_flags(0xe0f6_9a2b_aa41_4de0), 0, "SemaphoreFlagValue");
-        assert_eq!(of_flags(EARLIEST - 1), 0);
-        assert_eq!(of_flags(EARLIEST), EARLIEST as u32);
-        assert_eq!(of_flags(LATEST - 1), (LATEST - 1) as u32);
-        assert_eq!(of_flags(LATEST), 0);
-        assert_eq!(of_flags(42), 0);
     }
 
     #[test]

@@ -1,28 +1,19 @@
 //! The ramp's step loop, pure: which write is due, what each answer
-//! means, when the ramp stops.
+//! means, when the ramp stops. Its phases are types: a transition consumes
+//! the phase it leaves, and time is an argument (`elapsed`, since the
+//! start), so it runs on a virtual clock.
 //!
-//! In: the writes (offset from the start and each key's target), the
-//! ModifyIndex each key was read at, and then, one at a time, the time
-//! since the start and any signal ([`Machine::poll`]) and the answer to
-//! each write ([`Machine::answered`]). Out: [`Next`]: wait, send write `k`
-//! guarded by [`Machine::guards`], or stop with a [`Stop`]. Always holds:
-//! one write in flight at most; a write is guarded by the index the
-//! ramp's own previous write left (or the read); after a stop, nothing
-//! more is written; a signal is only seen between writes.
-//!
-//! | state | waits for | on | next |
-//! |---|---|---|---|
-//! | idle (write `k` next) | `poll` | signal | stopped (signal, `k` done) |
-//! | idle | `poll` | before write `k`'s offset | idle (`Wait`) |
-//! | idle | `poll` | at or past it | in flight (`Write(k)`) |
-//! | in flight | `answered` | applied | idle, `k + 1` next (or stopped, done) |
-//! | in flight | `answered` | conflict | stopped (no resume: never fight an operator) |
-//! | in flight | `answered` | refused, not sent | stopped (`k` done, resume) |
-//! | in flight | `answered` | lost, re-read | stopped (`k` or `k + 1` done, as the re-read shows) |
+//! - [`Idle`]: write `k` is next; [`Idle::poll`] with the time and any
+//!   signal: wait, stop, or send it ([`Polled`]).
+//! - [`InFlight`]: write `k` is sent, guarded by [`InFlight::guards`];
+//!   [`InFlight::answered`]: idle again, or stopped.
+//! - [`Stop`]: why it ended, and how many writes are in KV. A conflict
+//!   stops for good (never fight an operator); a signal is only seen
+//!   between writes. The table of transitions: `docs/LIFECYCLE.md`.
 
 use std::time::Duration;
 
-use super::plan::{Held, Target};
+use super::key::{Held, Target};
 
 /// One write of the ramp: when (from the start), and what each key
 /// becomes.
@@ -30,18 +21,6 @@ use super::plan::{Held, Target};
 pub struct Write1 {
     pub at: Duration,
     pub targets: Vec<Target>,
-}
-
-/// What the command does next.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Next {
-    /// Nothing is due for this long.
-    Wait(Duration),
-    /// Send write `k` (guarded by [`Machine::guards`]) and report its
-    /// answer.
-    Write(usize),
-    /// The ramp is over.
-    Stop(Stop),
 }
 
 /// The answer to a write, as the command read it.
@@ -56,9 +35,13 @@ pub enum Answer {
     /// Consul refused it and applied nothing (a denied permission, a
     /// status it refuses with), or it was never sent.
     Refused(Vec<String>),
-    /// It was sent and no answer came; the keys as read again (`None`:
-    /// the re-read failed too), with why.
-    Lost(String, Option<Vec<Held>>),
+    /// It was sent and no answer came: whether the re-read found it
+    /// `applied`, and the keys as read again (`None`: the re-read failed).
+    Lost {
+        why: String,
+        applied: bool,
+        held: Option<Vec<Held>>,
+    },
 }
 
 /// Why the ramp ended, and how many writes are in KV.
@@ -83,35 +66,40 @@ pub enum Stop {
     },
 }
 
-/// The ramp in progress.
-#[derive(Debug)]
-pub struct Machine {
-    writes: Vec<Write1>,
-    guards: Vec<u64>,
+/// Between writes: write `next` is due at its offset.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Idle {
     next: usize,
-    in_flight: bool,
-    stopped: Option<Stop>,
+    /// The ModifyIndex each key's next write is guarded by: the read's,
+    /// then the ramp's own last write's.
+    guards: Vec<u64>,
 }
 
-impl Machine {
-    /// `held`: each key as read before the ramp.
-    pub fn new(writes: Vec<Write1>, held: &[Held]) -> Machine {
-        Machine {
-            writes,
-            guards: held.iter().map(Held::index).collect(),
+/// Write `at` is sent and its answer awaited.
+#[derive(Debug, PartialEq, Eq)]
+pub struct InFlight {
+    at: usize,
+    guards: Vec<u64>,
+}
+
+/// What [`Idle::poll`] comes to.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Polled {
+    /// Nothing is due for this long.
+    Wait(Idle, Duration),
+    /// Send this write and report its answer.
+    Write(InFlight),
+    /// The ramp is over.
+    Stop(Stop),
+}
+
+impl Idle {
+    /// Before the first write, `held`: each key as read before the ramp.
+    pub fn start(held: &[Held]) -> Idle {
+        Idle {
             next: 0,
-            in_flight: false,
-            stopped: None,
+            guards: held.iter().map(Held::index).collect(),
         }
-    }
-
-    pub fn writes(&self) -> &[Write1] {
-        &self.writes
-    }
-
-    /// The ModifyIndex each key's next write is guarded by.
-    pub fn guards(&self) -> &[u64] {
-        &self.guards
     }
 
     /// Writes applied so far.
@@ -120,74 +108,56 @@ impl Machine {
     }
 
     /// At `elapsed` since the start, with `signal` (an exit code) if one
-    /// arrived: what to do.
-    pub fn poll(&mut self, elapsed: Duration, signal: Option<u8>) -> Next {
-        if let Some(stop) = &self.stopped {
-            return Next::Stop(stop.clone());
-        }
-        assert!(
-            !self.in_flight,
-            "poll while write {} is in flight",
-            self.next
-        );
-        let stop = match (signal, self.writes.get(self.next)) {
-            (Some(code), _) => Stop::Signal {
+    /// arrived: what to do with `writes`.
+    pub fn poll(self, writes: &[Write1], elapsed: Duration, signal: Option<u8>) -> Polled {
+        match (signal, writes.get(self.next)) {
+            (Some(code), _) => Polled::Stop(Stop::Signal {
                 code,
                 done: self.next,
-            },
-            (None, None) => Stop::Done,
-            (None, Some(w)) if elapsed < w.at => return Next::Wait(w.at - elapsed),
-            (None, Some(_)) => {
-                self.in_flight = true;
-                return Next::Write(self.next);
+            }),
+            (None, None) => Polled::Stop(Stop::Done),
+            (None, Some(w)) if elapsed < w.at => {
+                let left = w.at - elapsed;
+                Polled::Wait(self, left)
             }
-        };
-        self.stopped = Some(stop.clone());
-        Next::Stop(stop)
+            (None, Some(_)) => Polled::Write(InFlight {
+                at: self.next,
+                guards: self.guards,
+            }),
+        }
+    }
+}
+
+impl InFlight {
+    /// The write sent.
+    pub fn at(&self) -> usize {
+        self.at
     }
 
-    /// The answer to the write in flight.
-    pub fn answered(&mut self, answer: Answer) {
-        assert!(self.in_flight, "an answer with no write in flight");
-        self.in_flight = false;
-        let at = self.next;
-        let stop = match answer {
-            Answer::Applied(indexes) => {
-                self.guards = indexes;
-                self.next += 1;
-                return;
+    /// The ModifyIndex each key's write is guarded by.
+    pub fn guards(&self) -> &[u64] {
+        &self.guards
+    }
+
+    /// Its answer: the next write idle, or the ramp stopped.
+    pub fn answered(self, answer: Answer) -> Result<Idle, Stop> {
+        let at = self.at;
+        Err(match answer {
+            Answer::Applied(guards) => {
+                return Ok(Idle {
+                    next: at + 1,
+                    guards,
+                })
             }
             Answer::Conflict(line) => Stop::Conflict { line, done: at },
             Answer::Refused(lines) => Stop::Refused { lines, done: at },
-            Answer::Lost(why, held) => self.lost(why, held),
-        };
-        self.stopped = Some(stop);
-    }
-
-    /// Write `next` was applied if every key holds its target at an index
-    /// other than its guard (a deleted key: absent).
-    fn lost(&mut self, why: String, held: Option<Vec<Held>>) -> Stop {
-        let at = self.next;
-        let targets = &self.writes[at].targets;
-        let applied = held.as_ref().is_some_and(|held| {
-            targets
-                .iter()
-                .zip(held)
-                .zip(&self.guards)
-                .all(|((t, h), &g)| t.is_held_in(h, g))
-        });
-        if applied {
-            self.next += 1;
-            if let Some(held) = &held {
-                self.guards = held.iter().map(Held::index).collect();
-            }
-        }
-        Stop::Lost {
-            why,
-            at,
-            done: self.next,
-            held,
-        }
+            Answer::Lost { why, applied, held } => Stop::Lost {
+                why,
+                at,
+                done: at + usize::from(applied),
+                held,
+            },
+        })
     }
 }
 
@@ -207,8 +177,8 @@ mod tests {
     }
 
     /// Two keys, 25% at +0s, 50% at +10s, deleted (100%) at +20s.
-    fn machine() -> Machine {
-        let writes = vec![
+    fn writes() -> Vec<Write1> {
+        vec![
             Write1 {
                 at: Duration::ZERO,
                 targets: vec![pct(25); 2],
@@ -221,53 +191,73 @@ mod tests {
                 at: 20 * SEC,
                 targets: vec![Target::Unset; 2],
             },
-        ];
-        Machine::new(writes, &[Held::Absent, valid(10, 7)])
+        ]
     }
 
-    /// [`machine`] with step 1 applied (index 12) and step 2 in flight.
-    fn second_in_flight() -> Machine {
-        let mut m = machine();
-        assert_eq!(m.poll(Duration::ZERO, None), Next::Write(0));
-        m.answered(Answer::Applied(vec![12, 12]));
-        assert_eq!(m.poll(10 * SEC, None), Next::Write(1));
-        m
+    fn start() -> Idle {
+        Idle::start(&[Held::Absent, valid(10, 7)])
+    }
+
+    #[track_caller]
+    fn sent(p: Polled) -> InFlight {
+        match p {
+            Polled::Write(f) => f,
+            other => panic!("not a write: {other:?}"),
+        }
+    }
+
+    #[track_caller]
+    fn stopped(p: Polled) -> Stop {
+        match p {
+            Polled::Stop(s) => s,
+            other => panic!("not a stop: {other:?}"),
+        }
+    }
+
+    /// Step 1 applied (index 12) and step 2 in flight.
+    fn second_in_flight() -> InFlight {
+        let w = writes();
+        let first = sent(start().poll(&w, Duration::ZERO, None));
+        let idle = first.answered(Answer::Applied(vec![12, 12])).unwrap();
+        sent(idle.poll(&w, 10 * SEC, None))
     }
 
     #[test]
     fn writes_come_due_on_the_virtual_clock_each_guarded_by_the_last_answer() {
-        let mut m = machine();
-        assert_eq!(m.poll(Duration::ZERO, None), Next::Write(0));
-        assert_eq!(m.guards(), [0, 7]);
-        m.answered(Answer::Applied(vec![12, 12]));
-        assert_eq!(m.poll(SEC, None), Next::Wait(9 * SEC));
-        assert_eq!(m.poll(10 * SEC, None), Next::Write(1));
-        assert_eq!(m.guards(), [12, 12]);
-        m.answered(Answer::Applied(vec![15, 15]));
+        let w = writes();
+        let first = sent(start().poll(&w, Duration::ZERO, None));
+        assert_eq!((first.at(), first.guards()), (0, &[0, 7][..]));
+        let idle = first.answered(Answer::Applied(vec![12, 12])).unwrap();
+        let Polled::Wait(idle, left) = idle.poll(&w, SEC, None) else {
+            panic!("not due yet")
+        };
+        assert_eq!((left, idle.done()), (9 * SEC, 1));
+        let second = sent(idle.poll(&w, 10 * SEC, None));
+        assert_eq!((second.at(), second.guards()), (1, &[12, 12][..]));
+        let idle = second.answered(Answer::Applied(vec![15, 15])).unwrap();
         // Late: due at once.
-        assert_eq!(m.poll(25 * SEC, None), Next::Write(2));
-        m.answered(Answer::Applied(vec![0, 0]));
-        assert_eq!(m.poll(25 * SEC, None), Next::Stop(Stop::Done));
-        assert_eq!(m.done(), 3);
+        let third = sent(idle.poll(&w, 25 * SEC, None));
+        let idle = third.answered(Answer::Applied(vec![0, 0])).unwrap();
+        assert_eq!(idle.done(), 3);
+        assert_eq!(stopped(idle.poll(&w, 25 * SEC, None)), Stop::Done);
     }
 
     #[test]
     fn a_signal_between_writes_stops_before_the_next() {
-        let mut m = machine();
-        assert_eq!(m.poll(Duration::ZERO, None), Next::Write(0));
-        m.answered(Answer::Applied(vec![12, 12]));
-        let stop = Stop::Signal { code: 130, done: 1 };
-        assert_eq!(m.poll(3 * SEC, Some(130)), Next::Stop(stop.clone()));
-        assert_eq!(m.poll(30 * SEC, None), Next::Stop(stop), "stopped for good");
+        let w = writes();
+        let first = sent(start().poll(&w, Duration::ZERO, None));
+        let idle = first.answered(Answer::Applied(vec![12, 12])).unwrap();
+        assert_eq!(
+            stopped(idle.poll(&w, 3 * SEC, Some(130))),
+            Stop::Signal { code: 130, done: 1 }
+        );
     }
 
     #[test]
     fn a_refused_write_stops_with_the_writes_done_for_the_resume() {
-        let mut m = second_in_flight();
-        m.answered(Answer::Refused(vec!["denied".into()]));
         assert_eq!(
-            m.poll(20 * SEC, None),
-            Next::Stop(Stop::Refused {
+            second_in_flight().answered(Answer::Refused(vec!["denied".into()])),
+            Err(Stop::Refused {
                 lines: vec!["denied".into()],
                 done: 1
             })
@@ -276,45 +266,51 @@ mod tests {
 
     #[test]
     fn a_conflict_stops_and_nothing_more_is_due() {
-        let mut m = machine();
-        assert_eq!(m.poll(Duration::ZERO, None), Next::Write(0));
-        m.answered(Answer::Conflict("be/b changed".into()));
+        let first = sent(start().poll(&writes(), Duration::ZERO, None));
         assert!(matches!(
-            m.poll(20 * SEC, None),
-            Next::Stop(Stop::Conflict { done: 0, .. })
+            first.answered(Answer::Conflict("be/b changed".into())),
+            Err(Stop::Conflict { done: 0, .. })
         ));
     }
 
     #[test]
     fn a_lost_answer_stops_at_what_the_keys_hold_after_the_re_read() {
         // Applied: both keys hold 50% at a new index: two writes done.
-        let mut m = second_in_flight();
         let held = vec![valid(50, 20), valid(50, 20)];
-        m.answered(Answer::Lost("reset".into(), Some(held.clone())));
+        let lost = Answer::Lost {
+            why: "reset".into(),
+            applied: true,
+            held: Some(held.clone()),
+        };
         assert_eq!(
-            m.poll(10 * SEC, None),
-            Next::Stop(Stop::Lost {
+            second_in_flight().answered(lost),
+            Err(Stop::Lost {
                 why: "reset".into(),
                 at: 1,
                 done: 2,
                 held: Some(held)
             })
         );
-        assert_eq!(m.guards(), [20, 20]);
-        // Not applied (yet): still 25% at the ramp's own index: one done.
-        let mut m = second_in_flight();
-        m.answered(Answer::Lost("timeout".into(), Some(vec![valid(25, 12); 2])));
+        // Not applied (yet): one done.
+        let lost = Answer::Lost {
+            why: "timeout".into(),
+            applied: false,
+            held: Some(vec![valid(25, 12); 2]),
+        };
         assert!(matches!(
-            m.poll(10 * SEC, None),
-            Next::Stop(Stop::Lost { at: 1, done: 1, .. })
+            second_in_flight().answered(lost),
+            Err(Stop::Lost { at: 1, done: 1, .. })
         ));
         // The re-read failed too: nothing is known past the last answer.
-        let mut m = machine();
-        assert_eq!(m.poll(Duration::ZERO, None), Next::Write(0));
-        m.answered(Answer::Lost("timeout".into(), None));
+        let first = sent(start().poll(&writes(), Duration::ZERO, None));
+        let lost = Answer::Lost {
+            why: "timeout".into(),
+            applied: false,
+            held: None,
+        };
         assert!(matches!(
-            m.poll(SEC, None),
-            Next::Stop(Stop::Lost {
+            first.answered(lost),
+            Err(Stop::Lost {
                 at: 0,
                 done: 0,
                 held: None,

@@ -13,16 +13,19 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use super::machine::{Answer, Machine, Next, Stop, Write1};
-use super::plan::{self, Held, Target, TxnAnswer};
+use super::deliver::{self, deliver, KeyWrite, Settled};
+use super::haproxy::{static_weights, HAPROXY_CONFIG};
+use super::key::{Held, Target};
+use super::kv::{unix_now, Kv, RECORD_PREFIX};
+use super::machine::{Answer, Idle, InFlight, Polled, Stop, Write1};
+use super::recorder::{recorded_reason, Recorder, Until, RECORD_FLAGS};
 use super::schedule::{check_rate, offset, parse_pct, secs, Steps};
-use super::{
-    recorded_reason, refusal, static_weights, unix_now, Delivery, Guarded, Kv, Recorder, Until,
-    HAPROXY_CONFIG, RECORD_FLAGS, RECORD_PREFIX,
-};
+use super::undo::command_line;
+use super::words::{check_distinct, check_identity};
 use crate::cli::Args;
 use crate::cli::{usage_error, Io, FINDING, OK};
 use crate::config::daemon_flag;
+use crate::contract::txn::BATCH;
 use crate::contract::Desired;
 
 const HELP: &str = "\
@@ -119,9 +122,8 @@ pub fn run(args: &[OsString], io: &mut Io<'_>) -> u8 {
         was: &was,
         live: std::io::stdout().is_terminal(),
     };
-    let mut machine = Machine::new(writes, &held);
-    let stop = execute(io, &mut kv, &run, &mut machine, &signal);
-    report(io, &run, machine.writes(), &stop)
+    let stop = execute(io, &mut kv, &run, (&writes, &held), &signal);
+    report(io, &run, &writes, &stop)
 }
 
 /// The identities that some write gives a weight other than 0% and 100%
@@ -184,8 +186,8 @@ fn open(w: &Args, io: &Io<'_>, args: &[OsString]) -> Result<(Ramp, Recorder, Kv)
     let kv = Kv::open(&w.daemon, io.env, w.value(RECORD_PREFIX))?;
     w.positional
         .iter()
-        .try_for_each(|i| plan::check_identity(i, Some(kv.max_line)))?;
-    plan::check_distinct(&w.positional)?;
+        .try_for_each(|i| check_identity(i, Some(kv.max_line)))?;
+    check_distinct(&w.positional)?;
     Ok((ramp, recorder, kv))
 }
 
@@ -258,19 +260,19 @@ impl Ramp {
 
     /// What the records ask of the ramp: `-for` only with `-then drain` or
     /// `maint` (the divert that expires), and a transaction per step: at
-    /// most [`plan::BATCH`] operations, two per key (its record).
+    /// most [`BATCH`] operations, two per key (its record).
     fn check_records(&self, ids: &[String], recorder: &Recorder) -> Result<(), String> {
         if recorder.until.sets() && !matches!(self.then, Some(Target::Set(_))) {
             return Err(
                 "-for and -until need -then drain or -then maint: they are the expiry of that divert (-for none clears the keys' expiry)".into(),
             );
         }
-        if ids.len() > plan::BATCH / 2 {
+        if ids.len() > BATCH / 2 {
             return Err(format!(
                 "{} identities: a ramp writes every key and its record in one transaction per step, at most {} keys ({} operations); ramp them in groups",
                 ids.len(),
-                plan::BATCH / 2,
-                plan::BATCH
+                BATCH / 2,
+                BATCH
             ));
         }
         recorder
@@ -353,27 +355,29 @@ struct Run<'a> {
     live: bool,
 }
 
-/// Drives the machine: sleeps until a write is due, draws the progress,
-/// sends each write and tells the machine its answer.
+/// Drives the machine through `writes` from `held` (the keys before the
+/// ramp): sleeps until a write is due, draws the progress, sends each
+/// write and tells the machine its answer.
 fn execute(
     io: &mut Io<'_>,
     kv: &mut Kv,
     run: &Run<'_>,
-    m: &mut Machine,
+    (writes, held): (&[Write1], &[Held]),
     signal: &AtomicUsize,
 ) -> Stop {
     let start = Instant::now();
-    let end = SystemTime::now() + m.writes().last().map_or(Duration::ZERO, |x| x.at);
+    let end = SystemTime::now() + writes.last().map_or(Duration::ZERO, |x| x.at);
     let mut shown = String::new();
+    let mut idle = Idle::start(held);
     loop {
-        match m.poll(start.elapsed(), stopped(signal)) {
-            Next::Stop(stop) => return stop,
-            Next::Wait(left) => {
+        let done = idle.done();
+        idle = match idle.poll(writes, start.elapsed(), stopped(signal)) {
+            Polled::Stop(stop) => return stop,
+            Polled::Wait(idle, left) => {
                 let line = format!(
-                    "step {} of {}, {}, next write in {}s, ends {}",
-                    m.done(),
-                    m.writes().len(),
-                    current(run.ids, m.writes(), m.done()),
+                    "step {done} of {}, {}, next write in {}s, ends {}",
+                    writes.len(),
+                    current(run.ids, writes, done),
                     left.as_secs() + 1,
                     clock(end)
                 );
@@ -384,18 +388,21 @@ fn execute(
                     shown = line;
                 }
                 std::thread::sleep(left.min(Duration::from_millis(100)));
+                idle
             }
-            Next::Write(k) => {
+            Polled::Write(flight) => {
                 let written_at = start.elapsed();
-                let answer = send(kv, run, m, k);
-                let applied = matches!(answer, Answer::Applied(_));
-                m.answered(answer);
-                if applied {
-                    let write = &m.writes()[k];
-                    step_line(io, run, k, write, written_at);
+                let k = flight.at();
+                let answer = send(kv, run, writes, &flight);
+                match flight.answered(answer) {
+                    Ok(idle) => {
+                        step_line(io, run, k, &writes[k], written_at);
+                        idle
+                    }
+                    Err(stop) => return stop,
                 }
             }
-        }
+        };
     }
 }
 
@@ -414,42 +421,39 @@ fn step_line(io: &mut Io<'_>, run: &Run<'_>, k: usize, write: &Write1, written_a
     let _ = io.out.flush();
 }
 
-/// Sends write `k` guarded by the machine's indexes; its answer.
-fn send(kv: &mut Kv, run: &Run<'_>, m: &Machine, k: usize) -> Answer {
-    let write = &m.writes()[k];
-    let keys: Vec<String> = run.ids.iter().map(|i| kv.key(i)).collect();
+/// Sends the write in `flight` guarded by its indexes; its answer.
+fn send(kv: &mut Kv, run: &Run<'_>, writes: &[Write1], flight: &InFlight) -> Answer {
+    let k = flight.at();
+    let write = &writes[k];
     let now = unix_now();
     // The -then write carries a new expiry, counted from it; every other
     // keeps the key's (or clears it: -for none).
-    let expiry = match k + 1 == m.writes().len() && run.ramp.then.is_some() {
+    let expiry = match k + 1 == writes.len() && run.ramp.then.is_some() {
         true => run.recorder.expiry(now).unwrap_or(None),
         false => match run.recorder.until {
             Until::Clear => Some(0),
             _ => None,
         },
     };
-    let ops: Vec<serde_json::Value> = run
+    let keys: Vec<KeyWrite<'_>> = run
         .ids
         .iter()
-        .zip(&keys)
         .zip(&write.targets)
-        .zip(m.guards())
+        .zip(flight.guards())
         .zip(run.was)
-        .flat_map(|((((id, key), t), &guard), (reason, was))| {
-            let carried = run.recorder.carry(*t, reason.clone(), *was, expiry);
-            let record = match t {
-                Target::Set(d) => Some(run.recorder.record(d, now, &carried)),
-                Target::Unset => None,
-            };
-            [
-                plan::op(key, *t, guard, carried.until),
-                plan::record_op(&kv.record_key(id), record.as_deref()),
-            ]
+        .map(|(((id, t), &guard), (reason, was))| KeyWrite {
+            identity: id,
+            target: Some(*t),
+            guard,
+            carried: run.recorder.carry(*t, reason.clone(), *was, expiry),
         })
         .collect();
-    match kv.txn(&ops) {
-        Delivery::Answered(TxnAnswer::Applied(results)) => {
-            let after = plan::indexes_after(&results, &keys, &write.targets);
+    let ops: Vec<serde_json::Value> = keys
+        .iter()
+        .flat_map(|key| key.ops(kv, run.recorder, now))
+        .collect();
+    match deliver(kv, &keys, &ops) {
+        deliver::Answer::Applied(after) => {
             if let Some(indexes) = after.into_iter().collect::<Option<Vec<u64>>>() {
                 return Answer::Applied(indexes);
             }
@@ -457,39 +461,31 @@ fn send(kv: &mut Kv, run: &Run<'_>, m: &Machine, k: usize) -> Answer {
             // the indexes.
             match kv.read(run.ids) {
                 Ok(held) => Answer::Applied(held.iter().map(Held::index).collect()),
-                Err(e) => Answer::Lost(format!("applied, then reading it back failed: {e}"), None),
+                Err(e) => Answer::Lost {
+                    why: format!("applied, then reading it back failed: {e}"),
+                    applied: false,
+                    held: None,
+                },
             }
         }
-        Delivery::Answered(TxnAnswer::Failed(errors)) => {
-            let keys: Vec<Guarded<'_>> = run
-                .ids
-                .iter()
-                .zip(m.guards())
-                .flat_map(|(identity, &guard)| Guarded::pair(kv, identity, guard))
-                .collect();
-            match refusal(kv, &keys, &errors) {
-                super::Refusal::Conflict(line) => Answer::Conflict(line),
-                other => Answer::Refused(other.lines()),
-            }
-        }
-        Delivery::Refused(e) | Delivery::NotSent(e) => Answer::Refused(vec![e]),
-        Delivery::Lost(e) => {
-            let held = kv.read(run.ids).ok();
+        deliver::Answer::Conflict(line) => Answer::Conflict(line),
+        deliver::Answer::Refused(lines) => Answer::Refused(lines),
+        deliver::Answer::Lost(lost) => match (lost.settled, lost.held) {
             // A key that moved elsewhere meanwhile: the write can never
             // commit, and someone else holds the key.
-            let moved = held
-                .as_ref()
-                .and_then(|h| Some((plan::moved(&write.targets, h, m.guards())?, h)));
-            match moved {
-                Some((k, h)) => Answer::Conflict(format!(
-                    "{}: changed by someone else while the answer was lost ({e}): it now holds {} (index {}); the step cannot commit",
-                    run.ids[k],
-                    h[k].render(),
-                    h[k].index()
-                )),
-                None => Answer::Lost(e, held),
-            }
-        }
+            (Settled::Moved(k), Ok(h)) => Answer::Conflict(format!(
+                "{}: changed by someone else while the answer was lost ({}): it now holds {} (index {}); the step cannot commit",
+                run.ids[k],
+                lost.why,
+                h[k].render(),
+                h[k].index()
+            )),
+            (settled, held) => Answer::Lost {
+                why: lost.why,
+                applied: settled == Settled::Applied,
+                held: held.ok(),
+            },
+        },
     }
 }
 
@@ -630,11 +626,11 @@ fn resume_lines(run: &Run<'_>, writes: &[Write1], k: usize) -> Vec<String> {
             Some(Target::Set(d)) if k == n => {
                 let words: Vec<String> = ids.iter().map(|i| format!("{i}={d}")).collect();
                 let common = [run.daemon, &run.records].concat();
-                vec![plan::command_line("set", &common, &words)]
+                vec![command_line("set", &common, &words)]
             }
             Some(Target::Unset) if k == n => {
                 let common = [run.daemon, &run.records].concat();
-                vec![plan::command_line("unset", &common, &ids)]
+                vec![command_line("unset", &common, &ids)]
             }
             _ => Vec::new(),
         };
@@ -675,7 +671,7 @@ fn resume_lines(run: &Run<'_>, writes: &[Write1], k: usize) -> Vec<String> {
                 list.join(","),
             ]);
             words.extend(then.iter().map(|w| w.to_string()));
-            plan::command_line("ramp", &words, &group)
+            command_line("ramp", &words, &group)
         })
         .collect()
 }

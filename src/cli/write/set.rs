@@ -8,16 +8,20 @@ use std::io::Read;
 
 use serde_json::json;
 
-use super::plan::{self, Change, Held, Target, TxnAnswer};
-use super::{
-    recorded_reason, refusal, static_weights, unix_now, Delivery, Guarded, Kv, Recorder,
-    HAPROXY_CONFIG, RECORD_FLAGS, RECORD_PREFIX,
-};
+use super::change::Change;
+use super::deliver::{deliver, Answer, KeyWrite, Lost, Settled};
+use super::haproxy::{static_weights, HAPROXY_CONFIG};
+use super::key::{Held, Target};
+use super::kv::{unix_now, Kv, RECORD_PREFIX};
+use super::recorder::{recorded_reason, Recorder, RECORD_FLAGS};
+use super::undo::{undo_line, unrestorable};
+use super::words::{parse_sets, parse_unsets};
 use crate::cli::Args;
 use crate::cli::{usage_error, Io, FINDING, OK, USAGE};
 use crate::columns::counted;
 use crate::config::daemon_flag;
 use crate::consul::kv::KvPair;
+use crate::contract::txn::batches;
 use crate::contract::Desired;
 
 const SET_HELP: &str = "\
@@ -105,7 +109,7 @@ fn run(args: &[OsString], io: &mut Io<'_>, command: &str) -> u8 {
     };
     let wanted = match command {
         "set" => set_words(&w, io, kv.max_line),
-        _ => plan::parse_unsets(&w.positional).map_err(|bad| bad.join("; ")),
+        _ => parse_unsets(&w.positional).map_err(|bad| bad.join("; ")),
     };
     let wanted = match wanted {
         Ok(wanted) => wanted,
@@ -237,33 +241,37 @@ struct Plan<'a> {
 }
 
 impl Plan<'_> {
-    /// Each change's group of operations (its state key's and its
-    /// record's), then each orphan's; with the change each is for.
-    fn groups(&self, kv: &Kv) -> Vec<(usize, Vec<serde_json::Value>)> {
-        let mut groups = Vec::new();
-        for (i, c) in self
+    /// Each change's write (its state key's and its record's), then each
+    /// orphan's record delete; with the change each is for.
+    fn keys(&self) -> Vec<(usize, KeyWrite<'_>)> {
+        let write = |i: usize, target: Option<Target>, carried| {
+            let c = &self.changes[i];
+            let guard = c.before.index();
+            let identity = c.identity.as_str();
+            (
+                i,
+                KeyWrite {
+                    identity,
+                    target,
+                    guard,
+                    carried,
+                },
+            )
+        };
+        let changed = self
             .changes
             .iter()
             .enumerate()
-            .filter(|(_, c)| !c.is_noop())
-        {
-            let (key, record_key) = (kv.key(&c.identity), kv.record_key(&c.identity));
-            let record = match c.after {
-                Target::Set(d) => Some(self.recorder.record(&d, self.now, &c.carried)),
-                Target::Unset => None,
-            };
-            let ops = vec![
-                plan::op(&key, c.after, c.before.index(), c.carried.until),
-                plan::record_op(&record_key, record.as_deref()),
-            ];
-            groups.push((i, ops));
-        }
-        for &i in &self.orphans {
-            let c = &self.changes[i];
-            let ops = plan::orphan_ops(&kv.key(&c.identity), &kv.record_key(&c.identity));
-            groups.push((i, ops.to_vec()));
-        }
-        groups
+            .filter(|(_, c)| !c.is_noop());
+        let mut keys: Vec<_> = changed
+            .map(|(i, c)| write(i, Some(c.after), c.carried.clone()))
+            .collect();
+        keys.extend(
+            self.orphans
+                .iter()
+                .map(|&i| write(i, None, Default::default())),
+        );
+        keys
     }
 }
 
@@ -272,7 +280,7 @@ fn set_words(w: &Args, io: &mut Io<'_>, max_line: usize) -> Result<Vec<(String, 
     let Some(file) = w.value("f") else {
         let words = w.positional.iter().enumerate();
         let items = words.map(|(i, t)| (format!("argument {}", i + 1), t.as_str()));
-        return plan::parse_sets(items, max_line).map_err(|bad| bad.join("; "));
+        return parse_sets(items, max_line).map_err(|bad| bad.join("; "));
     };
     if !w.positional.is_empty() {
         return Err("give IDENTITY=VALUE words or -f, not both".into());
@@ -294,7 +302,7 @@ fn set_words(w: &Args, io: &mut Io<'_>, max_line: usize) -> Result<Vec<(String, 
         let l = l.split('#').next().unwrap_or("");
         (!l.trim().is_empty()).then(|| (format!("line {}", i + 1), l))
     });
-    plan::parse_sets(lines, max_line).map_err(|bad| bad.join("; "))
+    parse_sets(lines, max_line).map_err(|bad| bad.join("; "))
 }
 
 /// How far the writing got.
@@ -314,99 +322,74 @@ struct Outcome {
 }
 
 /// Writes the changes that change something, each with its record, in
-/// transactions of at most [`plan::BATCH`] operations and
-/// [`plan::MAX_TXN_BYTES`], in order (a key and its record never split),
-/// stopping at the first that fails; then the orphan records.
+/// transactions of at most [`crate::contract::txn::BATCH`] operations and
+/// [`crate::contract::txn::MAX_TXN_BYTES`], in order (a key and its record
+/// never split), stopping at the first that fails; then the orphan
+/// records.
 fn write(kv: &mut Kv, plan: &Plan<'_>) -> Outcome {
-    let changes = plan.changes;
-    let groups = plan.groups(kv);
+    let (positions, keys): (Vec<usize>, Vec<KeyWrite<'_>>) = plan.keys().into_iter().unzip();
+    let groups: Vec<[serde_json::Value; 2]> = keys
+        .iter()
+        .map(|k| k.ops(kv, plan.recorder, plan.now))
+        .collect();
     let sizes: Vec<(usize, usize)> = groups
         .iter()
-        .map(|(_, ops)| (ops.len(), ops.iter().map(|o| o.to_string().len()).sum()))
+        .map(|ops| (ops.len(), ops.iter().map(|o| o.to_string().len()).sum()))
         .collect();
     let mut outcome = Outcome::default();
-    for range in plan::batches(&sizes) {
-        let group = &groups[range];
-        let ops: Vec<serde_json::Value> = group.iter().flat_map(|(_, o)| o.clone()).collect();
+    for range in batches(&sizes) {
+        let ops: Vec<serde_json::Value> = groups[range.clone()].concat();
         // Orphans come last: the changes of this batch are the rest.
-        let batch: Vec<usize> = group
+        let batch: Vec<usize> = keys[range.clone()]
             .iter()
-            .filter(|(i, _)| !changes[*i].is_noop())
-            .map(|(i, _)| *i)
+            .zip(&positions[range.clone()])
+            .filter(|(k, _)| k.target.is_some())
+            .map(|(_, &i)| i)
             .collect();
-        let orphans = group.len() - batch.len();
-        match kv.txn(&ops) {
-            Delivery::Answered(TxnAnswer::Applied(_)) => {
+        let orphans = range.len() - batch.len();
+        match deliver(kv, &keys[range], &ops) {
+            Answer::Applied(_) => {
                 outcome.written.extend_from_slice(&batch);
                 outcome.orphans += orphans;
                 outcome.transactions += 1;
                 continue;
             }
-            Delivery::Answered(TxnAnswer::Failed(errors)) => {
-                let keys: Vec<Guarded<'_>> = group
-                    .iter()
-                    .flat_map(|(i, _)| {
-                        Guarded::pair(kv, &changes[*i].identity, changes[*i].before.index())
-                    })
-                    .collect();
-                outcome.failed = refusal(kv, &keys, &errors).lines();
-            }
-            Delivery::Refused(e) | Delivery::NotSent(e) => outcome.failed = vec![e],
-            Delivery::Lost(e) => settle_lost(kv, changes, &batch, e, &mut outcome),
+            Answer::Conflict(line) => outcome.failed = vec![format!("conflict: {line}")],
+            Answer::Refused(lines) => outcome.failed = lines,
+            Answer::Lost(lost) => settle_lost(plan.changes, &batch, lost, &mut outcome),
         }
         break;
     }
     outcome
 }
 
-/// A transaction whose answer never came: the keys are read again, and
-/// each is applied (it holds its new value at a new index; consul applies
-/// a transaction whole, so one such key means all) or unknown.
-fn settle_lost(
-    kv: &mut Kv,
-    changes: &[Change],
-    batch: &[usize],
-    why: String,
-    outcome: &mut Outcome,
-) {
-    let ids: Vec<String> = batch.iter().map(|&i| changes[i].identity.clone()).collect();
-    let reread = kv.read(&ids);
-    let targets: Vec<Target> = batch.iter().map(|&i| changes[i].after).collect();
-    let guards: Vec<u64> = batch.iter().map(|&i| changes[i].before.index()).collect();
-    // A transaction applies whole or not at all (consul's `TxnRW`): every
-    // key at its target, at a new index, or it was not applied.
-    let applied = reread.as_ref().is_ok_and(|held| {
-        targets
-            .iter()
-            .zip(held)
-            .zip(&guards)
-            .all(|((t, h), &g)| t.is_held_in(h, g))
-    });
-    let moved = match (&reread, applied) {
-        (Ok(held), false) => plan::moved(&targets, held, &guards),
-        _ => None,
-    };
-    outcome.failed.push(match moved {
-        Some(k) => format!("{why}: the answer was lost, and {} was changed by someone else meanwhile: the transaction cannot commit (nothing of it is written)", changes[batch[k]].identity),
-        None => format!("{why}: consul did not say whether it applied the transaction; the keys were read again"),
+/// A transaction whose answer never came, settled by reading the keys
+/// again: each is applied (consul applies a transaction whole, so one such
+/// key means all), not written (a key moved elsewhere: it cannot commit)
+/// or unknown.
+fn settle_lost(changes: &[Change], batch: &[usize], lost: Lost, outcome: &mut Outcome) {
+    let Lost { why, held, settled } = lost;
+    outcome.failed.push(match settled {
+        Settled::Moved(k) => format!("{why}: the answer was lost, and {} was changed by someone else meanwhile: the transaction cannot commit (nothing of it is written)", changes[batch[k]].identity),
+        _ => format!("{why}: consul did not say whether it applied the transaction; the keys were read again"),
     });
     for (n, &i) in batch.iter().enumerate() {
         let identity = &changes[i].identity;
-        let line = match (&reread, applied, moved) {
-            (Ok(held), true, _) => format!("{identity}: applied: it now holds {} (index {})", held[n].render(), held[n].index()),
-            (Ok(held), false, Some(_)) => format!("{identity}: not written: it holds {} (index {})", held[n].render(), held[n].index()),
-            (Ok(held), false, None) => format!("{identity}: unknown: it still holds {} (index {}), and consul may still commit the write later", held[n].render(), held[n].index()),
-            (Err(e), ..) => format!("{identity}: unknown: re-reading it failed ({e}), and consul may have committed the write or may still"),
+        let line = match (&held, settled) {
+            (Ok(held), Settled::Applied) => format!("{identity}: applied: it now holds {} (index {})", held[n].render(), held[n].index()),
+            (Ok(held), Settled::Moved(_)) => format!("{identity}: not written: it holds {} (index {})", held[n].render(), held[n].index()),
+            (Ok(held), Settled::Unknown) => format!("{identity}: unknown: it still holds {} (index {}), and consul may still commit the write later", held[n].render(), held[n].index()),
+            (Err(e), _) => format!("{identity}: unknown: re-reading it failed ({e}), and consul may have committed the write or may still"),
         };
         outcome.failed.push(line);
     }
-    match (applied, moved) {
-        (true, _) => {
+    match settled {
+        Settled::Applied => {
             outcome.written.extend_from_slice(batch);
             outcome.transactions += 1;
         }
-        (false, Some(_)) => {}
-        (false, None) => outcome.unknown.extend_from_slice(batch),
+        Settled::Moved(_) => {}
+        Settled::Unknown => outcome.unknown.extend_from_slice(batch),
     }
 }
 
@@ -419,8 +402,8 @@ fn report(
     outcome: &Outcome,
 ) -> u8 {
     let written: Vec<&Change> = outcome.written.iter().map(|&i| &changes[i]).collect();
-    let undo = plan::undo_line(&written, &w.daemon, max_line);
-    let unrestorable = plan::unrestorable(&written, max_line);
+    let undo = undo_line(&written, &w.daemon, max_line);
+    let unrestorable = unrestorable(&written, max_line);
     let code = match outcome.failed.is_empty() {
         true => OK,
         false => FINDING,

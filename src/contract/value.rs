@@ -1,11 +1,12 @@
-//! The KV contract, pure: KV value bytes -> [`Desired`] -> reply
-//! bytes, and KV key suffix -> identity.
+//! A KV value, pure: the bytes under a state key -> [`Desired`] -> the
+//! reply line haproxy reads.
 //!
-//! In: raw KV values (already base64-decoded) and key suffixes below the
-//! prefix. Out: a typed desired state or the reason it is invalid, and the
-//! canonical reply line. Always holds: every reply names an admin state *and*
-//! a weight, ends in `\n`, and is one of a fixed set of `'static` strings, so
-//! the hot path never formats or allocates.
+//! - In: raw KV values (already base64-decoded). Out: a typed desired
+//!   state or why it is invalid ([`InvalidValue`]), and its reply line.
+//! - Every reply names an admin state *and* a weight, ends in `\n`, and is
+//!   one of a fixed set of `'static` strings: the hot path never formats
+//!   or allocates.
+//! - [`Desired`]'s `Display` is the canonical KV spelling a writer puts.
 
 use crate::labels::label_enum;
 
@@ -224,24 +225,6 @@ fn parse_percent(value: &[u8]) -> Result<Desired, InvalidValue> {
     Desired::ready_pct(weight).ok_or(InvalidValue::OutOfRange)
 }
 
-/// Checks a key suffix (the part below `prefix/`) can ever be asked for by an
-/// agent-send line: non-empty, not ending in `/`, no leading or trailing ASCII
-/// whitespace, no control bytes (incl. CR, LF, DEL). Returns it as the identity.
-pub fn parse_identity(suffix: &str) -> Option<&str> {
-    let bytes = suffix.as_bytes();
-    let (&first, &last) = (bytes.first()?, bytes.last()?);
-    let usable = last != b'/'
-        && !first.is_ascii_whitespace()
-        && !last.is_ascii_whitespace()
-        && !bytes.iter().copied().any(is_control);
-    usable.then_some(suffix)
-}
-
-/// A byte that cannot be in an agent-send identity: C0 controls and DEL.
-pub fn is_control(b: u8) -> bool {
-    b < 0x20 || b == 0x7f
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -439,24 +422,5 @@ mod tests {
     fn ready_pct_bounds() {
         assert!(Desired::ready_pct(256).is_some());
         assert_eq!(Desired::ready_pct(257), None);
-    }
-
-    #[test]
-    fn identities() {
-        assert_eq!(parse_identity("be_web/srv1"), Some("be_web/srv1"));
-        assert_eq!(parse_identity("srv1"), Some("srv1"));
-        assert_eq!(parse_identity("a b/c d"), Some("a b/c d"));
-        assert_eq!(parse_identity("/srv"), Some("/srv"));
-        assert_eq!(parse_identity("é/ü"), Some("é/ü"));
-    }
-
-    #[test]
-    fn identities_that_can_never_be_asked_for() {
-        for bad in [
-            "", "be_web/", "/", " srv1", "srv1 ", "\tsrv1", "srv1\t", "srv1\n", "srv\r1",
-            "srv\x001", "srv\x7f1", "srv\x1b1",
-        ] {
-            assert_eq!(parse_identity(bad), None, "{bad:?}");
-        }
     }
 }
