@@ -524,6 +524,13 @@ mod tests {
             self.store.get(key).unwrap().modify_index
         }
 
+        /// `p/a` (drain), `p/b/c` (50%) and `q` (maint); the last index.
+        fn tree(&mut self) -> u64 {
+            self.put("p/a", "drain");
+            self.put("p/b/c", "50%");
+            self.put("q", "maint")
+        }
+
         fn value(&self, key: &str) -> Option<Vec<u8>> {
             self.store.get(key).map(|e| e.value.clone())
         }
@@ -652,10 +659,7 @@ mod tests {
     #[test]
     fn get_tree_answers_every_entry_under_the_prefix_with_its_value() {
         let mut t = T::new();
-        t.put("p/a", "drain");
-        t.put("p/b/c", "50%");
-        t.put("q", "maint");
-        let before = t.store.last_index();
+        let before = t.tree();
         let (status, body) = t.txn(json!([
             op("get-tree", "p/", None, 0),
             op("get-tree", "none/", None, 0),
@@ -700,10 +704,7 @@ mod tests {
     #[test]
     fn delete_tree_deletes_the_prefix_at_one_index_with_no_result() {
         let mut t = T::new();
-        t.put("p/a", "drain");
-        t.put("p/b/c", "50%");
-        t.put("q", "maint");
-        let before = t.store.last_index();
+        let before = t.tree();
         let (status, body) = t.txn(json!([
             op("delete-tree", "p/", None, 0),
             op("set", "r", Some("drain"), 0),
