@@ -6,22 +6,28 @@
 #   - zig (PyPI `ziglang`) and cargo-zigbuild (crates.io), at the versions
 #     pinned in ci/versions.yml: the release build tests/release.rs runs;
 #   - cargo-fuzz (crates.io, pinned likewise): scripts/fuzz.sh;
-#   - py-consul (PyPI, pinned likewise): tests/py_consul.rs.
+#   - py-consul (PyPI, pinned likewise): tests/py_consul.rs;
+#   - node and npm (Debian's, when missing) and node-consul (npm, as
+#     tests/node_consul/package-lock.json pins it, `npm ci` there):
+#     tests/node_consul.rs.
 # Idempotent: each is installed only when missing. Run as yourself: apt-get
 # and the system-wide installs go through sudo when not root; cargo installs
 # into your ~/.cargo, pip into your user site. Rust itself comes from
 # https://rustup.rs (CI's version: RUST_VERSION in ci/versions.yml).
+# --node-consul-only: node, npm and node-consul alone (the CI image has the
+# rest).
 #
-#   scripts/prepare-dev-env.sh [--no-release-tools] [--no-fuzz]
+#   scripts/prepare-dev-env.sh [--no-release-tools] [--no-fuzz] [--node-consul-only]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-release_tools=1 fuzz=1
+release_tools=1 fuzz=1 node_consul_only=""
 for arg in "$@"; do
   case "$arg" in
     --no-release-tools) release_tools="" ;;
     --no-fuzz) fuzz="" ;;
-    *) sed -n '14p' "$0" | sed 's/^# *//; s/^/usage: /' >&2; exit 2 ;;
+    --node-consul-only) node_consul_only=1 ;;
+    *) sed -n '/^#   scripts\/prepare-dev-env.sh /p' "$0" | sed 's/^# *//; s/^/usage: /' >&2; exit 2 ;;
   esac
 done
 
@@ -62,6 +68,32 @@ apt_install() { # PACKAGE...
   [ -n "$apt_updated" ] || { progress as_root apt-get update -qq; apt_updated=1; }
   progress as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@"
 }
+
+# tests/node_consul.rs drives the dev KV with node-consul from npm,
+# installed in tests/node_consul/ as its package-lock.json pins it; once
+# there (at the pinned version) nothing is fetched again.
+node_consul_pinned() {
+  node -p 'require("./tests/node_consul/package-lock.json").packages["node_modules/consul"].version'
+}
+node_consul_installed() {
+  node -p 'require("./tests/node_consul/node_modules/consul/package.json").version' 2>/dev/null
+}
+ensure_node_consul() {
+  if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
+    step "apt-get install nodejs npm"
+    apt_install nodejs npm
+  else have node and npm; fi
+  if [ "$(node_consul_installed)" != "$(node_consul_pinned)" ]; then
+    step "npm ci in tests/node_consul (node-consul $(node_consul_pinned))"
+    progress npm ci --prefix tests/node_consul --no-audit --no-fund
+  else have node-consul; fi
+}
+
+if [ -n "$node_consul_only" ]; then
+  ensure_node_consul
+  echo "node $(node --version), node-consul $(node_consul_installed)"
+  exit 0
+fi
 
 step "checking what is installed"
 if ! command -v haproxy >/dev/null 2>&1 && [ ! -x /usr/sbin/haproxy ]; then
@@ -134,7 +166,9 @@ ensure_py_consul() {
   else have py-consul; fi
 }
 
+
 ensure_py_consul
+ensure_node_consul
 [ -z "$release_tools" ] || ensure_zigbuild
 [ -z "$fuzz" ] || ensure_cargo_fuzz
 
@@ -150,3 +184,4 @@ if [ -n "$release_tools" ]; then
 fi
 [ -z "$fuzz" ] || cargo fuzz --version 2>/dev/null || echo "cargo-fuzz (cargo fuzz)"
 python3 -c 'import importlib.metadata as m; print("py-consul", m.version("py-consul"))'
+echo "node $(node --version), node-consul $(node_consul_installed)"

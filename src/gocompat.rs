@@ -257,6 +257,130 @@ fn html_escape(s: &str) -> String {
     out
 }
 
+/// A JSON document as Go's `encoding/json` walks it into a struct: an
+/// object's members stay in document order, so a name given twice (or in
+/// two spellings that fold together) is decoded twice and the last wins,
+/// and the first member Go refuses is the one its error names.
+#[derive(Debug, Clone, PartialEq)]
+pub enum GoJson {
+    Null,
+    Bool(bool),
+    Number(serde_json::Number),
+    String(String),
+    Array(Vec<GoJson>),
+    Object(Vec<(String, GoJson)>),
+}
+
+impl GoJson {
+    /// How Go's `UnmarshalTypeError` names this value when it cannot go
+    /// into a field (`decode.go` `literalStore`): `"number 1.5"` when a
+    /// number does not fit an integer field (`int_field`), else its kind.
+    pub fn go_kind(&self, int_field: bool) -> String {
+        match self {
+            GoJson::Null => "null".into(),
+            GoJson::Bool(_) => "bool".into(),
+            GoJson::Number(n) if int_field => format!("number {n}"),
+            GoJson::Number(_) => "number".into(),
+            GoJson::String(_) => "string".into(),
+            GoJson::Array(_) => "array".into(),
+            GoJson::Object(_) => "object".into(),
+        }
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for GoJson {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<GoJson, D::Error> {
+        d.deserialize_any(GoJsonVisitor)
+    }
+}
+
+struct GoJsonVisitor;
+
+impl<'de> serde::de::Visitor<'de> for GoJsonVisitor {
+    type Value = GoJson;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a JSON value")
+    }
+    fn visit_unit<E>(self) -> Result<GoJson, E> {
+        Ok(GoJson::Null)
+    }
+    fn visit_bool<E>(self, b: bool) -> Result<GoJson, E> {
+        Ok(GoJson::Bool(b))
+    }
+    fn visit_u64<E>(self, n: u64) -> Result<GoJson, E> {
+        Ok(GoJson::Number(n.into()))
+    }
+    fn visit_i64<E>(self, n: i64) -> Result<GoJson, E> {
+        Ok(GoJson::Number(n.into()))
+    }
+    fn visit_f64<E: serde::de::Error>(self, n: f64) -> Result<GoJson, E> {
+        serde_json::Number::from_f64(n)
+            .map(GoJson::Number)
+            .ok_or_else(|| E::custom("number out of range"))
+    }
+    fn visit_str<E>(self, s: &str) -> Result<GoJson, E> {
+        Ok(GoJson::String(s.to_owned()))
+    }
+    fn visit_string<E>(self, s: String) -> Result<GoJson, E> {
+        Ok(GoJson::String(s))
+    }
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<GoJson, A::Error> {
+        let mut items = Vec::new();
+        while let Some(v) = seq.next_element()? {
+            items.push(v);
+        }
+        Ok(GoJson::Array(items))
+    }
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<GoJson, A::Error> {
+        let mut members = Vec::new();
+        while let Some(member) = map.next_entry()? {
+            members.push(member);
+        }
+        Ok(GoJson::Object(members))
+    }
+}
+
+/// Whether the JSON member name `key` selects the Go struct field named
+/// `field` (an ASCII name). `encoding/json` prefers an exact match and
+/// otherwise takes a name that folds equal (`fold.go` `foldName`: ASCII
+/// letters case-insensitively, and any other rune as the smallest of its
+/// `unicode.SimpleFold` orbit, so the Kelvin sign `K` is `K` and the long
+/// `ſ` is `S`; no other non-ASCII rune folds to ASCII). So `"verb"` sets
+/// `Verb`.
+pub fn go_json_field_is(key: &str, field: &str) -> bool {
+    let fold = |c: char| match c {
+        '\u{212A}' => 'K',
+        '\u{17F}' => 'S',
+        c => c.to_ascii_uppercase(),
+    };
+    key.chars().map(fold).eq(field.chars().map(fold))
+}
+
+/// Go's `base64.StdEncoding.DecodeString`: padded, trailing bits not
+/// checked, `\r` and `\n` skipped; an error names the offset as
+/// `CorruptInputError` does ("illegal base64 data at input byte N").
+pub fn go_base64_decode(s: &str) -> Result<Vec<u8>, String> {
+    use base64::engine::{general_purpose, DecodePaddingMode, GeneralPurpose};
+    use base64::Engine as _;
+    const GO_STD: GeneralPurpose = GeneralPurpose::new(
+        &base64::alphabet::STANDARD,
+        general_purpose::PAD
+            .with_decode_allow_trailing_bits(true)
+            .with_decode_padding_mode(DecodePaddingMode::RequireCanonical),
+    );
+    let kept: String = s.chars().filter(|c| !matches!(c, '\r' | '\n')).collect();
+    GO_STD.decode(&kept).map_err(|e| {
+        let at = match e {
+            base64::DecodeError::InvalidByte(at, _)
+            | base64::DecodeError::InvalidLastSymbol(at, _) => at,
+            // A last group cut short or badly padded: Go names where it starts.
+            _ => kept.len() / 4 * 4,
+        };
+        format!("illegal base64 data at input byte {at}")
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -398,5 +522,54 @@ mod tests {
         let r = go_redirect(Method::Put, "/v1/kv/a", "");
         assert_eq!(r.headers, [("Location", "/v1/kv/a".to_owned())]);
         assert!(r.body.is_empty());
+    }
+    #[test]
+    fn json_field_names_fold_as_go_matches_them() {
+        for key in ["Verb", "verb", "VERB", "vErB"] {
+            assert!(go_json_field_is(key, "Verb"), "{key}");
+        }
+        assert!(
+            go_json_field_is("\u{212A}V", "KV"),
+            "the Kelvin sign folds to K"
+        );
+        assert!(
+            go_json_field_is("\u{17F}ession", "Session"),
+            "the long s folds to S"
+        );
+        for key in ["Verbs", "Ver", "Vérb", "V\u{130}rb", ""] {
+            assert!(!go_json_field_is(key, "Verb"), "{key}");
+        }
+    }
+
+    #[test]
+    fn go_json_keeps_members_in_order_and_names_kinds_as_go() {
+        let doc: GoJson = serde_json::from_str(r#"{"b":1,"a":[true,null],"B":"x"}"#).unwrap();
+        let GoJson::Object(members) = doc else {
+            panic!("not an object");
+        };
+        let names: Vec<&str> = members.iter().map(|(k, _)| k.as_str()).collect();
+        assert_eq!(names, ["b", "a", "B"]);
+        assert_eq!(members[0].1.go_kind(false), "number");
+        assert_eq!(members[0].1.go_kind(true), "number 1");
+        assert_eq!(members[1].1.go_kind(true), "array");
+        assert_eq!(members[2].1.go_kind(true), "string");
+        let neg: GoJson = serde_json::from_str("-1.5").unwrap();
+        assert_eq!(neg.go_kind(true), "number -1.5");
+    }
+
+    #[test]
+    fn base64_decodes_as_gos_std_encoding() {
+        assert_eq!(go_base64_decode("ZHJhaW4="), Ok(b"drain".to_vec()));
+        assert_eq!(go_base64_decode("ZHJh\r\naW4="), Ok(b"drain".to_vec()));
+        // Go does not check the unused bits of the last symbol.
+        assert_eq!(go_base64_decode("YR=="), Ok(b"a".to_vec()));
+        assert_eq!(
+            go_base64_decode("ZH!h"),
+            Err("illegal base64 data at input byte 2".into())
+        );
+        assert_eq!(
+            go_base64_decode("ZHJhaW4"),
+            Err("illegal base64 data at input byte 4".into())
+        );
     }
 }

@@ -2,8 +2,10 @@
 //! (pinned in `ci/versions.yml`, installed by `.ci/run`), driven against
 //! the dev KV (`-dev`): get/put (binary, empty, None), cas, flags, recurse,
 //! delete (cas, recursive, a missing key), keys with a separator, blocking
-//! gets, txn set/get, and consul's error shapes for sessions and ACLs
-//! (SPEC §11). The calls are in `tests/py_consul/kv_calls.py`.
+//! gets, txn set/get/get-tree/get-or-empty/delete-tree, txn field names in
+//! any case and an unknown one refused, `?dc=` elsewhere (500 "No path to
+//! datacenter"), and consul's error shapes for sessions and ACLs (SPEC
+//! §11). The calls are in `tests/py_consul/kv_calls.py`.
 //!
 //! Without python3 or the `consul` module the test is skipped with a
 //! notice, except under `CI=true`, where it fails.

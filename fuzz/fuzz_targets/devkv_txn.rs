@@ -16,7 +16,7 @@ fuzz_target!(|data: &[u8]| {
     store.put("b", b"50%", 0, None);
     let before = store.clone();
     let index = store.last_index();
-    let resp = handle(&mut store, data, Instant::now());
+    let resp = handle(&mut store, "", data, Instant::now());
     match resp.status {
         200 => assert!(store.last_index() <= index + 1, "more than one index"),
         400 | 409 | 413 => {

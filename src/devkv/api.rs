@@ -25,32 +25,26 @@
 
 use std::time::{Duration, Instant};
 
-use base64::Engine as _;
 use serde::Serialize;
 
 use super::store::Store;
-use crate::gocompat::{
-    clean_path, go_encode_query, go_html_escape, go_quote, go_redirect, parse_go_duration,
+use super::wire::{
+    dir_entry, error, forward, json_bytes, leader_headers, parse_query_options, sort_headers,
+    wrapped, DirEntry, Params, MAX_VALUE_SIZE, TEXT,
 };
+use crate::gocompat::{clean_path, go_encode_query, go_quote, go_redirect};
 use crate::http::{
-    accepts_gzip, gzip, percent_decode, query_pairs, Method, RequestHead, Response, GZIP_MIN_SIZE,
+    accepts_gzip, gzip, percent_decode, Method, RequestHead, Response, GZIP_MIN_SIZE,
 };
 use crate::jitter::Jitter;
-
-/// consul's `kv_max_value_size` default: larger PUT bodies get 413. The
-/// loop's request body bound must be above this for the 413 to be seen.
-pub const MAX_VALUE_SIZE: usize = 512 * 1024;
 
 /// consul's `default_query_time` (a blocking wait of 0 or less) and
 /// `max_query_time` (the cap).
 pub const DEFAULT_QUERY_TIME: Duration = Duration::from_secs(300);
 pub const MAX_QUERY_TIME: Duration = Duration::from_secs(600);
 
-/// The datacenter a dev agent is in; `?dc=` naming another gets 500.
-const DATACENTER: &str = "dc1";
 const ALLOW: &str = "OPTIONS,GET,PUT,DELETE";
 const TXN_ALLOW: &str = "OPTIONS,PUT";
-const TEXT: &str = "text/plain; charset=utf-8";
 const JITTER_SEED: u64 = 0x9e37_79b9_7f4a_7c15;
 
 /// The dev KV: store plus blocking-query bookkeeping.
@@ -109,37 +103,6 @@ enum ReadKind {
     Single { raw: bool },
     Recurse,
     Keys { separator: String },
-}
-
-/// consul's `structs.DirEntry` as the CE server encodes it (field order
-/// matters to some clients; `Session` is omitted because none is ever set).
-#[derive(Serialize)]
-#[serde(rename_all = "PascalCase")]
-pub(super) struct DirEntry<'a> {
-    lock_index: u64,
-    key: &'a str,
-    flags: u64,
-    value: Option<String>,
-    create_index: u64,
-    modify_index: u64,
-}
-
-/// Query parameters as Go's `url.Values` sees them: presence, and the
-/// first value.
-struct Params(Vec<(String, String)>);
-
-impl Params {
-    fn has(&self, name: &str) -> bool {
-        self.0.iter().any(|(k, _)| k == name)
-    }
-
-    /// Go's `Values.Get`: the first value, `""` when absent.
-    fn get(&self, name: &str) -> &str {
-        self.0
-            .iter()
-            .find(|(k, _)| k == name)
-            .map_or("", |(_, v)| v.as_str())
-    }
 }
 
 impl DevKv {
@@ -242,7 +205,7 @@ impl DevKv {
     /// `/v1/txn`: PUT only (consul's `Txn` handler).
     fn txn(&mut self, req: &RequestHead, body: &[u8], now: Instant) -> Response {
         match req.method {
-            Method::Put => super::txn::handle(&mut self.store, body, now),
+            Method::Put => super::txn::handle(&mut self.store, &req.query, body, now),
             Method::Options => wrapped(200, vec![("Allow", TXN_ALLOW.to_owned())], Vec::new()),
             _ => {
                 let mut resp = error(405, &format!("method {} not allowed", req.method_name));
@@ -279,7 +242,7 @@ impl DevKv {
                 return Err(resp);
             }
         }
-        let params = Params(query_pairs(&req.query).collect());
+        let params = Params::parse(&req.query);
         let (min_index, wait) = parse_query_options(&params)?;
         match req.method {
             Method::Get => Ok(self.get(key, &params, (min_index, wait), now, gzip)?),
@@ -326,6 +289,7 @@ impl DevKv {
             kind,
             pretty: params.has("pretty"),
         };
+        forward(params)?;
         if min_index == 0 || self.read_index(&read) > min_index {
             return Ok(Handled::Respond(encode(self.render(&read), gzip)));
         }
@@ -365,6 +329,7 @@ impl DevKv {
                 ),
             ));
         }
+        forward(params)?;
         let pretty = params.has("pretty");
         // No sessions exist: every acquire names an unknown one, and no key
         // is held by the session a release names (`state/kvs.go`).
@@ -400,6 +365,7 @@ impl DevKv {
         } else {
             None
         };
+        forward(params)?;
         let ok = if recurse {
             self.store.delete_tree(&key, now);
             true
@@ -417,12 +383,10 @@ impl DevKv {
     }
 
     fn render(&self, read: &Read) -> Response {
-        let mut headers = vec![
-            ("X-Consul-Index", self.read_index(read).to_string()),
-            ("X-Consul-Knownleader", "true".to_owned()),
-            ("X-Consul-Lastcontact", "0".to_owned()),
-            ("X-Consul-Query-Backend", "blocking-query".to_owned()),
-        ];
+        // `agent/http.go` `setMeta`: the index, the leader's two, the backend.
+        let mut headers = vec![("X-Consul-Index", self.read_index(read).to_string())];
+        headers.extend(leader_headers());
+        headers.push(("X-Consul-Query-Backend", "blocking-query".to_owned()));
         let not_found = |headers| wrapped(404, headers, Vec::new());
         let body = match &read.kind {
             ReadKind::Single { raw } => {
@@ -539,53 +503,6 @@ fn route_path(req: &RequestHead) -> Result<String, Response> {
     }
 }
 
-/// consul's `parse`: datacenter, consistency, then `wait` and `index`
-/// (`agent/http.go` `parseDC`, `parseConsistency`, `parseWait`). Returns
-/// the min index (0: not blocking) and the raw wait.
-fn parse_query_options(params: &Params) -> Result<(u64, Option<Duration>), Response> {
-    let dc = params.get("dc");
-    if !dc.is_empty() && dc != DATACENTER {
-        return Err(error(500, "No path to datacenter"));
-    }
-    let mut stale = params.has("stale");
-    let consistent = params.has("consistent");
-    let max_stale = params.get("max_stale");
-    if !max_stale.is_empty() {
-        match parse_go_duration(max_stale) {
-            None => {
-                return Err(error(
-                    400,
-                    &format!("Invalid max_stale value {}", go_quote(max_stale)),
-                ))
-            }
-            Some(d) => stale |= d.is_some_and(|d| !d.is_zero()),
-        }
-    }
-    if stale && consistent {
-        return Err(error(
-            400,
-            "Cannot specify ?stale with ?consistent, conflicting semantics.",
-        ));
-    }
-    let mut wait = None;
-    let w = params.get("wait");
-    if !w.is_empty() {
-        // A negative wait is kept as zero: both mean the default.
-        wait = Some(
-            parse_go_duration(w)
-                .ok_or_else(|| error(400, "Invalid wait time"))?
-                .unwrap_or(Duration::ZERO),
-        );
-    }
-    let mut index = 0;
-    let i = params.get("index");
-    if !i.is_empty() {
-        index =
-            crate::decimal::parse_uint(i.as_bytes()).map_err(|_| error(400, "Invalid index"))?;
-    }
-    Ok((index, wait))
-}
-
 /// consul's `RPCQueryTimeout`: 0 (or absent) means the default, and the
 /// cap applies.
 fn clamp_wait(wait: Option<Duration>) -> Duration {
@@ -635,18 +552,6 @@ fn parse_uint(s: &str) -> Result<u64, Response> {
     })
 }
 
-pub(super) fn dir_entry<'a>(key: &'a str, e: &super::store::Entry) -> DirEntry<'a> {
-    DirEntry {
-        lock_index: e.lock_index,
-        key,
-        flags: e.flags,
-        value: (!e.value.is_empty())
-            .then(|| base64::engine::general_purpose::STANDARD.encode(&e.value)),
-        create_index: e.create_index,
-        modify_index: e.modify_index,
-    }
-}
-
 /// consul's `kvsListKeysTxn`: keys under `prefix`, each cut after the first
 /// `separator` past the prefix, duplicates of the previous key dropped.
 fn list_keys(store: &Store, prefix: &str, separator: &str) -> Vec<String> {
@@ -663,24 +568,6 @@ fn list_keys(store: &Store, prefix: &str, separator: &str) -> Vec<String> {
     keys
 }
 
-/// Go's `json.Marshal` (or `MarshalIndent` with 4 spaces plus `\n` for
-/// `?pretty`), HTML-escaping included.
-pub(super) fn json_bytes<T: Serialize + ?Sized>(v: &T, pretty: bool) -> Vec<u8> {
-    let mut out = Vec::new();
-    let res = if pretty {
-        let fmt = serde_json::ser::PrettyFormatter::with_indent(b"    ");
-        v.serialize(&mut serde_json::Serializer::with_formatter(&mut out, fmt))
-    } else {
-        v.serialize(&mut serde_json::Serializer::new(&mut out))
-    };
-    // Serializing these plain structs into a Vec cannot fail.
-    res.expect("JSON into a Vec");
-    if pretty {
-        out.push(b'\n');
-    }
-    go_html_escape(out)
-}
-
 /// A 200 JSON answer to a write (no index header on writes).
 fn json_response<T: Serialize>(v: &T, pretty: bool) -> Response {
     wrapped(
@@ -688,32 +575,6 @@ fn json_response<T: Serialize>(v: &T, pretty: bool) -> Response {
         vec![("Content-Type", "application/json".to_owned())],
         json_bytes(v, pretty),
     )
-}
-
-/// A plain-text error (Go sniffs such bodies as `text/plain; charset=utf-8`).
-pub(super) fn error(status: u16, text: &str) -> Response {
-    wrapped(
-        status,
-        vec![("Content-Type", TEXT.to_owned())],
-        text.as_bytes().to_vec(),
-    )
-}
-
-/// Adds the headers every response from consul's `wrap` + gzip handler
-/// carries, and orders them as Go writes them (sorted by name).
-pub(super) fn wrapped(
-    status: u16,
-    mut headers: Vec<(&'static str, String)>,
-    body: Vec<u8>,
-) -> Response {
-    headers.push(("Vary", "Accept-Encoding".to_owned()));
-    headers.push(("X-Consul-Default-Acl-Policy", "allow".to_owned()));
-    sort_headers(&mut headers);
-    Response {
-        status,
-        headers,
-        body,
-    }
 }
 
 /// consul's gzip handler: a body of at least [`GZIP_MIN_SIZE`] bytes to a
@@ -730,10 +591,6 @@ fn encode(mut resp: Response, gzip_ok: bool) -> Response {
     resp.headers.push(("Content-Encoding", "gzip".to_owned()));
     sort_headers(&mut resp.headers);
     resp
-}
-
-fn sort_headers(headers: &mut [(&'static str, String)]) {
-    headers.sort_by_key(|(name, _)| *name);
 }
 
 #[cfg(test)]
@@ -1235,6 +1092,84 @@ pub(super) mod tests {
         assert_eq!(t.get("/v1/kv/k?stale=false&consistent=").status, 400);
         assert_eq!(t.get("/v1/kv/k?dc=dc2").status, 500);
         assert_eq!(t.get("/v1/kv/k?dc=dc1").status, 404);
+    }
+
+    /// `?dc=` naming another datacenter: every KV handler makes its RPC
+    /// (`KVS.Get`, `KVS.List`, `KVS.ListKeys`, `KVS.Apply`) after its own
+    /// checks, and the RPC has no route (`agent/consul/rpc.go` `forwardDC`,
+    /// `structs.ErrNoDCPath`): 500 "No path to datacenter", nothing
+    /// written, nothing parked.
+    #[test]
+    fn another_datacenter_is_500_no_path_after_the_handlers_own_checks() {
+        let mut t = T::new();
+        t.put("/v1/kv/k", b"drain");
+        let g = t.kv.generation();
+        let i = index(&t.get("/v1/kv/k"));
+        let no_path = [
+            ("GET", "/v1/kv/k?dc=dc2".to_owned()),
+            ("GET", "/v1/kv/?recurse&dc=dc2".to_owned()),
+            ("GET", "/v1/kv/?keys&dc=dc2".to_owned()),
+            ("GET", format!("/v1/kv/k?dc=dc2&index={i}")),
+            ("PUT", "/v1/kv/k?dc=dc2".to_owned()),
+            ("PUT", "/v1/kv/k?dc=dc2&acquire=s".to_owned()),
+            ("DELETE", "/v1/kv/k?dc=dc2".to_owned()),
+            ("DELETE", "/v1/kv/?recurse&dc=dc2".to_owned()),
+        ];
+        for (method, target) in no_path {
+            let r = t.call(method, &target, b"maint");
+            assert_eq!(
+                (r.status, body(&r)),
+                (500, "No path to datacenter"),
+                "{method} {target}"
+            );
+        }
+        assert_eq!(t.kv.generation(), g, "nothing written");
+        assert_eq!(t.kv.store().get("k").unwrap().value, b"drain");
+        // The handler's own checks come first.
+        let first = [
+            ("GET", "/v1/kv/k?dc=dc2&index=x", 400, "Invalid index"),
+            ("GET", "/v1/kv/?dc=dc2", 400, "Missing key name"),
+            (
+                "PUT",
+                "/v1/kv/k?dc=dc2&flags=x",
+                500,
+                "strconv.ParseUint: parsing \"x\": invalid syntax",
+            ),
+            (
+                "DELETE",
+                "/v1/kv/k?dc=dc2&cas=1&recurse",
+                400,
+                "Conflicting flags: cas=1&dc=dc2&recurse=",
+            ),
+        ];
+        for (method, target, status, text) in first {
+            let r = t.call(method, target, b"");
+            assert_eq!((r.status, body(&r)), (status, text), "{method} {target}");
+        }
+        assert_eq!(
+            t.put("/v1/kv/k?dc=dc1", b"maint").status,
+            200,
+            "its own datacenter"
+        );
+    }
+
+    /// `/v1/txn` is PUT only (consul's `Txn` handler), its body handed to
+    /// the txn module with the query.
+    #[test]
+    fn txn_routes_put_with_its_query_and_refuses_other_methods() {
+        let mut t = T::new();
+        let ops = br#"[{"KV":{"Verb":"set","Key":"k","Value":"ZHJhaW4="}}]"#;
+        let r = t.put("/v1/txn?dc=dc2", ops);
+        assert_eq!((r.status, body(&r)), (500, "No path to datacenter"));
+        assert_eq!(t.put("/v1/txn", ops).status, 200);
+        assert_eq!(t.kv.store().get("k").unwrap().value, b"drain");
+        let r = t.get("/v1/txn");
+        assert_eq!(
+            (r.status, body(&r), header(&r, "Allow")),
+            (405, "method GET not allowed", Some("OPTIONS,PUT"))
+        );
+        let r = t.call("OPTIONS", "/v1/txn", b"");
+        assert_eq!((r.status, header(&r, "Allow")), (200, Some("OPTIONS,PUT")));
     }
 
     #[test]

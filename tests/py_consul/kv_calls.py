@@ -115,6 +115,36 @@ def main():
     except consul.ConsulException as err:
         check("409" in str(err) and "index is stale" in str(err), f"txn 409: {err}")
 
+    # txn verbs get-tree, get-or-empty, delete-tree (consul's txnKVS), and
+    # field names in any case (Go's decoder); an unknown field is 400.
+    c.txn.put([{"kv": {"verb": "set", "key": f"{p}/tree/a", "value": b64("50%")}}])
+    r = c.txn.put(
+        [
+            {"KV": {"Verb": "get-tree", "Key": f"{p}/tree/"}},
+            {"KV": {"Verb": "get-or-empty", "Key": f"{p}/tree/none", "Index": 7}},
+        ]
+    )
+    got = [(x["KV"]["Key"], x["KV"]["Value"], x["KV"]["ModifyIndex"]) for x in r["Results"]]
+    check(got[0][:2] == (f"{p}/tree/a", b64("50%")), f"get-tree: {r}")
+    check(got[1] == (f"{p}/tree/none", None, 7), f"get-or-empty of a missing key: {r}")
+    c.txn.put([{"KV": {"Verb": "delete-tree", "Key": f"{p}/tree/"}}])
+    check(kv.get(f"{p}/tree/", recurse=True)[1] is None, "delete-tree")
+    try:
+        c.txn.put([{"KV": {"Verb": "set", "Key": f"{p}/typo", "Valeu": b64("x")}}])
+        check(False, "an unknown field in a txn raises")
+    except consul.ConsulException as err:
+        check('unknown field \\"Valeu\\"' in str(err) or 'unknown field "Valeu"' in str(err), f"txn 400: {err}")
+    check(kv.get(f"{p}/typo")[1] is None, "nothing applied")
+
+    # Another datacenter: 500 "No path to datacenter", nothing written.
+    for call in (lambda: kv.get(f"{p}/flagged", dc="dc2"), lambda: kv.put(f"{p}/flagged", "x", dc="dc2")):
+        try:
+            call()
+            check(False, "a call to another datacenter raises")
+        except consul.ConsulException as err:
+            check("500" in str(err) and "No path to datacenter" in str(err), f"dc2: {err}")
+    check(kv.get(f"{p}/flagged")[1]["Value"] == b"g", "nothing written in dc2")
+
     # What the dev KV does not do: consul's error shapes, no hang.
     try:
         c.session.create()
