@@ -16,7 +16,7 @@ use super::key::Held;
 use crate::config::Command;
 use crate::consul::exchange::Exchange;
 use crate::consul::kv::{decode_list, KvPair};
-use crate::consul::watch::ErrorReason;
+use crate::consul::error::ErrorReason;
 use crate::contract::expiry::of_flags;
 use crate::contract::identity::state_key;
 use crate::contract::txn::{parse_answer, TxnAnswer};
