@@ -5,7 +5,7 @@
 //! token, logs stay one JSON object per line.
 //!
 //! The rules and dashboard of monitoring/ pass promtool and name real
-//! metrics (tests/prometheus.rs runs them on a real Prometheus).
+//! metrics (tests/it/prometheus.rs runs them on a real Prometheus).
 //!
 //! Every test starts its own agent and dev KV on ports the OS picks, so they
 //! run in parallel.

@@ -3,7 +3,7 @@
 //! the dev KV (`-dev`): get/put (binary, empty, None), cas, flags, recurse,
 //! delete (cas, recursive, a missing key), keys with a separator, blocking
 //! gets, txn set/get, and consul's error shapes for sessions and ACLs
-//! (SPEC §11). The calls are in `tests/py_consul/kv_calls.py`.
+//! (SPEC §11). The calls are in `tests/it/py_consul/kv_calls.py`.
 //!
 //! Without python3 or the `consul` module the test is skipped with a
 //! notice, except under `CI=true`, where it fails.

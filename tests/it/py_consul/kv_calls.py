@@ -3,7 +3,7 @@ consul KV API: the calls the dev KV must answer as consul does (SPEC §11).
 
 Usage: python3 kv_calls.py HOST:PORT PREFIX. Exits 0 when every call got
 consul's answer; otherwise prints what differed and exits 1. Run by
-tests/py_consul.rs against `gitlab-haproxy-agent -dev`.
+tests/it/py_consul.rs against `gitlab-haproxy-agent -dev`.
 """
 
 import base64

@@ -193,7 +193,7 @@ impl Haproxy {
             for be in backends {
                 // The README's shape: a default-server line before the
                 // servers (haproxy 3.3/3.4 start a server without one at
-                // agent health 0; tests/haproxy_lines.rs shows that shape).
+                // agent health 0; tests/it/haproxy_lines.rs shows that shape).
                 cfg.push_str(&format!(
                     "\nbackend {be}\n    balance roundrobin\n    default-server inter 1s\n"
                 ));
