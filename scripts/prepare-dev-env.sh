@@ -4,9 +4,9 @@
 #   - haproxy (Debian's) and openssl: the real-haproxy and TLS tests;
 #   - prometheus and promtool, the binaries alone (scripts/install-prometheus.sh);
 #   - zig (PyPI `ziglang`) and cargo-zigbuild (crates.io), at the versions
-#     pinned in ci/versions.yml: the release build tests/release.rs runs;
+#     pinned in ci/versions.yml: the release build tests/it/release.rs runs;
 #   - cargo-fuzz (crates.io, pinned likewise): scripts/fuzz.sh;
-#   - py-consul (PyPI, pinned likewise): tests/py_consul.rs.
+#   - py-consul (PyPI, pinned likewise): tests/it/py_consul.rs.
 # Idempotent: each is installed only when missing. Run as yourself: apt-get
 # and the system-wide installs go through sudo when not root; cargo installs
 # into your ~/.cargo, pip into your user site. Rust itself comes from
@@ -69,7 +69,7 @@ if ! command -v haproxy >/dev/null 2>&1 && [ ! -x /usr/sbin/haproxy ]; then
   apt_install haproxy
 else have haproxy; fi
 if ! command -v systemd-analyze >/dev/null 2>&1; then
-  # tests/haproxy_reload.rs verifies the haproxy.service drop-in with it.
+  # tests/it/haproxy_reload.rs verifies the haproxy.service drop-in with it.
   step "apt-get install systemd (for systemd-analyze)"
   apt_install systemd
 else have systemd-analyze; fi
@@ -79,7 +79,7 @@ if ! command -v openssl >/dev/null 2>&1; then
   apt_install openssl
 else have openssl; fi
 if ! python3 -c 'import yaml' >/dev/null 2>&1; then
-  # tests/kubernetes.rs reads the Kubernetes example with PyYAML.
+  # tests/it/kubernetes.rs reads the Kubernetes example with PyYAML.
   step "apt-get install python3-yaml"
   apt_install python3-yaml
 else have python3-yaml; fi
@@ -90,7 +90,7 @@ if ! command -v promtool >/dev/null 2>&1 || ! command -v prometheus >/dev/null 2
   progress as_root scripts/install-prometheus.sh /usr/local/bin
 else have prometheus and promtool; fi
 
-# Release builds (scripts/release.sh, which tests/release.rs runs) link with
+# Release builds (scripts/release.sh, which tests/it/release.rs runs) link with
 # zig through cargo-zigbuild (glibc 2.17 symbols): ziglang from PyPI
 # (cargo-zigbuild finds it as `python3 -m ziglang`), cargo-zigbuild from
 # crates.io.
@@ -121,7 +121,7 @@ ensure_cargo_fuzz() {
   else have cargo-fuzz; fi
 }
 
-# tests/py_consul.rs drives the dev KV with a consul client from PyPI.
+# tests/it/py_consul.rs drives the dev KV with a consul client from PyPI.
 ensure_py_consul() {
   local pip
   if ! python3 -c 'import consul' >/dev/null 2>&1; then
