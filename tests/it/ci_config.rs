@@ -452,8 +452,9 @@ fn systemd_unit_reads_the_environment_file_and_is_hardened() {
 /// The developer commands are the suite's command split, not a second
 /// copy of it: mise.toml's tasks run `scripts/test.sh unit` and
 /// `scripts/test.sh integration`, whose halves are the lib and bin tests
-/// and every `tests/*.rs`; `.ci/run` installs through
-/// `scripts/prepare-dev-env.sh` and runs `scripts/test.sh`.
+/// and the integration targets (`tests/it/`, `tests/allocator.rs`);
+/// `.ci/run` installs through `scripts/prepare-dev-env.sh` and runs
+/// `scripts/test.sh`.
 #[test]
 fn developer_commands_are_the_suite_split_and_ci_prepares_as_developers_do() {
     let mise = read("mise.toml");
