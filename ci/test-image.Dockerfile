@@ -4,7 +4,7 @@
 # Debian and the upstream haproxy LTS lines built from source, a real consul
 # for the integration tests, promtool for the metrics check.
 # Versions come from ci/versions.yml as build arguments; the defaults below
-# equal them (tests/it/ci_config.rs checks).
+# equal them (tests/ci_config.rs checks).
 ARG RUST_VERSION=1.95.0
 ARG CONSUL_VERSION=1.21.2
 
@@ -85,7 +85,7 @@ RUN set -eux; \
     rm -rf "${CARGO_HOME}/registry" "${CARGO_HOME}/git"
 
 # zig for cargo-zigbuild, found as `python3 -m ziglang`, and py-consul for
-# tests/it/py_consul.rs (a throwaway image: pip may write to the system Python).
+# tests/py_consul.rs (a throwaway image: pip may write to the system Python).
 RUN set -eux; \
     python3 -m pip install --no-cache-dir --break-system-packages \
         "ziglang==${ZIG_VERSION}" "py-consul==${PY_CONSUL_VERSION}"; \
