@@ -11,7 +11,7 @@
 # port (9778) from the orchestrator instead (packaging/kubernetes/sidecar.yaml).
 # The binary is built as the release archives are, by scripts/release.sh
 # (cargo-zigbuild, glibc 2.17 symbols). The ARG defaults of pinned versions
-# equal ci/versions.yml (tests/ci_config.rs checks).
+# equal ci/versions.yml (tests/it/ci_config.rs checks).
 ARG RUST_VERSION=1.95.0
 
 FROM rust:${RUST_VERSION}-bookworm AS build

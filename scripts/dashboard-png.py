@@ -3,11 +3,11 @@
 out, from the answers a real Prometheus gave to each panel's queries: the
 README's picture of the dashboard (docs/dashboard.png).
 
-The data comes from tests/prometheus.rs, which runs Prometheus against two
+The data comes from tests/it/prometheus.rs, which runs Prometheus against two
 real agents and, with GHA_DASHBOARD_DUMP set, writes every panel query's
 range answer to a file:
 
-    GHA_DASHBOARD_DUMP=$PWD/target/dashboard-dump.json cargo test --test prometheus
+    GHA_DASHBOARD_DUMP=$PWD/target/dashboard-dump.json cargo test --test it -- prometheus::
     python3 scripts/dashboard-png.py target/dashboard-dump.json docs/dashboard.png
 
 Needs matplotlib (pip install matplotlib).
@@ -66,7 +66,7 @@ def main(dump_path, out_path):
     grid = fig.add_gridspec(rows, 24, hspace=0.0, wspace=0.0, left=0.01, right=0.99, top=0.975, bottom=0.01)
     fig.suptitle(
         f"{dashboard['title']}: two agents scraped every second by a real Prometheus "
-        f"(tests/prometheus.rs; consul killed and restored during the run)",
+        f"(tests/it/prometheus.rs; consul killed and restored during the run)",
         color=TEXT, fontsize=13, x=0.01, y=0.997, ha="left",
     )
     for p in panels:

@@ -3,7 +3,7 @@
 # binary's path on stdout (the only line printed there):
 #
 #   scripts/haproxy-lts.sh [TARBALL]
-#   HAPROXY_BIN=$(scripts/haproxy-lts.sh) cargo test --test haproxy
+#   HAPROXY_BIN=$(scripts/haproxy-lts.sh) cargo test --test it -- haproxy::
 #
 # TARBALL defaults to ../shared/haproxy/haproxy-3.0.11.tar.gz (relative to the
 # repository root). The build goes to target/haproxy-<version>/haproxy and is

@@ -3,7 +3,7 @@
 # Debian's `prometheus` package without installing the package: `apt-get
 # install prometheus` would also start a Prometheus server as a service.
 # The tests check the metrics exposition and the rules in monitoring/ with
-# promtool, and run their own Prometheus server (tests/prometheus.rs).
+# promtool, and run their own Prometheus server (tests/it/prometheus.rs).
 # Needs apt-get and dpkg-deb (Debian, Ubuntu).
 #
 #   scripts/install-prometheus.sh [DIR]     default DIR: /usr/local/bin

@@ -4,12 +4,12 @@
 #   - haproxy (Debian's) and openssl: the real-haproxy and TLS tests;
 #   - prometheus and promtool, the binaries alone (scripts/install-prometheus.sh);
 #   - zig (PyPI `ziglang`) and cargo-zigbuild (crates.io), at the versions
-#     pinned in ci/versions.yml: the release build tests/release.rs runs;
+#     pinned in ci/versions.yml: the release build tests/it/release.rs runs;
 #   - cargo-fuzz (crates.io, pinned likewise): scripts/fuzz.sh;
-#   - py-consul (PyPI, pinned likewise): tests/py_consul.rs;
+#   - py-consul (PyPI, pinned likewise): tests/it/py_consul.rs;
 #   - node and npm (Debian's, when missing) and node-consul (npm, as
-#     tests/node_consul/package-lock.json pins it, `npm ci` there):
-#     tests/node_consul.rs.
+#     tests/it/node_consul/package-lock.json pins it, `npm ci` there):
+#     tests/it/node_consul.rs.
 # Idempotent: each is installed only when missing. Run as yourself: apt-get
 # and the system-wide installs go through sudo when not root; cargo installs
 # into your ~/.cargo, pip into your user site. Rust itself comes from
@@ -69,14 +69,14 @@ apt_install() { # PACKAGE...
   progress as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@"
 }
 
-# tests/node_consul.rs drives the dev KV with node-consul from npm,
-# installed in tests/node_consul/ as its package-lock.json pins it; once
+# tests/it/node_consul.rs drives the dev KV with node-consul from npm,
+# installed in tests/it/node_consul/ as its package-lock.json pins it; once
 # there (at the pinned version) nothing is fetched again.
 node_consul_pinned() {
-  node -p 'require("./tests/node_consul/package-lock.json").packages["node_modules/consul"].version'
+  node -p 'require("./tests/it/node_consul/package-lock.json").packages["node_modules/consul"].version'
 }
 node_consul_installed() {
-  node -p 'require("./tests/node_consul/node_modules/consul/package.json").version' 2>/dev/null
+  node -p 'require("./tests/it/node_consul/node_modules/consul/package.json").version' 2>/dev/null
 }
 ensure_node_consul() {
   if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
@@ -84,8 +84,8 @@ ensure_node_consul() {
     apt_install nodejs npm
   else have node and npm; fi
   if [ "$(node_consul_installed)" != "$(node_consul_pinned)" ]; then
-    step "npm ci in tests/node_consul (node-consul $(node_consul_pinned))"
-    progress npm ci --prefix tests/node_consul --no-audit --no-fund
+    step "npm ci in tests/it/node_consul (node-consul $(node_consul_pinned))"
+    progress npm ci --prefix tests/it/node_consul --no-audit --no-fund
   else have node-consul; fi
 }
 
@@ -101,7 +101,7 @@ if ! command -v haproxy >/dev/null 2>&1 && [ ! -x /usr/sbin/haproxy ]; then
   apt_install haproxy
 else have haproxy; fi
 if ! command -v systemd-analyze >/dev/null 2>&1; then
-  # tests/haproxy_reload.rs verifies the haproxy.service drop-in with it.
+  # tests/it/haproxy_reload.rs verifies the haproxy.service drop-in with it.
   step "apt-get install systemd (for systemd-analyze)"
   apt_install systemd
 else have systemd-analyze; fi
@@ -111,7 +111,7 @@ if ! command -v openssl >/dev/null 2>&1; then
   apt_install openssl
 else have openssl; fi
 if ! python3 -c 'import yaml' >/dev/null 2>&1; then
-  # tests/kubernetes.rs reads the Kubernetes example with PyYAML.
+  # tests/it/kubernetes.rs reads the Kubernetes example with PyYAML.
   step "apt-get install python3-yaml"
   apt_install python3-yaml
 else have python3-yaml; fi
@@ -122,7 +122,7 @@ if ! command -v promtool >/dev/null 2>&1 || ! command -v prometheus >/dev/null 2
   progress as_root scripts/install-prometheus.sh /usr/local/bin
 else have prometheus and promtool; fi
 
-# Release builds (scripts/release.sh, which tests/release.rs runs) link with
+# Release builds (scripts/release.sh, which tests/it/release.rs runs) link with
 # zig through cargo-zigbuild (glibc 2.17 symbols): ziglang from PyPI
 # (cargo-zigbuild finds it as `python3 -m ziglang`), cargo-zigbuild from
 # crates.io.
@@ -153,7 +153,7 @@ ensure_cargo_fuzz() {
   else have cargo-fuzz; fi
 }
 
-# tests/py_consul.rs drives the dev KV with a consul client from PyPI.
+# tests/it/py_consul.rs drives the dev KV with a consul client from PyPI.
 ensure_py_consul() {
   local pip
   if ! python3 -c 'import consul' >/dev/null 2>&1; then

@@ -85,7 +85,7 @@ host=$(rustc -vV | sed -n 's/^host: //p')
 [ ${#targets[@]} -gt 0 ] || targets=("$host")
 
 # The oldest glibc the release binary runs on: cargo-zigbuild links against
-# this version's symbols (tests/release.rs checks the binary needs no newer).
+# this version's symbols (tests/it/release.rs checks the binary needs no newer).
 glibc_floor=2.17
 
 arch_of() {

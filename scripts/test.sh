@@ -7,7 +7,9 @@
 #   scripts/test.sh [unit|integration] [CARGO TEST ARGS...]
 #
 #   unit          the unit tests beside the code: cargo test --lib --bins
-#   integration   the integration tests, tests/*.rs: cargo test --test '*'
+#   integration   the integration tests: cargo test --test '*' (two targets:
+#                 tests/it/, one module a topic, and tests/allocator.rs);
+#                 one topic: scripts/test.sh integration --test it -- haproxy::
 #   (neither)     cargo test: both, and the doc tests
 set -euo pipefail
 cd "$(dirname "$0")/.."

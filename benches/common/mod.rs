@@ -17,6 +17,11 @@
 //! Every loop is bounded by the run's deadline and a per-check timeout.
 #![allow(dead_code)]
 
+// The process readers the integration tests use (`/proc`, the agent's
+// `listening` line): one copy for both.
+#[path = "../../tests/it/support/process.rs"]
+pub mod process;
+
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -628,30 +633,17 @@ pub fn process_cpu() -> Duration {
     tv(ru.ru_utime) + tv(ru.ru_stime)
 }
 
-/// utime + stime of another process, from /proc/<pid>/stat.
+/// utime + stime of another process (zero once it is gone).
 pub fn proc_cpu(pid: u32) -> Duration {
-    let Ok(s) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-        return Duration::ZERO;
-    };
-    let rest = s.rsplit_once(')').map_or("", |(_, r)| r);
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    let ticks: u64 = f.get(11).and_then(|v| v.parse().ok()).unwrap_or(0)
-        + f.get(12).and_then(|v| v.parse().ok()).unwrap_or(0);
+    let ticks = process::cpu_ticks(pid).unwrap_or(0);
     // SAFETY: sysconf has no preconditions.
     let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
     Duration::from_nanos(ticks * 1_000_000_000 / hz)
 }
 
-/// VmRSS of a process in kB.
+/// VmRSS of a process in kB (zero once it is gone).
 pub fn rss_kb(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmRSS:"))
-                .and_then(|l| l.split_whitespace().nth(1).and_then(|v| v.parse().ok()))
-        })
-        .unwrap_or(0)
+    process::status_kib(pid, "VmRSS").unwrap_or(0)
 }
 
 /// (busy, steal, total) ticks of cpu0 and cpu1 from /proc/stat.
@@ -695,16 +687,11 @@ pub struct Agent {
     pub kv: SocketAddrV4,
 }
 
-/// The agent binary: cargo builds it for benches and passes its path.
-pub fn agent_bin() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_gitlab-haproxy-agent"))
-}
-
 /// Starts the agent binary with exactly `args` (JSON logs at info, stderr
 /// drained by a thread) and waits for its `listening` line, which names
 /// the addresses it bound ([`addr_in`]).
 pub fn spawn_agent(args: &[&str]) -> (Child, String) {
-    let mut child = Command::new(agent_bin())
+    let mut child = Command::new(env!("CARGO_BIN_EXE_gitlab-haproxy-agent"))
         .args(args)
         .env("GITLAB_LOG_LEVEL", "info")
         .env("GITLAB_LOG_FORMAT", "json")
@@ -732,16 +719,11 @@ pub fn spawn_agent(args: &[&str]) -> (Child, String) {
     (child, line)
 }
 
-/// An address named in the `listening` line (`listen_addr`, ...).
+/// An IPv4 address named in the `listening` line (`listen_addr`, ...).
 pub fn addr_in(line: &str, name: &str) -> SocketAddrV4 {
-    let at = line
-        .find(&format!("{name}="))
-        .unwrap_or_else(|| panic!("{name} in {line}"));
-    let rest = &line[at + name.len() + 1..];
-    let end = rest.find([' ', '"']).unwrap_or(rest.len());
-    match rest[..end].parse::<SocketAddr>() {
-        Ok(SocketAddr::V4(a)) => a,
-        other => panic!("{name}: {other:?}"),
+    match process::logged_addr(line, name) {
+        Some(SocketAddr::V4(a)) => a,
+        other => panic!("{name} in {line}: {other:?}"),
     }
 }
 

@@ -636,7 +636,7 @@ mod tests {
 
     #[test]
     fn consul_restarted_empty_at_the_same_index_is_swapped_in() {
-        // Regression (tests/haproxy.rs, consul down): a dev KV restarted
+        // Regression (tests/it/haproxy/, consul down): a dev KV restarted
         // empty and rewritten reached the index the agent held with other
         // data; the re-read after the outage was taken as "unchanged" and
         // the new data was never applied.
