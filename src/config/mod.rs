@@ -52,11 +52,11 @@ pub use addr::{
 };
 pub use check::UsageError;
 pub use flags::usage;
-pub use model::{Command, Config, ConsulConfig, GzipMode};
 /// `daemon_flag`: how the daemon's flag takes its value; the writers and
 /// `status` pass the daemon's flags on to [`parse`], so they need to know
 /// which word is a flag's value.
 pub use lex::{go_flags, takes as daemon_flag, Given, GoFlags, Takes, Word};
+pub use model::{Command, Config, ConsulConfig, GzipMode};
 pub use tls::{ConsulTls, SharedConfig};
 pub use validate::max_line_bytes;
 

@@ -15,8 +15,8 @@
 
 use std::time::Instant;
 
-use super::{ConnId, ConsulView, Core};
-use crate::devkv::Handled;
+use super::{Answer, ConnId, ConsulView, Core};
+use crate::devkv::{Handled, Wait};
 use crate::http::server::{is_head, Reply, Role};
 use crate::http::{RequestHead, Response};
 use crate::monitoring::renders::{Body, Heavy};
@@ -27,13 +27,10 @@ use crate::slice::Slice;
 use crate::state::unasked::Asking;
 
 /// Dev KV bodies over this size are sent chunked, as consul's are.
-pub(super) const DEVKV_CHUNK: usize = 2048;
-
-/// A response for a connection: what the loop writes.
-pub type Answer = Reply;
+const DEVKV_CHUNK: usize = 2048;
 
 impl Reply {
-    pub(super) fn full(resp: Response, head_only: bool, chunk_over: Option<usize>) -> Reply {
+    fn full(resp: Response, head_only: bool, chunk_over: Option<usize>) -> Reply {
         Reply::Full {
             resp,
             head_only,
@@ -183,5 +180,21 @@ impl Core {
             }),
             expiry: self.expiry.shown(),
         }
+    }
+
+    /// Answers the parked queries that left the parking: the dev KV renders
+    /// each, then frees what they shared.
+    pub(super) fn answer_parked(&mut self, left: Vec<(ConnId, Wait)>) {
+        let Some(kv) = self.devkv.as_mut() else {
+            return;
+        };
+        if left.is_empty() {
+            return;
+        }
+        for (id, wait) in left {
+            let answer = Reply::full(kv.answer(&wait), false, Some(DEVKV_CHUNK));
+            self.outbox.push_back((id, answer));
+        }
+        kv.forget_rendered();
     }
 }

@@ -37,7 +37,7 @@ use crate::consul::client::Traffic;
 use crate::consul::health::Health;
 use crate::consul::watch::Update;
 use crate::contract::Admin;
-use crate::devkv::{DevKv, Parking, Wait};
+use crate::devkv::{DevKv, Parking};
 use crate::monitoring::metrics::Metrics;
 use crate::monitoring::renders::Renders;
 use crate::notify::Answering;
@@ -48,7 +48,8 @@ use crate::state::file::Loaded;
 use crate::state::unasked::Unasked;
 use crate::state::{Clock, HeldFile, Snapshot, Source, Swapper};
 
-pub use http::Answer;
+/// A response for a connection: what the loop writes.
+pub type Answer = crate::http::server::Reply;
 
 /// An HTTP connection as the loop names it: its table key and the key's
 /// generation (a key reused by a later connection has another).
@@ -308,21 +309,5 @@ impl Core {
         if !f.finish(persist::SHUTDOWN_WAIT) {
             warn!("shut down before the last state file write completed");
         }
-    }
-
-    /// Answers the parked queries that left the parking: the dev KV renders
-    /// each, then frees what they shared.
-    fn answer_parked(&mut self, left: Vec<(ConnId, Wait)>) {
-        let Some(kv) = self.devkv.as_mut() else {
-            return;
-        };
-        if left.is_empty() {
-            return;
-        }
-        for (id, wait) in left {
-            let answer = Answer::full(kv.answer(&wait), false, Some(http::DEVKV_CHUNK));
-            self.outbox.push_back((id, answer));
-        }
-        kv.forget_rendered();
     }
 }

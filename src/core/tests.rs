@@ -8,11 +8,11 @@ use std::time::{Duration, Instant, SystemTime};
 
 use super::{ConnId, ConsulView, Core};
 use crate::config::{Command, Config};
-use crate::kv::KvPair;
 use crate::consul::error::{ErrorReason, Failure};
 use crate::consul::watch::Update;
 use crate::http::server::{Reply, Role};
 use crate::http::{parse_request_head, Parse, RequestHead};
+use crate::kv::KvPair;
 use crate::notify::Answering;
 use crate::state::{Snapshot, Source};
 

@@ -13,16 +13,14 @@
 //! dropped as they reach the front or once they outnumber the open
 //! connections.
 
-use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use log::{debug, trace, warn};
-use mio::event::Source;
 use mio::net::TcpStream;
 use mio::Interest;
 
 use super::gate::{AcceptError, Admit};
-use super::table::Pollable;
+use super::slots::AgentSlot;
 use super::EventLoop;
 use crate::agent::conn::{AgentConn, Progress};
 use crate::agent::Outcome;
@@ -33,28 +31,6 @@ const ACCEPT_BATCH: usize = 256;
 
 /// Eviction warnings at most this often.
 const EVICT_WARN_EVERY: Duration = Duration::from_secs(10);
-
-/// Agent connections in the table, oldest first, as (key, generation):
-/// the eviction order. Entries of closed or answered connections are
-/// skipped at the front and compacted when they pile up.
-#[derive(Default)]
-pub struct AcceptOrder {
-    queue: VecDeque<(usize, u32)>,
-    last_warning: Option<Instant>,
-}
-
-/// An agent connection waiting for the rest of its line (or for room to
-/// write its reply).
-pub struct AgentSlot {
-    pub conn: AgentConn,
-    pub accepted: Instant,
-}
-
-impl Pollable for AgentSlot {
-    fn source(&mut self) -> &mut dyn Source {
-        self.conn.stream_mut()
-    }
-}
 
 fn interest(progress: Progress) -> Result<Interest, Outcome> {
     match progress {

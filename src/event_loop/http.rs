@@ -12,12 +12,11 @@
 use std::time::Instant;
 
 use log::{debug, warn};
-use mio::event::Source;
 use mio::net::TcpStream;
 use mio::Interest;
 
 use super::gate::{AcceptError, Admit};
-use super::table::Pollable;
+use super::slots::HttpSlot;
 use super::{EventLoop, HTTP_REQUESTS_PER_TURN, HTTP_REQUESTS_PER_TURN_ALL};
 use crate::core::{Answer, ConnId};
 use crate::http::server::{HttpConn, HttpProgress, Role};
@@ -26,22 +25,8 @@ use crate::monitoring::metrics::HttpDrop;
 
 /// Connections one HTTP listener may accept per turn.
 const ACCEPT_BATCH: usize = 64;
-/// The HTTP connections' read buffer, shared (they copy out what they keep).
-pub const SCRATCH: usize = 16 * 1024;
 /// Repeated full-pool warnings at most this often.
 const POOL_WARN_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
-
-/// An open HTTP connection.
-pub struct HttpSlot {
-    conn: HttpConn<TcpStream>,
-    role: Role,
-}
-
-impl Pollable for HttpSlot {
-    fn source(&mut self) -> &mut dyn Source {
-        self.conn.stream_mut()
-    }
-}
 
 impl EventLoop {
     pub(super) fn accept_http(&mut self, role: Role, now: Instant) {

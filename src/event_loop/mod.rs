@@ -41,6 +41,7 @@ mod gate;
 mod http;
 mod listeners;
 mod poll_errors;
+mod slots;
 mod systemd;
 mod table;
 
@@ -58,10 +59,9 @@ use crate::consul::client::{Client, SocketConnector};
 use crate::consul::watch::Update;
 use crate::core::{ConsulView, Core};
 use crate::http::server::Role;
-use agents::{AcceptOrder, AgentSlot};
 use gate::AcceptGate;
-use http::HttpSlot;
 use poll_errors::{PollErrors, Verdict};
+use slots::{AcceptOrder, AgentSlot, HttpSlot};
 use systemd::Notify;
 use table::ConnTable;
 
@@ -203,7 +203,7 @@ impl EventLoop {
             https: ConnTable::new(HTTP_BASE, 0),
             http_gate: AcceptGate::new(usize::MAX),
             http_open: [0; Role::ALL.len()],
-            http_scratch: vec![0; http::SCRATCH],
+            http_scratch: vec![0; slots::SCRATCH],
             again: Vec::new(),
             http_turn_requests: 0,
             last_pool_warning: [None; Role::ALL.len()],

@@ -29,7 +29,7 @@ use std::time::{Instant, SystemTime};
 
 use serde_json::json;
 
-use super::{Status, MAX_UNKNOWN_SHOWN};
+use super::status::{Status, MAX_UNKNOWN_SHOWN};
 use crate::contract::Desired;
 use crate::debug_doc::{self as doc, Asked, Head, IdentityRow, InvalidRow, UnaskedRow};
 use crate::slice::Slice;
@@ -496,7 +496,7 @@ mod tests {
     use super::*;
     use crate::consul::kv::KvPair;
     use crate::monitoring::metrics::Metrics;
-    use crate::monitoring::{StateFileStatus, WatchStatus};
+    use crate::monitoring::status::{StateFileStatus, WatchStatus};
     use crate::state::unasked::Unasked;
     use crate::state::{Clock, Swapper};
     use std::time::Duration;

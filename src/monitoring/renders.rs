@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use super::debug_state::DebugStateRender;
 use super::metrics::MetricsRender;
-use super::{metrics_view, Status};
+use super::status::{metrics_view, Status};
 use crate::slice::Slice;
 use crate::state::unasked::Asking;
 use crate::state::Snapshot;
@@ -207,7 +207,7 @@ mod tests {
     use crate::consul::client::Traffic;
     use crate::consul::kv::KvPair;
     use crate::monitoring::metrics::Metrics;
-    use crate::monitoring::WatchStatus;
+    use crate::monitoring::status::WatchStatus;
     use crate::state::unasked::Unasked;
     use crate::state::{Clock, Source, Swapper};
     use std::time::SystemTime;

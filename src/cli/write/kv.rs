@@ -14,9 +14,9 @@ use std::ffi::OsString;
 
 use super::key::Held;
 use crate::config::Command;
+use crate::consul::error::ErrorReason;
 use crate::consul::exchange::Exchange;
 use crate::consul::kv::{decode_list, KvPair};
-use crate::consul::error::ErrorReason;
 use crate::contract::expiry::of_flags;
 use crate::contract::identity::state_key;
 use crate::contract::txn::{parse_answer, TxnAnswer};

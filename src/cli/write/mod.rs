@@ -27,5 +27,3 @@ mod words;
 pub use kv::{Kv, RECORD_PREFIX};
 pub use ramp::run as ramp;
 pub use set::{run_set as set, run_unset as unset};
-
-pub(crate) use kv::unix_now;
