@@ -123,7 +123,7 @@ struct TxnError {
 /// checked first (`convertOps`); a transaction with no write then goes
 /// through `parse` (consistency, `wait`, `index`) to `Txn.Read`, one with a
 /// write to `Txn.Apply` with only its datacenter read (`parseDC`); either
-/// RPC is routed to `?dc=` before it runs ([`forward`]).
+/// RPC is routed to `?dc=` before it runs (`forward`).
 pub fn handle(store: &mut Store, query: &str, body: &[u8], now: Instant) -> Response {
     let ops = match decode(body) {
         Ok(ops) => ops,

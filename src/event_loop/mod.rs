@@ -23,7 +23,7 @@
 //! signal turns the `poll` timeout to zero.
 //!
 //! Background work (decoding, retiring, the unasked sweep, renders) runs
-//! in [`Slice`]s of time: each turn's work ends about [`crate::slice::SLICE`]
+//! in `Slice`s of time: each turn's work ends about [`crate::slice::SLICE`]
 //! after the turn's clock, so a ready check waits at most about that long
 //! behind the agent's own work (`loop_turn_seconds` shows it).
 //!

@@ -22,7 +22,7 @@ use crate::contract::identity::state_key;
 use crate::contract::txn::{parse_answer, TxnAnswer};
 use crate::http::{percent_encode, EncodeSet};
 
-/// The flag naming the records' prefix (default: [`meta_prefix`]).
+/// The flag naming the records' prefix (default: `meta_prefix`).
 pub const RECORD_PREFIX: &str = "record-prefix";
 
 /// Consul, as the daemon would reach it, the KV prefix, the records'

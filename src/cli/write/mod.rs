@@ -3,12 +3,12 @@
 //! the KV contract ([`crate::contract`]), each key with its record.
 //!
 //! - The commands: [`set()`], [`ramp()`] (its steps: [`schedule`], its
-//!   loop: [`machine`]).
-//! - Their words: [`words`] (identities and values), [`recorder`] (the
-//!   record's `-by`, `-reason`, `-for`, `-until`), [`haproxy`] (weights
+//!   loop: `machine`).
+//! - Their words: `words` (identities and values), [`recorder`] (the
+//!   record's `-by`, `-reason`, `-for`, `-until`), `haproxy` (weights
 //!   a static backend ignores).
-//! - A key and its change: [`key`], [`change`]; the undo: [`undo`].
-//! - Consul: [`kv`] (reads, one transaction sent), [`deliver`] (what its
+//! - A key and its change: `key`, `change`; the undo: `undo`.
+//! - Consul: `kv` (reads, one transaction sent), `deliver` (what its
 //!   answer means: applied, conflict, refused, or lost and settled).
 
 mod change;

@@ -2,9 +2,9 @@
 //! `-until`, and the command line; what each write carries of the record
 //! it replaces; the record it writes ([`crate::contract::record`]).
 //!
-//! - [`Recorder::of`]: the words checked (exit 2 otherwise; `-by` and
+//! - `Recorder::of`: the words checked (exit 2 otherwise; `-by` and
 //!   `-reason` by [`check_text`]: a terminal shows what was written).
-//! - [`Recorder::expiry`], [`Recorder::carry`]: the expiry and reason a
+//! - `Recorder::expiry`, `Recorder::carry`: the expiry and reason a
 //!   write puts or keeps.
 //! - [`who`], [`command_line`]: who writes, and the command line as
 //!   kept (a URL's `user:password@` masked, cut to [`MAX_COMMAND`] bytes).

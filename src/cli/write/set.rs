@@ -1,6 +1,6 @@
 //! `set IDENTITY=VALUE... | -f FILE` and `unset IDENTITY...`: check every
 //! word first, read the keys, print each change, write them in guarded
-//! transactions of [`BATCH`](super::plan::BATCH) operations, print the undo line.
+//! transactions of `BATCH` operations, print the undo line.
 
 use std::collections::HashMap;
 use std::ffi::OsString;
