@@ -613,6 +613,22 @@ impl Hasher for IdentityHasher {
     }
 }
 
+/// A snapshot of `pairs` (identity below `prefix`, value) all written at
+/// `index`: the unit tests' state.
+#[cfg(test)]
+pub(crate) fn test_snapshot(prefix: &str, index: u64, pairs: &[(&str, &str)]) -> Snapshot {
+    let pairs = pairs
+        .iter()
+        .map(|(k, v)| KvPair {
+            key: format!("{prefix}/{k}"),
+            value: v.as_bytes().to_vec(),
+            modify_index: index,
+            flags: 0,
+        })
+        .collect();
+    Snapshot::build(prefix, index, pairs)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -12,7 +12,6 @@ use crate::consul::error::{ErrorReason, Failure};
 use crate::consul::watch::Update;
 use crate::http::server::{Reply, Role};
 use crate::http::{parse_request_head, Parse, RequestHead};
-use crate::kv::KvPair;
 use crate::notify::Answering;
 use crate::state::{Snapshot, Source};
 
@@ -33,16 +32,7 @@ fn core(extra: &[&str], devkv: bool) -> (Core, Instant) {
 }
 
 fn snapshot(index: u64, pairs: &[(&str, &str)]) -> Snapshot {
-    let pairs = pairs
-        .iter()
-        .map(|(k, v)| KvPair {
-            key: format!("{PREFIX}/{k}"),
-            value: v.as_bytes().to_vec(),
-            modify_index: index,
-            flags: 0,
-        })
-        .collect();
-    Snapshot::build(PREFIX, index, pairs)
+    crate::state::test_snapshot(PREFIX, index, pairs)
 }
 
 fn reply(core: &mut Core, identity: &str, now: Instant) -> Option<String> {

@@ -328,7 +328,6 @@ impl InvalidScan {
 mod tests {
     use super::*;
     use crate::contract::Desired;
-    use crate::kv::KvPair;
 
     const PREFIX: &str = "p";
 
@@ -337,16 +336,7 @@ mod tests {
     }
 
     fn snapshot(index: u64, pairs: &[(&str, &str)]) -> Snapshot {
-        let pairs = pairs
-            .iter()
-            .map(|(k, v)| KvPair {
-                key: format!("{PREFIX}/{k}"),
-                value: v.as_bytes().to_vec(),
-                modify_index: index,
-                flags: 0,
-            })
-            .collect();
-        Snapshot::build(PREFIX, index, pairs)
+        crate::state::test_snapshot(PREFIX, index, pairs)
     }
 
     fn reply(s: &Swapper, identity: &str) -> Option<&'static [u8]> {
