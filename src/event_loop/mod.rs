@@ -1,39 +1,20 @@
-//! The one mio poll loop: IO only. It owns `poll`, the listeners, the
-//! connection tables and their registrations, reads the clock once per
-//! turn, gathers the deadlines into the `poll` timeout, and shuts down; it
-//! knows no protocol (bytes are parsed by the machines it drives) and no
-//! domain rule: what a check, a consul answer or a request means is the
-//! sans-IO [`Core`]'s to decide.
+//! The one mio poll loop, IO only: `poll`, the listeners, the connection
+//! tables and their registrations; what a check, a consul answer or a
+//! request means is the sans-IO [`Core`]'s to decide. One thread; the loop
+//! blocks only in `poll`, whose timeout is the nearest deadline.
 //!
-//! In: bound listeners, the configuration, signals. Out: answers, state
-//! swaps, metrics, logs; returns on SIGTERM/SIGINT once in-flight answers are
-//! done (bounded). Always holds: one thread; the loop never blocks except in
-//! `poll`, whose timeout is the nearest deadline; the clock is read once per
-//! turn and passed down (answers read it for the duration histogram only).
-//!
-//! Tokens: fixed ones for the listeners, consul and signals; agent
-//! connections at `AGENT_BASE + slab key`, HTTP connections at
-//! `HTTP_BASE + slab key` (each a `table::ConnTable`).
-//!
-//! Work left: every machine with more to do reports a deadline of now
-//! (`EventLoop::next_deadline`): a decode slice or a spent read budget
-//! (the consul client), a state still being retired, a sweep in progress,
-//! a heavy render requests wait for, an accept batch that ran out or a
-//! gate that opened again, HTTP connections queued in `again`. That one
-//! signal turns the `poll` timeout to zero.
-//!
-//! Background work (decoding, retiring, the unasked sweep, renders) runs
-//! in `Slice`s of time: each turn's work ends about [`crate::slice::SLICE`]
-//! after the turn's clock, so a ready check waits at most about that long
-//! behind the agent's own work (`loop_turn_seconds` shows it).
-//!
-//! Fairness: no connection gets more than a fixed budget per turn (an
-//! agent check one line; an HTTP connection
-//! [`crate::http::server::READ_BUDGET`] bytes and
-//! `HTTP_REQUESTS_PER_TURN` requests, all of them together
-//! `HTTP_REQUESTS_PER_TURN_ALL`; consul its client's read budget or
-//! one decode slice; each listener one accept batch). Work left over is
-//! done next turn, after the turn's new checks.
+//! - The clock is read once per turn and passed down; a machine with work
+//!   left (a decode slice, a state being retired, a render waited for, a
+//!   spent budget) reports a deadline of now, which zeroes the timeout.
+//! - Background work runs in slices: a turn's work ends about
+//!   [`crate::slice::SLICE`] after its clock.
+//! - Fairness: per turn, an agent check one line, an HTTP connection
+//!   [`crate::http::server::READ_BUDGET`] bytes and `HTTP_REQUESTS_PER_TURN`
+//!   requests (`HTTP_REQUESTS_PER_TURN_ALL` in all), consul one read budget
+//!   or decode slice, each listener one accept batch; new checks first.
+//! - Tokens: fixed ones for listeners, consul and signals; connections at
+//!   `AGENT_BASE` or `HTTP_BASE` + slab key. The turn's order and every
+//!   room: `docs/LIFECYCLE.md`.
 
 mod agents;
 mod consul;

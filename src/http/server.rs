@@ -14,12 +14,8 @@
 //! bytes and hands out at most one request. Every phase but `Handling` has
 //! a deadline: a connection never holds its slot forever.
 //!
-//! | phase | waits for | on event | next |
-//! |---|---|---|---|
-//! | `ExpectHead` | readable; [`IDLE_TIMEOUT`] before a byte, [`HEAD_TIMEOUT`] after | head parsed | `ExpectBody` (or refused: `Writing`, close) |
-//! | `ExpectBody` | readable, [`BODY_TIMEOUT`] | body complete | `Handling` (request out) |
-//! | `Handling` | the loop's response (dev KV: maybe parked) | response | `Writing` |
-//! | `Writing` | writable, [`WRITE_TIMEOUT`] | written | `ExpectHead` (keep-alive) or closed |
+//! Phases `ExpectHead`, `ExpectBody`, `Handling`, `Writing`: the table is in
+//! `docs/LIFECYCLE.md`.
 
 use std::io::{self, Read, Write};
 use std::time::{Duration, Instant};
