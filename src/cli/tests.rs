@@ -517,17 +517,16 @@ fn save_server_state_finds_the_file_in_haproxys_configuration() {
         ),
     )
     .unwrap();
-    let (code, out, err) = run_with(
-        "save-server-state",
-        &[
-            "-haproxy-socket",
-            &socket,
-            "-haproxy-config",
-            config.to_str().unwrap(),
-        ],
-        b"",
-        &[],
-    );
+    let save = || {
+        let config = config.to_str().unwrap();
+        run_with(
+            "save-server-state",
+            &["-haproxy-socket", &socket, "-haproxy-config", config],
+            b"",
+            &[],
+        )
+    };
+    let (code, out, err) = save();
     assert_eq!(code, OK, "{err}");
     assert!(
         out.contains(&format!("to {}/state in ", dir.display())),
@@ -544,17 +543,7 @@ fn save_server_state_finds_the_file_in_haproxys_configuration() {
         format!("global\n    server-state-file \"{hostile}\"\n"),
     )
     .unwrap();
-    let (code, out, _) = run_with(
-        "save-server-state",
-        &[
-            "-haproxy-socket",
-            &socket,
-            "-haproxy-config",
-            config.to_str().unwrap(),
-        ],
-        b"",
-        &[],
-    );
+    let (code, out, _) = save();
     assert_eq!(code, OK);
     assert!(
         out.contains("/a\\u001b]0;PWNED\\u0007 in ") && !out.contains('\u{1b}'),
