@@ -10,6 +10,30 @@ use std::ffi::OsString;
 use crate::config::{go_flags, Given, Takes, Word};
 use crate::gocompat::parse_go_bool;
 
+/// The flags a command takes: a column of its row in the command table
+/// (`cli::TABLE`), from which its words are walked.
+#[derive(Debug, Clone, Copy)]
+pub struct Flags {
+    /// Those that take a value, in groups (the records' words are one
+    /// group, shared by the writers).
+    pub values: &'static [&'static [&'static str]],
+    /// Those that do not need one.
+    pub bools: &'static [&'static str],
+    /// The daemon's flags pass through, with their values, to
+    /// [`Args::daemon`]: the writers and `status` take its consul
+    /// settings.
+    pub daemon: bool,
+}
+
+impl Flags {
+    /// No flag but `-h`.
+    pub const NONE: Flags = Flags {
+        values: &[],
+        bools: &[],
+        daemon: false,
+    };
+}
+
 /// What a command was given.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Args {
@@ -22,33 +46,31 @@ pub struct Args {
     pub daemon: Vec<String>,
     /// `-h`, `-help` or `--help`.
     pub help: bool,
+    /// The words as given, for a writer's record of its command line.
+    pub words: Vec<OsString>,
 }
 
 impl Args {
-    /// Splits `args` by the flags a command takes: `values` take a value,
-    /// `bools` do not need one. Anything else starting with `-` is an error.
-    pub fn parse(
-        args: &[OsString],
-        values: &[&'static str],
-        bools: &[&'static str],
-    ) -> Result<Args, String> {
-        Args::parse_with(args, values, bools, |_| None)
-    }
-
-    /// As [`Args::parse`], and a flag `daemon` knows goes to
-    /// [`Args::daemon`] with its value.
-    pub fn parse_with(
-        args: &[OsString],
-        values: &[&'static str],
-        bools: &[&'static str],
-        daemon: fn(&str) -> Option<Takes>,
-    ) -> Result<Args, String> {
-        let mut a = Args::default();
-        let own = |name: &str| values.iter().chain(bools).find(|&&n| n == name).copied();
-        let takes = |name: &str| match own(name) {
-            Some(n) if values.contains(&n) => Some(Takes::Value),
-            Some(_) => Some(Takes::Bool),
-            None => daemon(name),
+    /// Splits `args` by the flags a command takes. Anything else starting
+    /// with `-` is an error, one line.
+    pub fn parse(args: &[OsString], flags: &Flags) -> Result<Args, String> {
+        let mut a = Args {
+            words: args.to_vec(),
+            ..Args::default()
+        };
+        let value = |name: &str| {
+            let mut all = flags.values.iter().flat_map(|g| g.iter());
+            all.find(|&&n| n == name).copied()
+        };
+        let own = |name: &str| value(name).or(flags.bools.iter().find(|&&n| n == name).copied());
+        let daemon = |name: &str| match flags.daemon {
+            true => crate::config::daemon_flag(name),
+            false => None,
+        };
+        let takes = |name: &str| match (value(name), own(name)) {
+            (Some(_), _) => Some(Takes::Value),
+            (None, Some(_)) => Some(Takes::Bool),
+            (None, None) => daemon(name),
         };
         for word in go_flags(args.iter().cloned(), takes, true) {
             let (word, name, given) = match word? {
@@ -59,7 +81,7 @@ impl Args {
                 Word::Flag { word, name, given } => (word, name, given),
             };
             let next = matches!(given, Given::Next(_));
-            let value = match given {
+            let given = match given {
                 Given::Alone => None,
                 Given::Inline(v) => Some(v),
                 Given::Next(v) => Some(
@@ -67,9 +89,9 @@ impl Args {
                         .map_err(|v| format!("argument {v:?} is not valid UTF-8"))?,
                 ),
             };
-            match (own(&name), value) {
+            match (own(&name), given) {
                 _ if matches!(name.as_str(), "h" | "help") => a.help = true,
-                (Some(n), Some(v)) if values.contains(&n) => a.values.push((n, v)),
+                (Some(n), Some(v)) if value(n).is_some() => a.values.push((n, v)),
                 (Some(n), None) => a.bools.push((n, true)),
                 (Some(n), Some(v)) => match parse_go_bool(&v) {
                     Some(b) => a.bools.push((n, b)),
@@ -118,7 +140,12 @@ mod tests {
 
     fn parse(words: &[&str]) -> Result<Args, String> {
         let words: Vec<OsString> = words.iter().map(OsString::from).collect();
-        Args::parse(&words, &["listen-addr"], &["json"])
+        let flags = Flags {
+            values: &[&["listen-addr"]],
+            bools: &["json"],
+            daemon: false,
+        };
+        Args::parse(&words, &flags)
     }
 
     #[test]
@@ -155,12 +182,12 @@ mod tests {
         .iter()
         .map(OsString::from)
         .collect();
-        let daemon = |name: &str| match name {
-            "consul-addr" | "kv-prefix" => Some(Takes::Value),
-            "dev" => Some(Takes::Bool),
-            _ => None,
+        let flags = Flags {
+            values: &[],
+            bools: &["json"],
+            daemon: true,
         };
-        let a = Args::parse_with(&words, &[], &["json"], daemon).unwrap();
+        let a = Args::parse(&words, &flags).unwrap();
         assert_eq!(a.positional, ["be/a=drain", "be/b"]);
         assert_eq!(
             a.daemon,
@@ -169,7 +196,7 @@ mod tests {
         assert!(a.flag("json"));
         let words = [OsString::from("-consul-addr")];
         assert_eq!(
-            Args::parse_with(&words, &[], &[], daemon).unwrap_err(),
+            Args::parse(&words, &flags).unwrap_err(),
             "flag needs an argument: -consul-addr"
         );
     }
@@ -198,6 +225,11 @@ mod tests {
             "bad flag syntax: \"---json\""
         );
         assert_eq!(parse(&["--", "---json"]).unwrap().positional, ["---json"]);
+        assert_eq!(
+            parse(&["-consul-addr", "c:8500"]).unwrap_err(),
+            "flag provided but not defined: -consul-addr",
+            "the daemon's flags pass only where the row says so"
+        );
         assert_eq!(
             parse(&["-json=maybe"]).unwrap_err(),
             "invalid value \"maybe\" for flag -json"

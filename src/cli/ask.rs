@@ -5,13 +5,13 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::Duration;
 
-use super::{begin, target, usage_error, Io, FINDING, OK};
+use super::{target, usage_error, Args, Io, FINDING, OK};
 
 /// How long the agent has to accept and to answer (its own read timeout
 /// is for the peer; an answer takes microseconds).
 const TIMEOUT: Duration = Duration::from_secs(5);
 
-const HELP: &str = "\
+pub(super) const HELP: &str = "\
 usage: gitlab-haproxy-agent ask IDENTITY [-listen-addr ADDR]
 
 Asks the running agent for IDENTITY exactly as haproxy's agent-check does
@@ -27,11 +27,7 @@ The agent closes without a reply (and haproxy then leaves the server as it is) w
   - the line is empty, longer than -max-line-bytes (default 256), or holds a control byte;
   - it is shutting down.";
 
-pub(super) fn run(args: &[std::ffi::OsString], io: &mut Io<'_>) -> u8 {
-    let a = match begin(io, "ask", HELP, args, (&["listen-addr"], &[])) {
-        Ok(a) => a,
-        Err(code) => return code,
-    };
+pub(super) fn run(a: &Args, io: &mut Io<'_>) -> u8 {
     let [identity] = &a.positional[..] else {
         return usage_error(
             io,
@@ -46,7 +42,7 @@ pub(super) fn run(args: &[std::ffi::OsString], io: &mut Io<'_>) -> u8 {
             "IDENTITY holds a newline: the agent would answer for what comes before it",
         );
     }
-    let addr = match target(&a, io, "listen-addr", ":9777") {
+    let addr = match target(a, io, "listen-addr", ":9777") {
         Ok(addr) => addr,
         Err(e) => return usage_error(io, "ask", &e),
     };

@@ -10,20 +10,19 @@
 //! takes silence for 0.
 
 use std::collections::{HashMap, HashSet};
-use std::ffi::OsString;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use super::fetch::{cli, http_get, show_proc};
 use super::lint::{config_env, read_config};
-use super::{begin, usage_error, Io, FINDING, OK};
+use super::{usage_error, Args, Io, FINDING, OK};
 use crate::config::{parse_http_url, parse_stats_socket, StatsSocket};
 use crate::drain::process::{InfoReader, Process, StateReader};
 use crate::drain::stat::{ServerKey, ServerStat, StatReader};
 use crate::drain::{judge, prom, show, Poll, Reading, Rules, Seen, Target};
 use crate::gocompat::parse_go_duration;
 
-const HELP: &str = "\
+pub(super) const HELP: &str = "\
 usage: gitlab-haproxy-agent wait-drained IDENTITY... -timeout DURATION
            [-haproxy-master-socket ADDR]... [-haproxy-socket ADDR]...
            [-prometheus URL [-expect-instances N] [-prometheus-lookback 10m]]
@@ -152,25 +151,8 @@ struct Plan {
     json: bool,
 }
 
-pub(super) fn run(args: &[OsString], io: &mut Io<'_>) -> u8 {
-    let flags = (
-        &[
-            "timeout",
-            "interval",
-            "haproxy-socket",
-            "haproxy-master-socket",
-            "prometheus",
-            "prometheus-lookback",
-            "expect-instances",
-            "haproxy-config",
-        ][..],
-        &["json", "require-drain"][..],
-    );
-    let a = match begin(io, "wait-drained", HELP, args, flags) {
-        Ok(a) => a,
-        Err(code) => return code,
-    };
-    let plan = match plan(&a, io) {
+pub(super) fn run(a: &Args, io: &mut Io<'_>) -> u8 {
+    let plan = match plan(a, io) {
         Ok(plan) => plan,
         Err(e) => return usage_error(io, "wait-drained", &e),
     };

@@ -4,9 +4,9 @@
 
 use std::net::IpAddr;
 
-use super::{begin, listen_setting, setting, usage_error, Io, FINDING, OK};
+use super::{listen_setting, setting, usage_error, Args, Io, FINDING, OK};
 
-const HELP: &str = "\
+pub(super) const HELP: &str = "\
 usage: gitlab-haproxy-agent lint-haproxy FILE... [-listen-addr ADDR] [-max-line-bytes N]
            [-haproxy-version V | -haproxy-bin PATH] [-reply-up]
 
@@ -39,28 +39,15 @@ default GITLAB_HAPROXY_AGENT_MAX_LINE_BYTES, else 256.
 Exit 0: no error (warnings allowed); 1: at least one error; 2: usage.
 ";
 
-pub(super) fn run(args: &[std::ffi::OsString], io: &mut Io<'_>) -> u8 {
-    let flags = (
-        &[
-            "listen-addr",
-            "max-line-bytes",
-            "haproxy-version",
-            "haproxy-bin",
-        ][..],
-        &["reply-up"][..],
-    );
-    let a = match begin(io, "lint-haproxy", HELP, args, flags) {
-        Ok(a) => a,
-        Err(code) => return code,
-    };
+pub(super) fn run(a: &Args, io: &mut Io<'_>) -> u8 {
     if a.positional.is_empty() {
         return usage_error(io, "lint-haproxy", "no configuration file given");
     }
-    let listen = match listen_setting(&a, io, "listen-addr", ":9777") {
+    let listen = match listen_setting(a, io, "listen-addr", ":9777") {
         Ok(listen) => listen,
         Err(e) => return usage_error(io, "lint-haproxy", &e),
     };
-    let (text, from) = setting(&a, io, "max-line-bytes", "256");
+    let (text, from) = setting(a, io, "max-line-bytes", "256");
     let max_line = match crate::config::max_line_bytes(&text) {
         Ok(n) => n,
         Err(e) => {
@@ -68,11 +55,11 @@ pub(super) fn run(args: &[std::ffi::OsString], io: &mut Io<'_>) -> u8 {
             return usage_error(io, "lint-haproxy", &e);
         }
     };
-    let haproxy = match haproxy_line(&a) {
+    let haproxy = match haproxy_line(a) {
         Ok(line) => line,
         Err(e) => return usage_error(io, "lint-haproxy", &e),
     };
-    let (up, from) = setting(&a, io, "reply-up", "false");
+    let (up, from) = setting(a, io, "reply-up", "false");
     let reply_up = a.flag("reply-up")
         || match crate::gocompat::parse_go_bool(&up) {
             Some(b) => b,

@@ -13,8 +13,9 @@
 //! - `set`, `unset`, `ramp`: write the desired state, checked, atomic,
 //!   guarded against another writer ([`write`](mod@write)).
 //!
-//! Each is one row of `TABLE` (name, synopsis, summary, run), whence
-//! the top-level `-h`, the test of the first word and the dispatch.
+//! Each is one row of `TABLE` (name, synopsis, summary, help, flags, run),
+//! whence the top-level `-h`, the test of the first word, each command's
+//! flag walk and `-h`, and the dispatch.
 //!
 //! In: the words after the command, the environment (for the same
 //! `GITLAB_HAPROXY_AGENT_*` addresses the daemon reads), stdout and stderr.
@@ -34,7 +35,7 @@ pub mod write;
 use std::ffi::OsString;
 use std::io::Write;
 
-pub use args::Args;
+pub use args::{Args, Flags};
 
 /// Where a command writes, and what it may read of the environment.
 pub struct Io<'a> {
@@ -52,42 +53,68 @@ pub const OK: u8 = 0;
 pub const FINDING: u8 = 1;
 pub const USAGE: u8 = 2;
 
-/// One operator command: the first word, its synopsis and summary as
-/// `-h` lists them, and what runs it with the words after it (each parses
-/// its own flags with [`Args`] and prints its own `-h`).
+/// One operator command, a row of [`TABLE`]: the first word, its synopsis
+/// and summary as the top-level `-h` lists them, its own `-h`, the flags
+/// its words are walked by, and what runs it with them.
 struct Command {
     name: &'static str,
     /// The words after the name (continuation lines indented).
     synopsis: &'static str,
     summary: &'static str,
-    run: fn(&[OsString], &mut Io<'_>) -> u8,
+    help: &'static str,
+    flags: Flags,
+    run: fn(&Args, &mut Io<'_>) -> u8,
 }
 
+/// The flags of `status` and the writers that name the record prefix.
+const RECORDS: &[&str] = &write::RECORD_FLAGS;
+
 /// The operator commands, in `-h` order: the top-level help, the test
-/// of the first word and the dispatch all come from here.
+/// of the first word, each command's flags and `-h`, and the dispatch all
+/// come from here.
 const TABLE: &[Command] = &[
     Command {
         name: "ask",
         synopsis: "IDENTITY [-listen-addr ADDR]",
         summary: "ask the running agent for IDENTITY exactly as haproxy does; print the reply line",
+        help: ask::HELP,
+        flags: Flags {
+            values: &[&["listen-addr"]],
+            bools: &[],
+            daemon: false,
+        },
         run: ask::run,
     },
     Command {
         name: "check-value",
         synopsis: "VALUE|-",
         summary: "print the reply a KV value produces, or why the agent would ignore it (- reads stdin)",
+        help: CHECK_VALUE_HELP,
+        flags: Flags::NONE,
         run: check_value,
     },
     Command {
         name: "status",
         synopsis: "[-pprof-addr ADDR] [-record-prefix PREFIX] [-json] [consul flags]",
         summary: "every diverted key: value, reply, when this haproxy last asked, BY, SINCE, REASON, UNTIL",
+        help: status::HELP,
+        flags: Flags {
+            values: &[&[status::PPROF_ADDR, write::RECORD_PREFIX]],
+            bools: &[status::JSON],
+            daemon: true,
+        },
         run: status::run,
     },
     Command {
         name: "lint-haproxy",
         synopsis: "FILE|DIR... [-listen-addr ADDR] [-max-line-bytes N] [-haproxy-version V | -haproxy-bin PATH] [-reply-up]",
         summary: "check the agent-check settings of haproxy configuration files, read as haproxy reads them",
+        help: lint::HELP,
+        flags: Flags {
+            values: &[&["listen-addr", "max-line-bytes", "haproxy-version", "haproxy-bin"]],
+            bools: &["reply-up"],
+            daemon: false,
+        },
         run: lint::run,
     },
     Command {
@@ -95,12 +122,39 @@ const TABLE: &[Command] = &[
         synopsis: "IDENTITY... -timeout DURATION [-haproxy-master-socket ADDR]... [-haproxy-socket ADDR]...
                [-prometheus URL] [-haproxy-config FILE]... [-require-drain] [-interval 1s] [-json]",
         summary: "wait until haproxy holds no session or queue for the servers named",
+        help: drained::HELP,
+        flags: Flags {
+            values: &[&[
+                "timeout",
+                "interval",
+                "haproxy-socket",
+                "haproxy-master-socket",
+                "prometheus",
+                "prometheus-lookback",
+                "expect-instances",
+                "haproxy-config",
+            ]],
+            bools: &["json", "require-drain"],
+            daemon: false,
+        },
         run: drained::run,
     },
     Command {
         name: "save-server-state",
         synopsis: "(-haproxy-master-socket ADDR | -haproxy-socket ADDR) [-o FILE | -haproxy-config FILE] [-timeout 5s]",
         summary: "save haproxy's server state to its server-state-file, before every reload and stop",
+        help: save_state::HELP,
+        flags: Flags {
+            values: &[&[
+                "haproxy-master-socket",
+                "haproxy-socket",
+                "o",
+                "haproxy-config",
+                "timeout",
+            ]],
+            bools: &[],
+            daemon: false,
+        },
         run: save_state::run,
     },
     Command {
@@ -109,12 +163,24 @@ const TABLE: &[Command] = &[
                [-haproxy-config FILE]... [-dry-run] [-json]",
         summary: "write servers' states, checked, in one guarded consul transaction, each with its record
         (a reason and an expiry not given are kept); prints the undo",
+        help: write::SET_HELP,
+        flags: Flags {
+            values: &[&["f", "haproxy-config"], RECORDS],
+            bools: &["dry-run", "json"],
+            daemon: true,
+        },
         run: write::set,
     },
     Command {
         name: "unset",
         synopsis: "IDENTITY... [-dry-run] [-json]",
         summary: "delete servers' keys (back to ready 100%), guarded as set",
+        help: write::UNSET_HELP,
+        flags: Flags {
+            values: &[RECORDS],
+            bools: &["dry-run", "json"],
+            daemon: true,
+        },
         run: write::unset,
     },
     Command {
@@ -122,6 +188,12 @@ const TABLE: &[Command] = &[
         synopsis: "IDENTITY... -to PCT -over DURATION [-from PCT] [-steps N|P1,P2,...] [-then drain|maint|unset]
                [-reason TEXT] [-for DURATION|none | -until TIME] [-haproxy-config FILE]... [-dry-run]",
         summary: "write intermediate weights on a schedule, stopping if anyone else writes",
+        help: write::RAMP_HELP,
+        flags: Flags {
+            values: &[&["to", "over", "from", "steps", "then", "haproxy-config"], RECORDS],
+            bools: &["dry-run"],
+            daemon: true,
+        },
         run: write::ramp,
     },
 ];
@@ -146,11 +218,20 @@ pub fn is_command(word: &str) -> bool {
     TABLE.iter().any(|c| c.name == word)
 }
 
-/// Runs the command `word` with the words after it.
+/// Runs the command `word` with the words after it, walked by its row's
+/// flags: `-h` prints its help, a bad word is a usage error (one line,
+/// exit 2).
 pub fn run(word: &str, args: &[OsString], io: &mut Io<'_>) -> u8 {
-    match TABLE.iter().find(|c| c.name == word) {
-        Some(c) => (c.run)(args, io),
-        None => usage_error(io, word, "not an operator command"),
+    let Some(c) = TABLE.iter().find(|c| c.name == word) else {
+        return usage_error(io, word, "not an operator command");
+    };
+    match Args::parse(args, &c.flags) {
+        Ok(a) if a.help => {
+            let _ = io.out.write_all(c.help.as_bytes());
+            OK
+        }
+        Ok(a) => (c.run)(&a, io),
+        Err(e) => usage_error(io, c.name, &e),
     }
 }
 
@@ -196,25 +277,6 @@ fn listen_setting(
     }
 }
 
-/// A command's words, parsed: `Err(exit code)` once `-h` printed `help`
-/// or a usage error was reported.
-fn begin(
-    io: &mut Io<'_>,
-    command: &str,
-    help: &str,
-    args: &[OsString],
-    flags: (&[&'static str], &[&'static str]),
-) -> Result<Args, u8> {
-    match Args::parse(args, flags.0, flags.1) {
-        Ok(a) if a.help => {
-            let _ = io.out.write_all(help.as_bytes());
-            Err(OK)
-        }
-        Ok(a) => Ok(a),
-        Err(e) => Err(usage_error(io, command, &e)),
-    }
-}
-
 /// One line on stderr, exit 2.
 fn usage_error(io: &mut Io<'_>, command: &str, message: &str) -> u8 {
     let _ = writeln!(
@@ -238,11 +300,7 @@ words are case-insensitive.
 ";
 
 /// `check-value VALUE|-`.
-fn check_value(args: &[OsString], io: &mut Io<'_>) -> u8 {
-    let a = match begin(io, "check-value", CHECK_VALUE_HELP, args, (&[], &[])) {
-        Ok(a) => a,
-        Err(code) => return code,
-    };
+fn check_value(a: &Args, io: &mut Io<'_>) -> u8 {
     let [value] = &a.positional[..] else {
         return usage_error(
             io,

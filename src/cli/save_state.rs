@@ -15,14 +15,14 @@ use std::time::{Duration, Instant};
 
 use super::fetch::{cli, show_proc};
 use super::lint::{config_env, read_config};
-use super::{begin, usage_error, Io, FINDING, OK};
+use super::{usage_error, Args, Io, FINDING, OK};
 use crate::config::{parse_stats_socket, StatsSocket};
 use crate::drain::process::{Dump, DumpReader, InfoReader};
 use crate::drain::show::plural;
 use crate::gocompat::parse_go_duration;
 use crate::persist::Keep;
 
-const HELP: &str = "\
+pub(super) const HELP: &str = "\
 usage: gitlab-haproxy-agent save-server-state
            (-haproxy-master-socket ADDR | -haproxy-socket ADDR)
            [-o FILE | -haproxy-config FILE] [-timeout 5s]
@@ -75,22 +75,8 @@ struct Plan {
     timeout: Duration,
 }
 
-pub(super) fn run(args: &[std::ffi::OsString], io: &mut Io<'_>) -> u8 {
-    let flags = (
-        &[
-            "haproxy-master-socket",
-            "haproxy-socket",
-            "o",
-            "haproxy-config",
-            "timeout",
-        ][..],
-        &[][..],
-    );
-    let a = match begin(io, "save-server-state", HELP, args, flags) {
-        Ok(a) => a,
-        Err(code) => return code,
-    };
-    let plan = match plan(&a, io) {
+pub(super) fn run(a: &Args, io: &mut Io<'_>) -> u8 {
+    let plan = match plan(a, io) {
         Ok(plan) => plan,
         Err(e) => return usage_error(io, "save-server-state", &e),
     };

@@ -27,7 +27,7 @@ const DEADLINE: Duration = Duration::from_secs(30);
 /// `/debug/state` of 100,000 keys is about 20 MB.
 const MAX_BODY: usize = 256 << 20;
 
-const HELP: &str = "\
+pub(super) const HELP: &str = "\
 usage: gitlab-haproxy-agent status [-pprof-addr ADDR] [-json]
        [-record-prefix PREFIX] [consul flags]
 
@@ -45,28 +45,14 @@ is not answering from consul's state.
 ";
 
 /// Its own flags.
-const PPROF_ADDR: &str = "pprof-addr";
-const JSON: &str = "json";
+pub(super) const PPROF_ADDR: &str = "pprof-addr";
+pub(super) const JSON: &str = "json";
 
-pub(super) fn run(args: &[std::ffi::OsString], io: &mut Io<'_>) -> u8 {
-    let parsed = Args::parse_with(
-        args,
-        &[PPROF_ADDR, RECORD_PREFIX],
-        &[JSON],
-        crate::config::daemon_flag,
-    );
-    let a = match parsed {
-        Ok(a) if a.help => {
-            let _ = io.out.write_all(HELP.as_bytes());
-            return OK;
-        }
-        Ok(a) => a,
-        Err(e) => return usage_error(io, "status", &e),
-    };
+pub(super) fn run(a: &Args, io: &mut Io<'_>) -> u8 {
     if !a.positional.is_empty() {
         return usage_error(io, "status", "takes no arguments");
     }
-    let addr = match target(&a, io, PPROF_ADDR, "127.0.0.1:9779") {
+    let addr = match target(a, io, PPROF_ADDR, "127.0.0.1:9779") {
         Ok(addr) => addr,
         Err(e) => return usage_error(io, "status", &e),
     };

@@ -639,3 +639,34 @@ fn a_prometheus_url_with_credentials_is_refused_without_showing_them() {
     );
     assert!(err.contains("for flag -prometheus: credentials"), "{err}");
 }
+
+/// The table is the one source of each command's words: its `-h` is the
+/// row's help, and every flag the row walks is one the help names.
+#[test]
+fn every_row_helps_with_the_flags_it_takes() {
+    for c in TABLE {
+        let (code, out, err) = run_with(c.name, &["-h"], b"", &[]);
+        assert_eq!((code, err.as_str()), (OK, ""), "{}", c.name);
+        assert_eq!(out, c.help, "{}", c.name);
+        assert!(
+            out.starts_with(&format!("usage: gitlab-haproxy-agent {}", c.name)),
+            "{out}"
+        );
+        let flags = c.flags.values.iter().flat_map(|g| g.iter());
+        for flag in flags.chain(c.flags.bools) {
+            assert!(
+                out.contains(&format!("-{flag}")),
+                "{}: -{flag} unnamed in its help",
+                c.name
+            );
+        }
+        assert!(is_command(c.name));
+        assert!(commands_help().contains(&format!("  {} {}\n", c.name, c.synopsis)));
+    }
+    let (code, _, err) = run_with("ask", &["-consul-addr", "c:8500", "be/s1"], b"", &[]);
+    assert_eq!(code, USAGE);
+    assert_eq!(
+        err,
+        "gitlab-haproxy-agent ask: flag provided but not defined: -consul-addr (-h for help)\n"
+    );
+}

@@ -25,5 +25,6 @@ mod undo;
 mod words;
 
 pub use kv::{Kv, RECORD_PREFIX};
-pub use ramp::run as ramp;
-pub use set::{run_set as set, run_unset as unset};
+pub use ramp::{run as ramp, HELP as RAMP_HELP};
+pub(crate) use recorder::RECORD_FLAGS;
+pub use set::{run_set as set, run_unset as unset, SET_HELP, UNSET_HELP};

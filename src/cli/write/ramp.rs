@@ -7,14 +7,13 @@
 //! (exit 1); on SIGINT or SIGTERM stops after the write in flight and
 //! prints the command that resumes it (exit 130 or 143).
 
-use std::ffi::OsString;
 use std::io::IsTerminal;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use super::deliver::{self, deliver, KeyWrite, Settled};
-use super::haproxy::{static_weights, HAPROXY_CONFIG};
+use super::haproxy::static_weights;
 use super::key::{Held, Target};
 use super::kv::{unix_now, Kv, RECORD_PREFIX};
 use super::machine::{Answer, Idle, InFlight, Polled, Stop, Write1};
@@ -24,11 +23,10 @@ use super::undo::command_line;
 use super::words::{check_distinct, check_identity};
 use crate::cli::Args;
 use crate::cli::{usage_error, Io, FINDING, OK};
-use crate::config::daemon_flag;
 use crate::contract::txn::BATCH;
 use crate::contract::Desired;
 
-const HELP: &str = "\
+pub const HELP: &str = "\
 usage: gitlab-haproxy-agent ramp IDENTITY... -to PCT -over DURATION [-from PCT]
        [-steps N | -steps P1,P2,...] [-then drain|maint|unset
        [-for DURATION | -until TIME]] [-for none] [-reason TEXT] [-by WHO] [-record-prefix PREFIX] [-dry-run]
@@ -61,25 +59,8 @@ drain|maint only) puts a new expiry, counted from the -then write, in the keys'
 Flags.
 ";
 
-pub fn run(args: &[OsString], io: &mut Io<'_>) -> u8 {
-    let w = match Args::parse_with(
-        args,
-        &[
-            &["to", "over", "from", "steps", "then", HAPROXY_CONFIG][..],
-            &RECORD_FLAGS,
-        ]
-        .concat(),
-        &["dry-run"],
-        daemon_flag,
-    ) {
-        Ok(w) if w.help => {
-            let _ = io.out.write_all(HELP.as_bytes());
-            return OK;
-        }
-        Ok(w) => w,
-        Err(e) => return usage_error(io, "ramp", &e),
-    };
-    let (ramp, recorder, mut kv) = match open(&w, io, args) {
+pub fn run(w: &Args, io: &mut Io<'_>) -> u8 {
+    let (ramp, recorder, mut kv) = match open(w, io) {
         Ok(opened) => opened,
         Err(e) => return usage_error(io, "ramp", &e),
     };
@@ -94,7 +75,7 @@ pub fn run(args: &[OsString], io: &mut Io<'_>) -> u8 {
         Ok(writes) => writes,
         Err(e) => return usage_error(io, "ramp", &e),
     };
-    if let Err(e) = static_weights(&w, io, "ramp", &weighted(&w.positional, &writes)) {
+    if let Err(e) = static_weights(w, io, "ramp", &weighted(&w.positional, &writes)) {
         return usage_error(io, "ramp", &format!("nothing written: {e}"));
     }
     let then_for = w.value("for").is_some();
@@ -116,7 +97,7 @@ pub fn run(args: &[OsString], io: &mut Io<'_>) -> u8 {
     let run = Run {
         ids: &w.positional,
         daemon: &w.daemon,
-        records: record_words(&w),
+        records: record_words(w),
         ramp: &ramp,
         recorder: &recorder,
         was: &was,
@@ -179,9 +160,9 @@ fn keeps_lines(
 
 /// The ramp as asked, the records' words, and consul; the identities
 /// checked.
-fn open(w: &Args, io: &Io<'_>, args: &[OsString]) -> Result<(Ramp, Recorder, Kv), String> {
+fn open(w: &Args, io: &Io<'_>) -> Result<(Ramp, Recorder, Kv), String> {
     let ramp = Ramp::of(w)?;
-    let recorder = Recorder::of(w, io.env, "ramp", args)?;
+    let recorder = Recorder::of(w, io.env, "ramp")?;
     ramp.check_records(&w.positional, &recorder)?;
     let kv = Kv::open(&w.daemon, io.env, w.value(RECORD_PREFIX))?;
     w.positional

@@ -10,7 +10,6 @@
 //!   kept (a URL's `user:password@` masked, cut to [`MAX_COMMAND`] bytes).
 
 use std::collections::HashMap;
-use std::ffi::OsString;
 
 use super::change::Carried;
 use super::key::{Held, Target};
@@ -38,7 +37,6 @@ impl Recorder {
         w: &Args,
         env: &dyn Fn(&str) -> Option<String>,
         verb: &str,
-        args: &[OsString],
     ) -> Result<Recorder, String> {
         for flag in ["by", "reason"] {
             if let Some(text) = w.value(flag) {
@@ -60,7 +58,7 @@ impl Recorder {
             (None, Some(text)) => Until::At(parse_until(text)?),
         };
         let mut words = vec!["gitlab-haproxy-agent".to_owned(), verb.to_owned()];
-        words.extend(args.iter().map(|a| a.to_string_lossy().into_owned()));
+        words.extend(w.words.iter().map(|a| a.to_string_lossy().into_owned()));
         let login = login_name();
         Ok(Recorder {
             by: who(w.value("by"), env, login.as_deref(), &host_name()),

@@ -3,28 +3,26 @@
 //! transactions of `BATCH` operations, print the undo line.
 
 use std::collections::HashMap;
-use std::ffi::OsString;
 use std::io::Read;
 
 use serde_json::json;
 
 use super::change::Change;
 use super::deliver::{deliver, Answer, KeyWrite, Lost, Settled};
-use super::haproxy::{static_weights, HAPROXY_CONFIG};
+use super::haproxy::static_weights;
 use super::key::{Held, Target};
 use super::kv::{unix_now, Kv, RECORD_PREFIX};
-use super::recorder::{recorded_reason, Recorder, RECORD_FLAGS};
+use super::recorder::{recorded_reason, Recorder};
 use super::undo::{undo_line, unrestorable};
 use super::words::{parse_sets, parse_unsets};
 use crate::cli::Args;
 use crate::cli::{usage_error, Io, FINDING, OK, USAGE};
 use crate::columns::counted;
-use crate::config::daemon_flag;
 use crate::consul::kv::KvPair;
 use crate::contract::txn::batches;
 use crate::contract::Desired;
 
-const SET_HELP: &str = "\
+pub const SET_HELP: &str = "\
 usage: gitlab-haproxy-agent set [-f FILE|-] [-reason TEXT]
        [-for DURATION|none | -until TIME] [-by WHO]
        [-record-prefix PREFIX] [-dry-run] [-json] [-haproxy-config FILE]...
@@ -65,7 +63,7 @@ written or nothing to change, 1 conflict, refused, unknown or unreachable, 2
 usage or a bad value or identity.
 ";
 
-const UNSET_HELP: &str = "\
+pub const UNSET_HELP: &str = "\
 usage: gitlab-haproxy-agent unset [-record-prefix PREFIX] [-dry-run] [-json]
        [consul flags] IDENTITY...
 
@@ -73,42 +71,29 @@ Deletes the keys of servers: back to the default, ready 100% (any key under
 the prefix, even one no haproxy can ask for), and their records in the same
 transaction (an orphan record, its key already gone, is deleted too). As set:
 reads, prints each change, deletes in guarded transactions (delete-cas),
-prints the command that undoes it (with each key's reason and expiry). -for
-and -until are refused. Exit 0, 1 conflict,
+prints the command that undoes it (with each key's reason and expiry).
+-reason, -by, -for and -until are refused: the record goes with the key. Exit 0, 1 conflict,
 refused, unknown or unreachable, 2 usage.
 ";
 
 /// The largest `-f` file read.
 const MAX_FILE: u64 = 16 << 20;
 
-pub fn run_set(args: &[OsString], io: &mut Io<'_>) -> u8 {
-    run(args, io, "set")
+pub fn run_set(w: &Args, io: &mut Io<'_>) -> u8 {
+    run(w, io, "set")
 }
 
-pub fn run_unset(args: &[OsString], io: &mut Io<'_>) -> u8 {
-    run(args, io, "unset")
+pub fn run_unset(w: &Args, io: &mut Io<'_>) -> u8 {
+    run(w, io, "unset")
 }
 
-fn run(args: &[OsString], io: &mut Io<'_>, command: &str) -> u8 {
-    let (help, values): (&str, &[&'static str]) = match command {
-        "set" => (SET_HELP, &["f", HAPROXY_CONFIG]),
-        _ => (UNSET_HELP, &[]),
-    };
-    let values = [values, &RECORD_FLAGS].concat();
-    let w = match Args::parse_with(args, &values, &["dry-run", "json"], daemon_flag) {
-        Ok(w) if w.help => {
-            let _ = io.out.write_all(help.as_bytes());
-            return OK;
-        }
-        Ok(w) => w,
-        Err(e) => return usage_error(io, command, &e),
-    };
-    let (recorder, mut kv, now, expiry) = match open(&w, io, command, args) {
+fn run(w: &Args, io: &mut Io<'_>, command: &str) -> u8 {
+    let (recorder, mut kv, now, expiry) = match open(w, io, command) {
         Ok(opened) => opened,
         Err(e) => return usage_error(io, command, &e),
     };
     let wanted = match command {
-        "set" => set_words(&w, io, kv.max_line),
+        "set" => set_words(w, io, kv.max_line),
         _ => parse_unsets(&w.positional).map_err(|bad| bad.join("; ")),
     };
     let wanted = match wanted {
@@ -126,7 +111,7 @@ fn run(args: &[OsString], io: &mut Io<'_>, command: &str) -> u8 {
         .filter(|(_, t)| t.intermediate())
         .map(|(i, _)| i.as_str())
         .collect();
-    if let Err(e) = static_weights(&w, io, command, &weighted)
+    if let Err(e) = static_weights(w, io, command, &weighted)
         .map_err(|e| format!("nothing written: {e}"))
         .and_then(|()| check_expiring(&wanted, &recorder))
     {
@@ -152,25 +137,23 @@ fn run(args: &[OsString], io: &mut Io<'_>, command: &str) -> u8 {
         true => Outcome::default(),
         false => write(&mut kv, &plan),
     };
-    report(io, (&w, kv.max_line), &changes, &outcome)
+    report(io, (w, kv.max_line), &changes, &outcome)
 }
 
 /// The records' words checked, consul opened, the time of the write and
 /// the expiry `-for` or `-until` gives it (`None`: each key keeps its own).
-fn open(
-    w: &Args,
-    io: &Io<'_>,
-    command: &str,
-    args: &[OsString],
-) -> Result<(Recorder, Kv, u64, Option<u32>), String> {
-    for flag in ["for", "until"] {
+fn open(w: &Args, io: &Io<'_>, command: &str) -> Result<(Recorder, Kv, u64, Option<u32>), String> {
+    for (flag, why) in [
+        ("for", "a deleted key has nothing to expire"),
+        ("until", "a deleted key has nothing to expire"),
+        ("reason", "the key's record is deleted with it"),
+        ("by", "the key's record is deleted with it"),
+    ] {
         if command == "unset" && w.value(flag).is_some() {
-            return Err(format!(
-                "-{flag} is refused on unset: a deleted key has nothing to expire"
-            ));
+            return Err(format!("-{flag} is refused on unset: {why}"));
         }
     }
-    let recorder = Recorder::of(w, io.env, command, args)?;
+    let recorder = Recorder::of(w, io.env, command)?;
     let kv = Kv::open(&w.daemon, io.env, w.value(RECORD_PREFIX))?;
     let now = unix_now();
     let expiry = recorder.expiry(now)?;

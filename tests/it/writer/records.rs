@@ -164,6 +164,10 @@ fn what_a_record_cannot_hold_is_exit_2_and_nothing_written() {
             "-for is refused on unset",
         ),
         (
+            vec!["unset", "be/a", "-reason", "INC-9"],
+            "-reason is refused on unset: the key's record is deleted with it",
+        ),
+        (
             vec!["ramp", "be/a", "-to", "50%", "-over", "10s", "-for", "1h"],
             "-then drain or -then maint",
         ),
