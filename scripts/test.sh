@@ -6,16 +6,16 @@
 #
 #   scripts/test.sh [unit|integration] [CARGO TEST ARGS...]
 #
-#   unit          the unit tests beside the code: cargo test --lib --bins
-#   integration   the integration tests: cargo test --test '*' (two targets:
-#                 tests/it/, one module a topic, and tests/allocator.rs);
+#   unit          the unit tests beside the code: cargo test --lib
+#   integration   the integration tests: cargo test --test it (one target,
+#                 tests/it/, one module a topic);
 #                 one topic: scripts/test.sh integration --test it -- haproxy::
 #   (neither)     cargo test: both, and the doc tests
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$PATH:/usr/sbin"
 case "${1:-}" in
-  unit) shift; exec cargo test --lib --bins "$@" ;;
-  integration) shift; exec cargo test --test '*' "$@" ;;
+  unit) shift; exec cargo test --lib "$@" ;;
+  integration) shift; exec cargo test --test it "$@" ;;
   *) exec cargo test "$@" ;;
 esac

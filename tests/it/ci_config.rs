@@ -451,10 +451,10 @@ fn systemd_unit_reads_the_environment_file_and_is_hardened() {
 
 /// The developer commands are the suite's command split, not a second
 /// copy of it: mise.toml's tasks run `scripts/test.sh unit` and
-/// `scripts/test.sh integration`, whose halves are the lib and bin tests
-/// and the integration targets (`tests/it/`, `tests/allocator.rs`);
-/// `.ci/run` installs through `scripts/prepare-dev-env.sh` and runs
-/// `scripts/test.sh`.
+/// `scripts/test.sh integration`, whose halves are the two test targets:
+/// the lib's unit tests and `tests/it/` (the bin has none, and no other
+/// `[[test]]` links the library again); `.ci/run` installs through
+/// `scripts/prepare-dev-env.sh` and runs `scripts/test.sh`.
 #[test]
 fn developer_commands_are_the_suite_split_and_ci_prepares_as_developers_do() {
     let mise = read("mise.toml");
@@ -473,8 +473,20 @@ fn developer_commands_are_the_suite_split_and_ci_prepares_as_developers_do() {
         assert!(body.contains(run), "{task} does not {run}");
     }
     let test_sh = read("scripts/test.sh");
-    assert!(test_sh.contains("unit) shift; exec cargo test --lib --bins \"$@\""));
-    assert!(test_sh.contains("integration) shift; exec cargo test --test '*' \"$@\""));
+    assert!(test_sh.contains("unit) shift; exec cargo test --lib \"$@\""));
+    assert!(test_sh.contains("integration) shift; exec cargo test --test it \"$@\""));
+    let cargo = read("Cargo.toml");
+    assert_eq!(
+        cargo.matches("\n[[test]]\n").count(),
+        1,
+        "one integration target"
+    );
+    let bin = cargo.split_once("\n[[bin]]\n").unwrap().1;
+    let bin = bin.split("\n[").next().unwrap();
+    assert!(
+        bin.contains("\ntest = false\n"),
+        "the bin target has no tests: {bin}"
+    );
     assert!(test_sh.contains("*) exec cargo test \"$@\""));
     let ci_run = read(".ci/run");
     let run: Vec<&str> = code_lines(&ci_run).map(str::trim).collect();

@@ -7,11 +7,14 @@
 //!   environment, current directory or signal handlers; each test gets its
 //!   own ports (`support::free_port`), KV prefix (`support::unique_prefix`)
 //!   and temporary files.
-//! - `tests/allocator.rs` stays a binary of its own: the allocator's
-//!   counters it reads are process-wide.
+//! - `allocator` reads process-wide counters: its test runs itself again,
+//!   alone, in a process of its own.
 
 mod support;
 
+// glibc's counters.
+#[cfg(target_env = "gnu")]
+mod allocator;
 mod ci_config;
 mod cli;
 mod consul_faults;
