@@ -1,20 +1,15 @@
-//! One agent-check connection: read one line, look it up, write
-//! the reply whole, close.
+//! One agent-check connection: read one line, look it up, write the reply
+//! whole, close. Its phases (`ExpectLine`, `Replying`): `docs/LIFECYCLE.md`,
+//! "Agent connection".
 //!
-//! In: readiness of the socket, the lookup to answer with (which gives
-//! nothing before the first consul read), and a scratch buffer owned by the
-//! loop. Out: a
-//! [`Progress`]: done with an [`Outcome`] (the socket is closed when the
-//! connection is dropped), or what to wait for next. Always holds: at most
-//! `max_line_bytes + 1` bytes are ever buffered; a connection answers at most
-//! once; nothing here allocates on the path where the line is already in the
-//! socket at accept (the common case: haproxy sends right after connecting).
-//!
-//! | phase | waits for | on event | next |
-//! |---|---|---|---|
-//! | `ExpectLine` | readable, read deadline | a full line | `Replying` or done |
-//! | `ExpectLine` | | too long, control byte, empty, EOF, error | done, no reply |
-//! | `Replying` | writable | reply written | done |
+//! - In: readiness of the socket, the lookup to answer with (nothing before
+//!   the first consul read), a scratch buffer the loop owns. Out: a
+//!   [`Progress`]: done with an [`Outcome`] (the socket closes when the
+//!   connection is dropped), or what to wait for next.
+//! - At most `max_line_bytes + 1` bytes are ever buffered; a connection
+//!   answers at most once.
+//! - Nothing allocates on the path where the line is already in the socket
+//!   at accept (the common case: haproxy sends right after connecting).
 
 use std::io::{self, Read, Write};
 

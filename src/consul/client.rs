@@ -1,44 +1,28 @@
 //! The consul connection inside the loop: one persistent nonblocking
-//! HTTP/1.1 connection (TCP or unix socket) running the [`Watch`].
+//! HTTP/1.1 connection (TCP or unix socket, plain or TLS:
+//! [`crate::consul::tls`]) running the [`Watch`] over the transport's
+//! steps ([`crate::consul::transport`]). It is generic over how it connects
+//! ([`Connect`]): sockets in the loop ([`SocketConnector`]), an in-memory
+//! stream (`consul::memstream`) and a virtual clock in tests and the fuzzer.
 //!
-//! In: readiness of its connection ([`Client::on_event`]) and the time
-//! ([`Client::on_timer`], called at [`Client::poll_at`]). Out: [`Update`]s
-//! for the loop to apply; what to register ([`Client::wants`]); connections
-//! it is done with, for the loop to deregister and close
-//! ([`Client::retired`]). Always holds: the loop never blocks on consul;
-//! every phase that waits on consul has a deadline, and the deadline is
-//! checked before any more bytes are read; at most [`READ_BUDGET`] bytes
-//! are read per call; the body is bounded (decoded and on the wire) and
-//! decoded incrementally; bytes are parsed only by [`crate::http`]. Each
-//! phase owns the data it needs (the connection, the buffers, the decoder,
-//! the decode in progress), and a transition consumes the phase it leaves,
-//! so no phase can touch a connection or a buffer that is not there.
-//!
-//! The transport steps (connect, handshake, write, read a response) are
-//! [`crate::consul::transport`]'s; this is the watch's phase machine over
-//! them. The client is generic over how it connects ([`Connect`]): the loop gives
-//! it sockets ([`SocketConnector`]), plain or under TLS
-//! ([`crate::consul::tls`]), tests and the fuzzer an in-memory stream
-//! (`consul::memstream`, built for them only) and a virtual clock. A transport with
-//! records of its own to send (TLS) adds writable to what a phase waits
-//! for.
-//!
-//! | phase | waits for | on event | next |
-//! |---|---|---|---|
-//! | `Idle` | the start time (rate limit, backoff) | time | `Sending` (kept connection) or `Connecting` |
-//! | `Idle` | its kept connection, readable | EOF or bytes | `Idle` without it (closed quietly) |
-//! | `Connecting` | writable, connect deadline | connected | `Handshaking`; error, time: backoff |
-//! | `Handshaking` | what TLS needs (readable, or writable), handshake deadline | handshake done (at once without TLS) | `Sending`; error, time: backoff (`tls`) |
-//! | `Sending` | writable, response deadline | request written | `ExpectHead` |
-//! | `ExpectHead` | readable, response deadline | interim 1xx head | `ExpectHead` |
-//! | `ExpectHead` | | final head | `ExpectBody` |
-//! | `ExpectBody` | readable, response deadline | body complete | `Idle` or `Decoding` (connection kept only if keep-alive and nothing followed) |
-//! | `Decoding` | nothing: a slice per loop turn | listing decoded | `Idle` |
-//!
-//! Any error (IO, framing, size, deadline) closes the connection, reports
-//! [`Update::Failed`] and goes `Idle` (the watch backs off), except that a
-//! kept connection found closed before any byte of the answer is retried
-//! once at once on a fresh one.
+//! - In: readiness ([`Client::on_event`]) and the time
+//!   ([`Client::on_timer`], at [`Client::poll_at`]). Out: [`Update`]s,
+//!   what to register ([`Client::wants`]; a transport with records of its
+//!   own to send adds writable), connections to close
+//!   ([`Client::retired`]).
+//! - The loop never blocks on consul: every phase that waits on it has a
+//!   deadline, checked before any more bytes are read; at most
+//!   [`READ_BUDGET`] bytes a call; the body bounded (decoded and on the
+//!   wire) and decoded incrementally; bytes parsed only by [`crate::http`].
+//! - Each phase owns its data (the connection, the buffers, the decoder,
+//!   the decode in progress); a transition consumes the phase it leaves,
+//!   through the one place that traces it (`Client::enter`).
+//! - Any error (IO, framing, size, deadline) closes the connection,
+//!   reports [`Update::Failed`] and goes `Idle` (the watch backs off),
+//!   except a kept connection found closed before any byte of the answer:
+//!   retried once at once on a fresh one.
+//! - The phases and their transitions: `docs/LIFECYCLE.md`, "Consul
+//!   client".
 
 use std::io::{self, Read};
 use std::time::{Duration, Instant};
@@ -212,6 +196,8 @@ pub struct Client<C: Connect> {
     spec: RequestSpec,
     watch: Watch,
     phase: Phase<C::Stream>,
+    /// The name of the phase entered last, for the trace of the next.
+    entered: &'static str,
     /// (connection id, stream) for the loop to close.
     retired: Vec<(u64, C::Stream)>,
     next_conn_id: u64,
@@ -226,6 +212,7 @@ impl<C: Connect> Client<C> {
             spec: RequestSpec::new(config),
             watch: Watch::new(prefix, seed, config.max_stale).hiding(config.secrets()),
             phase: Phase::Idle { conn: None },
+            entered: "idle",
             retired: Vec::new(),
             next_conn_id: 0,
             requests: 0,
@@ -336,12 +323,12 @@ impl<C: Connect> Client<C> {
             Phase::Idle { conn } => self.start(now, conn, out),
             Phase::Decoding { conn, decoding } => {
                 let (phase, update) = self.decode(now, conn, decoding);
-                self.phase = phase;
+                self.enter(phase);
                 out.extend(update);
             }
             phase => {
                 // The read budget ran out last time: read on.
-                self.phase = phase;
+                self.enter(phase);
                 self.drive(now, out);
             }
         }
@@ -391,12 +378,12 @@ impl<C: Connect> Client<C> {
         let request = self.build_request();
         if let Some(conn) = conn {
             let deadline = now + self.response_within();
-            self.phase = Phase::Sending {
+            self.enter(Phase::Sending {
                 conn,
                 request,
                 written: 0,
                 deadline,
-            };
+            });
             return self.drive(now, out);
         }
         match self.connector.connect() {
@@ -407,11 +394,11 @@ impl<C: Connect> Client<C> {
                     id: self.next_conn_id,
                     reused: false,
                 };
-                self.phase = Phase::Connecting {
+                self.enter(Phase::Connecting {
                     conn,
                     request,
                     deadline: now + CONNECT_TIMEOUT,
-                };
+                });
                 self.drive(now, out);
             }
             Err(e) => {
@@ -439,15 +426,27 @@ impl<C: Connect> Client<C> {
         c.request("GET", &target, &[])
     }
 
+    /// The one place the phase changes, traced (`GITLAB_LOG_LEVEL=trace`)
+    /// from the phase entered last (a phase taken out to be consumed
+    /// leaves a placeholder behind, which is no transition).
+    fn enter(&mut self, next: Phase<C::Stream>) {
+        let to = next.name();
+        if to != self.entered {
+            log::trace!(from = self.entered, to; "consul client phase");
+            self.entered = to;
+        }
+        self.phase = next;
+    }
+
     /// Moves the machine as far as the socket allows.
     fn drive(&mut self, now: Instant, out: &mut Vec<Update>) {
         loop {
             let phase = std::mem::replace(&mut self.phase, Phase::Idle { conn: None });
             match self.step(phase, now) {
-                Next::Go(p) => self.phase = p,
-                Next::Wait(p) => return self.phase = p,
+                Next::Go(p) => self.enter(p),
+                Next::Wait(p) => return self.enter(p),
                 Next::Done(p, update) => {
-                    self.phase = p;
+                    self.enter(p);
                     return out.push(update);
                 }
                 Next::Fail {
@@ -641,7 +640,7 @@ impl<C: Connect> Client<C> {
         if let Some(conn) = conn {
             self.retire(conn);
         }
-        self.phase = Phase::Idle { conn: None };
+        self.enter(Phase::Idle { conn: None });
         if retry_fresh {
             // The kept connection had been closed under us: one immediate
             // retry on a new connection (which is never `reused`), not an

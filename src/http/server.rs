@@ -155,6 +155,17 @@ enum Phase {
     },
 }
 
+impl Phase {
+    fn name(&self) -> &'static str {
+        match self {
+            Phase::ExpectHead { .. } => "expect_head",
+            Phase::ExpectBody { .. } => "expect_body",
+            Phase::Handling { .. } => "handling",
+            Phase::Writing { .. } => "writing",
+        }
+    }
+}
+
 pub struct HttpConn<S> {
     stream: S,
     inbuf: Vec<u8>,
@@ -292,48 +303,41 @@ impl<S: Read + Write> HttpConn<S> {
                     } else {
                         SMALL_BODY
                     };
-                    self.phase = Phase::ExpectBody {
+                    self.enter(Phase::ExpectBody {
                         decoder: BodyDecoder::new(head.framing, max_body),
                         head,
                         body: Vec::new(),
                         since: now,
-                    };
+                    });
                 }
             }
         }
-        let phase = std::mem::replace(&mut self.phase, Phase::Handling { keep_alive: false });
         let Phase::ExpectBody {
             head,
-            mut decoder,
-            mut body,
-            since,
-        } = phase
+            decoder,
+            body,
+            ..
+        } = &mut self.phase
         else {
-            self.phase = phase;
             return Ok(None);
         };
-        let used = decoder.feed(&self.inbuf, &mut body).map_err(|e| match e {
+        let used = decoder.feed(&self.inbuf, body).map_err(|e| match e {
             BodyError::TooLarge => (413, "request body not accepted here, or too large"),
             _ => (400, "bad request body framing"),
         })?;
         self.inbuf.drain(..used);
         if !decoder.is_done() {
-            self.phase = Phase::ExpectBody {
-                head,
-                decoder,
-                body,
-                since,
-            };
             return Ok(None);
         }
-        self.phase = Phase::Handling {
-            keep_alive: head.keep_alive,
-        };
-        Ok(Some(HttpProgress::Request(head, body)))
+        let keep_alive = head.keep_alive;
+        match self.enter(Phase::Handling { keep_alive }) {
+            Phase::ExpectBody { head, body, .. } => Ok(Some(HttpProgress::Request(head, body))),
+            _ => Ok(None),
+        }
     }
 
     fn refuse(&mut self, (status, why): (u16, &'static str), now: Instant) -> HttpProgress {
-        self.phase = Phase::Handling { keep_alive: false };
+        self.enter(Phase::Handling { keep_alive: false });
         let resp = Response {
             status,
             headers: vec![("Content-Type", "text/plain".into())],
@@ -400,12 +404,19 @@ impl<S: Read + Write> HttpConn<S> {
         self.out.clear();
         head(&mut self.out, keep_alive);
         self.shared = shared;
-        self.phase = Phase::Writing {
+        self.enter(Phase::Writing {
             written: 0,
             keep_alive,
             since: now,
-        };
+        });
         self.on_writable(now)
+    }
+
+    /// The one place the phase changes, traced (`GITLAB_LOG_LEVEL=trace`);
+    /// the phase left is returned.
+    fn enter(&mut self, next: Phase) -> Phase {
+        log::trace!(from = self.phase.name(), to = next.name(); "http connection phase");
+        std::mem::replace(&mut self.phase, next)
     }
 
     pub fn on_writable(&mut self, now: Instant) -> HttpProgress {
@@ -444,10 +455,10 @@ impl<S: Read + Write> HttpConn<S> {
             return HttpProgress::Close;
         }
         // A pipelined request may already be buffered: its head started now.
-        self.phase = Phase::ExpectHead {
+        self.enter(Phase::ExpectHead {
             since: now,
             started: (!self.inbuf.is_empty()).then_some(now),
-        };
+        });
         // An idle connection keeps no large buffers.
         if self.out.capacity() > 64 * 1024 {
             self.out = Vec::new();

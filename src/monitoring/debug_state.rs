@@ -1,26 +1,19 @@
 //! `/debug/state`: the snapshot the agent answers from, who asks for what,
 //! and the watcher, as one JSON document rendered a slice of the loop's
-//! time at a time.
+//! time at a time (its parts and how each resumes: `docs/LIFECYCLE.md`,
+//! "`/debug/state` render"). Its rows are the types of
+//! [`crate::debug_doc`], which `status` reads.
 //!
-//! In: a [`Status`] view when the render starts (the scalar fields, and the
-//! state, shared), then each slice the asks ([`Asking`]) and a [`Slice`].
-//! Out: the document. Always holds: one identity per line (sorted), so a
-//! 20,000-key state is a few hundred slices of well under a millisecond,
-//! never one turn; `age_seconds` is the time since the last successful
-//! consul read; the consul token is not in [`Status`], so it cannot appear
-//! here.
-//!
-//! With `only_diverted` (`?diverted`, what `status` asks for), the
-//! identities are the diverted ones only, and the identities asked without
-//! a key are counted, not listed.
-//!
-//! | part | source | how it resumes |
-//! |---|---|---|
-//! | head | the status: version, source, watcher, counts | written at once |
-//! | identities | the state's entries (or diverted ones) | collected into a sorted set by position, then written in order |
-//! | invalid | the state's invalid keys | by position |
-//! | unasked | the unasked keys | collected by position, then written in order |
-//! | unknown | the asked identities without a key | the 1,000 most recent kept in a heap by position, then written |
+//! - In: a [`Status`] view when the render starts (the scalar fields, and
+//!   the state, shared), then each slice the asks ([`Asking`]) and a
+//!   [`Slice`]. Out: the document.
+//! - One identity per line (sorted): a 20,000-key state is a few hundred
+//!   slices of well under a millisecond, never one turn.
+//! - `age_seconds` is the time since the last successful consul read; the
+//!   consul token is not in [`Status`], so it cannot appear here.
+//! - With `only_diverted` (`?diverted`, what `status` asks for), the
+//!   identities are the diverted ones only, and those asked without a key
+//!   are counted, not listed.
 
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
 use std::fmt::Write as _;

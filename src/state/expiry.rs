@@ -1,25 +1,18 @@
 //! Expiries: when a divert's reason runs out. The writers' `-for` puts
-//! the time in the state key's consul `Flags` (Unix seconds); the agent
+//! the time in the state key's consul `Flags` (Unix seconds; what is an
+//! expiry is the KV contract's, [`crate::contract::expiry`]); the agent
 //! shows it and never acts on it (an expired `drain` is still answered
-//! `drain`: KV stays the source of truth).
+//! `drain`: KV stays the source of truth). Its phases: `docs/LIFECYCLE.md`,
+//! "Expiry count".
 //!
-//! In: each state swapped in, and the loop's clock. Out: the diverted keys
-//! past their expiry (the `state_expired_keys` metric), the nearest expiry
-//! still ahead (the one deadline the loop keeps for it), and one warning
-//! per key when it expires (or is found expired: written so, or at the
-//! start). Always holds: nothing here runs per check; a state with no
-//! expiry (the usual case) costs no scan ([`Snapshot::expiring`]); a count
-//! is a resumable scan, a [`Slice`] of the loop's time per turn; a swap
-//! during a count counts again after it, never leaves it half done.
-//!
-//! | state | waits for | on | next |
-//! |---|---|---|---|
-//! | idle | `due` (a swap, or the nearest expiry) | `step` | counting |
-//! | counting | a slice per turn | entries left | counting |
-//! | counting | | done | idle (due: the nearest expiry, or at once after a swap during it) |
-//!
-//! What Flags value is an expiry is the KV contract's
-//! ([`crate::contract::expiry`]).
+//! - In: each state swapped in, and the loop's clock. Out: the diverted
+//!   keys past their expiry (`state_expired_keys`), the nearest expiry
+//!   still ahead (the one deadline the loop keeps for it), one warning per
+//!   key when it expires (or is found expired).
+//! - Nothing here runs per check; a state with no expiry (the usual case)
+//!   costs no scan ([`Snapshot::expiring`]).
+//! - A count is a resumable scan, a [`Slice`] of the loop's time per turn;
+//!   a swap during a count counts again after it.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -2,20 +2,14 @@
 //! has its chance: a file is yesterday's state, and answering it for the
 //! few milliseconds before consul answers flaps every server whose key
 //! changed since (a drain undone in consul is drained again, for one agent
-//! interval).
+//! interval). Its phases: `docs/LIFECYCLE.md`, "State file writer".
 //!
-//! In: the file's state (or none), the start time, then the first consul
-//! read's outcome and the time. Out: the state to answer from, once, when
-//! it may be answered; or, once consul answered first, the state to free.
-//! Always holds: the file is answered only after the first consul read
-//! failed or [`FIRST_READ_GRACE`] passed without one; once a read
-//! completed in time, it is never answered; it is handed out at most once.
-//!
-//! | state | waits for | on event | next |
-//! |---|---|---|---|
-//! | `Holding` | the first consul read, the grace deadline | read failed, deadline | `Done` (answer the file) |
-//! | `Holding` | | read completed | `Done` (free the file, unanswered) |
-//! | `Done` | nothing | anything | `Done` |
+//! - In: the file's state (or none), the start time, then the first consul
+//!   read's outcome and the time. Out: the state to answer from, once, when
+//!   it may be answered; or, once consul answered first, the state to free.
+//! - The file is answered only after the first consul read failed or
+//!   [`FIRST_READ_GRACE`] passed without one; once a read completed in
+//!   time, it is never answered; it is handed out at most once.
 
 use std::time::{Duration, Instant};
 

@@ -2,30 +2,24 @@
 //! no check asked for within `-unasked-after` (counted from the later of
 //! its write, as this agent saw it, and the agent's start). Almost always a
 //! key written for an identity haproxy does not send (`be_web/srv01` while
-//! `agent-send` says `be_web/srv1`): the write changed nothing.
+//! `agent-send` says `be_web/srv1`): the write changed nothing. A sweep is a
+//! resumable machine (`Mark`, `Clear`, `Gather`, `Suggest`: `docs/LIFECYCLE.md`,
+//! "Unasked sweep"), a [`Slice`] of the loop's time per turn, its phase
+//! changes traced in `Unasked::advance`.
 //!
-//! In: the state and its asks ([`Swapper`]), swept every few seconds, and
-//! a [`Slice`] of the loop's time per turn. Out: the keys unasked now, each
-//! with the closest identity this haproxy does ask for (when one is close),
-//! and one warning per key when it becomes unasked.
-//!
-//! A sweep is a resumable machine, a slice of time per loop turn, so
-//! 20,000 unasked keys and 20,000 asked identities never stall an answer:
-//!
-//! | phase | does | next |
-//! |---|---|---|
-//! | `Mark` | marks each diverted entry of one state unasked at a tick as seen; new ones are found | `Clear` (or `Mark` anew when a swap replaced the state) |
-//! | `Clear` | forgets (and logs) the keys not seen | `Gather`, or done when no key waits for a suggestion |
-//! | `Gather` | copies the identities asked within the window into an index by length | `Suggest` |
-//! | `Suggest` | the closest candidate for each key without one, then its warning | done |
-//!
-//! Always holds: a sweep looks at the diverted entries only; a key keeps
-//! its suggestion while it stays unasked (a swap never redoes it); a key
-//! stops being unasked when it is asked, rewritten, deleted or made
-//! `ready 100%`, and is warned about again only if it becomes unasked
-//! again. Suggestions look only at candidates of a close length whose
-//! byte sets differ by at most two bytes an edit (a 128-bit mask, one XOR
-//! and a popcount), so most candidates cost a few nanoseconds.
+//! - In: the state and its asks ([`Swapper`]), swept every few seconds.
+//!   Out: the keys unasked now, each with the closest identity this
+//!   haproxy asks for (when one is close), and one warning per key when it
+//!   becomes unasked.
+//! - A sweep looks at the diverted entries only; 20,000 unasked keys and
+//!   20,000 asked identities never stall an answer.
+//! - A key keeps its suggestion while it stays unasked (a swap never redoes
+//!   it); it stops being unasked when it is asked, rewritten, deleted or
+//!   made `ready 100%`, and is warned about again only if it becomes
+//!   unasked again.
+//! - Suggestions look only at candidates of a close length whose byte sets
+//!   differ by at most two bytes an edit (a 128-bit mask, one XOR and a
+//!   popcount): most candidates cost a few nanoseconds.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -113,6 +107,17 @@ enum Sweep {
         pending: Vec<Box<str>>,
         search: Search,
     },
+}
+
+impl Sweep {
+    fn name(&self) -> &'static str {
+        match self {
+            Sweep::Mark { .. } => "mark",
+            Sweep::Clear { .. } => "clear",
+            Sweep::Gather(_) => "gather",
+            Sweep::Suggest { .. } => "suggest",
+        }
+    }
 }
 
 /// The `Gather` phase's progress.
@@ -248,7 +253,8 @@ impl Unasked {
         slice: &mut Slice,
         swept: &mut Swept,
     ) -> Option<Sweep> {
-        match work {
+        let from = work.name();
+        let next = match work {
             Sweep::Mark {
                 state: marking,
                 tick,
@@ -267,7 +273,13 @@ impl Unasked {
                 pending,
                 search,
             } => self.suggesting(tick, index, pending, search, slice, swept),
+        };
+        // The one place a sweep's phase changes, traced.
+        let to = next.as_ref().map_or("done", Sweep::name);
+        if to != from {
+            log::trace!(from, to; "unasked sweep phase");
         }
+        next
     }
 
     /// `Mark`: marks the diverted entries of `marking` (while it is still

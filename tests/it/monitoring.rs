@@ -680,3 +680,38 @@ fn dashboard_has_variables_units_and_no_datasource_uid() {
         );
     }
 }
+
+/// Every machine's phase changes are traced at one place each
+/// (`GITLAB_LOG_LEVEL=trace`): the consul client's from its first
+/// request, an HTTP connection's through one request, the unasked
+/// sweep's through a sweep that finds a key no check asks for.
+#[test]
+fn trace_level_logs_each_machines_phase_changes() {
+    let args = [
+        "-dev",
+        "-dev-kv-addr",
+        "127.0.0.1:0",
+        "-unasked-after",
+        "4s",
+    ];
+    let agent = Agent::start(&args, &[("GITLAB_LOG_LEVEL", "trace")]);
+    agent
+        .kv()
+        .put("gitlab-haproxy-agent/state/be/never", "drain");
+    agent.wait_reply("be/asked", "ready 100%", Duration::from_secs(10));
+    let (status, _) = agent.monitoring_get("/-/metrics");
+    assert_eq!(status, 200);
+    for (msg, from, to) in [
+        ("consul client phase", "idle", "connecting"),
+        ("consul client phase", "sending", "awaiting_head"),
+        ("http connection phase", "expect_head", "expect_body"),
+        ("http connection phase", "expect_body", "handling"),
+        ("http connection phase", "handling", "writing"),
+        ("http connection phase", "writing", "expect_head"),
+        ("unasked sweep phase", "mark", "clear"),
+        ("unasked sweep phase", "gather", "suggest"),
+    ] {
+        let line = format!(r#""msg":"{msg}","from":"{from}","to":"{to}""#);
+        agent.proc.wait_log(&line, Duration::from_secs(15));
+    }
+}
