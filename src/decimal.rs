@@ -3,8 +3,12 @@
 //! ports, the dev KV's parameters and the HTTP framing all read numbers
 //! the same way.
 //!
-//! In: bytes. Out: the number, or why not. Always holds: pure; only ASCII
-//! digits are accepted (no sign, space or `_`); no overflow, ever.
+//! In: bytes. Out: the number, or why not.
+//!
+//! Always holds:
+//! - pure;
+//! - only ASCII digits are accepted (no sign, space or `_`);
+//! - no overflow, ever.
 
 /// Why [`parse_uint`] refused its input; displayed as Go words it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

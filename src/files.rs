@@ -2,11 +2,14 @@
 //! haproxy configurations): only regular files, and only up to a limit.
 //!
 //! In: a path and the most bytes the file may hold. Out: its bytes, or one
-//! line saying why not. Always holds: a FIFO, a device (`/dev/zero`), a
-//! socket or a directory is refused without blocking (opened with
-//! `O_NONBLOCK`, checked with `fstat` on the descriptor read, so the file
-//! checked is the file read); at most `max + 1` bytes are ever read, so a
-//! file growing under us cannot exhaust memory either.
+//! line saying why not.
+//!
+//! Always holds:
+//! - a FIFO, a device (`/dev/zero`), a socket or a directory is refused
+//!   without blocking (opened with `O_NONBLOCK`, checked with `fstat` on
+//!   the descriptor read, so the file checked is the file read);
+//! - at most `max + 1` bytes are ever read, so a file growing under us
+//!   cannot exhaust memory either.
 
 use std::io::Read;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};

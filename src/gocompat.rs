@@ -6,9 +6,11 @@
 //! server.
 //!
 //! In: text (a flag value, a query parameter, a request path, JSON bytes).
-//! Out: the value or bytes the Go function gives. Always holds: pure, no
-//! panics on any input; where Go reports an error, the result says so and
-//! no value is guessed.
+//! Out: the value or bytes the Go function gives.
+//!
+//! Always holds:
+//! - pure, no panics on any input;
+//! - where Go reports an error, the result says so and no value is guessed.
 
 use std::collections::BTreeMap;
 use std::time::Duration;

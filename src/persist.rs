@@ -4,14 +4,17 @@
 //!
 //! In: the path, the prefix, the snapshots the loop hands over
 //! ([`StateFile::save`]). Out: the file, replaced atomically (a temporary
-//! file in the same directory, its name unique to the write, fsync,
-//! rename, fsync of the directory);
-//! counters of writes and failed writes; one warning per spell of failures.
-//! Always holds: at most one write in flight and at most one waiting, the
-//! newest (a burst of changes costs two writes, not one per change); a
-//! reader never sees a half-written file (rename is atomic, and the format's
-//! checksum refuses anything else); the loop only swaps a pointer under a
-//! mutex the writer holds for as long as that takes.
+//! file in the same directory, its name unique to the write, fsync, rename,
+//! fsync of the directory); counters of writes and failed writes; one
+//! warning per spell of failures.
+//!
+//! Always holds:
+//! - at most one write in flight and at most one waiting, the newest (a
+//!   burst of changes costs two writes, not one per change);
+//! - a reader never sees a half-written file (rename is atomic, and the
+//!   format's checksum refuses anything else);
+//! - the loop only swaps a pointer under a mutex the writer holds for as
+//!   long as that takes.
 
 use std::fs::{self, File, OpenOptions};
 use std::hash::BuildHasher;

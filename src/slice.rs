@@ -2,13 +2,18 @@
 //! deadline, not after a count of items, because items cost anything from
 //! nanoseconds (a hash probe) to milliseconds (a 500 KB value decoded).
 //!
-//! In: the turn's clock (every job of a turn gets the same deadline,
-//! `now + SLICE`), and after each item its rough size. Out: whether the
-//! slice is spent. Always holds: every job does at least one item per
-//! turn (the check comes after an item), so nothing starves; the clock is
-//! read every `CHECK_EVERY` items or `CHECK_BYTES` bytes, so a check
-//! costs a few nanoseconds an item. Tests use [`Slice::items`], a virtual
-//! clock that ends after a number of items.
+//! In: the turn's clock (every job of a turn gets the same deadline, `now +
+//! SLICE`), and after each item its rough size. Out: whether the slice is
+//! spent.
+//!
+//! Always holds:
+//! - every job does at least one item per turn (the check comes after an
+//!   item), so nothing starves;
+//! - the clock is read every `CHECK_EVERY` items or `CHECK_BYTES` bytes, so
+//!   a check costs a few nanoseconds an item.
+//!
+//! Tests use [`Slice::items`], a virtual clock that ends after a number of
+//! items.
 //!
 //! A free is loop work too: [`keep_big_buffers_mapped`] keeps every big
 //! buffer in a mapping of its own, so freeing one is an unmap, never a

@@ -1,11 +1,13 @@
 //! The snapshot the responder answers from: identity -> desired
 //! state, built whole from one consul listing and swapped whole.
 //!
-//! In: the normalised KV prefix, the consul index, and the decoded KV pairs.
-//! Out: a [`Snapshot`] whose lookup is one hash probe returning `'static`
-//! reply bytes, plus the keys that were dropped and why. Always holds: an
-//! invalid key or value never reaches the map; an identity that is not in the
-//! map answers [`Desired::READY`].
+//! In: the normalised KV prefix, the consul index, and the decoded KV
+//! pairs. Out: a [`Snapshot`] whose lookup is one hash probe returning
+//! `'static` reply bytes, plus the keys that were dropped and why.
+//!
+//! Always holds:
+//! - an invalid key or value never reaches the map;
+//! - an identity that is not in the map answers [`Desired::READY`].
 
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};

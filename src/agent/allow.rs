@@ -3,10 +3,14 @@
 //!
 //! In: the flag's text, `CIDR[,CIDR...]` (an address alone is a /32 or
 //! /128), then each accepted connection's source address. Out: whether to
-//! serve it. Always holds: an empty list allows everyone (the original
-//! agent's behaviour); an IPv4 source seen through a dual-stack listener
-//! (`::ffff:a.b.c.d`) matches the IPv4 ranges; a malformed entry is an
-//! error naming it, never a silently wider or narrower list.
+//! serve it.
+//!
+//! Always holds:
+//! - an empty list allows everyone (the original agent's behaviour);
+//! - an IPv4 source seen through a dual-stack listener (`::ffff:a.b.c.d`)
+//!   matches the IPv4 ranges;
+//! - a malformed entry is an error naming it, never a silently wider or
+//!   narrower list.
 
 use std::net::IpAddr;
 

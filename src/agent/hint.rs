@@ -3,18 +3,21 @@
 //! name, and how often, is decided here ([`Hints::note`], pure), and the
 //! warning logged ([`Hints::on_done`]).
 //!
-//! In: how a connection ended, the bytes it sent, and the time. Out: whether
-//! to log a hint for them now (with how many were held back since), and its
-//! text.
-//! Always holds: at most one hint line per [`ANY_EVERY`] across all peers
-//! (a flood of distinct strings is one line a second, with a count of the
-//! ones held back), and each distinct byte string is named at most once
-//! per [`HINT_EVERY`]; a string not named yet, held back by the rate
-//! limit, is named by the next line (a second later at most), so two
-//! misconfigured servers are both named within seconds, each with its own
-//! cause; at most [`TRACKED`] strings are remembered (the oldest
-//! forgotten), and one more waiting to be named, so memory is bounded
-//! whatever peers send.
+//! In: how a connection ended, the bytes it sent, and the time. Out:
+//! whether to log a hint for them now (with how many were held back since),
+//! and its text.
+//!
+//! Always holds:
+//! - at most one hint line per [`ANY_EVERY`] across all peers (a flood of
+//!   distinct strings is one line a second, with a count of the ones held
+//!   back), and each distinct byte string is named at most once per
+//!   [`HINT_EVERY`];
+//! - a string not named yet, held back by the rate limit, is named by the
+//!   next line (a second later at most), so two misconfigured servers are
+//!   both named within seconds, each with its own cause;
+//! - at most [`TRACKED`] strings are remembered (the oldest forgotten), and
+//!   one more waiting to be named, so memory is bounded whatever peers
+//!   send.
 
 use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};

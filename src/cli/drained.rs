@@ -2,12 +2,15 @@
 //! Prometheus) until every server the identities name holds no session
 //! and no queue anywhere, or the timeout.
 //!
-//! In: the identities, the sources, the timing flags. Out: a live table
-//! (a terminal), a line per change (otherwise) or one JSON document
-//! (`-json`); exit 0 drained, 1 at the timeout, 2 usage. Always holds:
-//! each poll asks every source at once and gives each at most the
-//! interval; what a source says is judged by [`crate::drain`], which never
-//! takes silence for 0.
+//! In: the identities, the sources, the timing flags. Out: a live table (a
+//! terminal), a line per change (otherwise) or one JSON document (`-json`);
+//! exit 0 drained, 1 at the timeout, 2 usage.
+//!
+//! Always holds:
+//! - each poll asks every source at once and gives each at most the
+//!   interval;
+//! - what a source says is judged by [`crate::drain`], which never takes
+//!   silence for 0.
 
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;

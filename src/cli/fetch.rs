@@ -3,11 +3,13 @@
 //! haproxy CLI command (a stats or master socket: `wait-drained`,
 //! `save-server-state`), and the reading loop under both.
 //!
-//! In: where, what to send, a deadline, and a reader of the answer's
-//! bytes. Out: what the reader made of them, or one line saying what went
-//! wrong. Always holds: the whole exchange, connect to last byte, ends by
-//! the deadline; the bytes are handed on as they arrive, so memory is what
-//! the reader keeps (an HTTP body at most its `max_body`).
+//! In: where, what to send, a deadline, and a reader of the answer's bytes.
+//! Out: what the reader made of them, or one line saying what went wrong.
+//!
+//! Always holds:
+//! - the whole exchange, connect to last byte, ends by the deadline;
+//! - the bytes are handed on as they arrive, so memory is what the reader
+//!   keeps (an HTTP body at most its `max_body`).
 
 use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpStream};

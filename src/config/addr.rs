@@ -4,10 +4,13 @@
 //!
 //! In: the text of a flag or variable. Out: a [`ListenAddr`] or a
 //! [`ConsulEndpoint`] with its `Host` header and path prefix, or the reason
-//! the text is refused, one line. Always holds: pure except
-//! [`resolve_host`], the one DNS lookup, made once at start for a hostname
-//! (never for an IP literal); a refused consul address that holds a
-//! password is flagged so the caller does not echo it.
+//! the text is refused, one line.
+//!
+//! Always holds:
+//! - pure except [`resolve_host`], the one DNS lookup, made once at start
+//!   for a hostname (never for an IP literal);
+//! - a refused consul address that holds a password is flagged so the
+//!   caller does not echo it.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, ToSocketAddrs};
 use std::path::PathBuf;

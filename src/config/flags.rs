@@ -7,8 +7,9 @@
 //!
 //! Adding a flag is one row here plus its check in `validate.rs`.
 //!
-//! Always holds: each setting has exactly one row; the usage text lists the
-//! rows in table order.
+//! Always holds:
+//! - each setting has exactly one row;
+//! - the usage text lists the rows in table order.
 
 /// What a flag takes, and so what the usage text calls its value (as Go's
 /// `flag` does) and how its variable is read.

@@ -7,10 +7,12 @@
 //! The walk over Go's flag syntax ([`go_flags`]) is the commands' too
 //! ([`crate::cli::Args`]).
 //!
-//! Always holds: flags take Go `flag` syntax (`-name value`, `-name=value`,
-//! `--name value`, `--name=value`; a bool flag never takes the next
-//! argument); a repeated flag keeps its last value; the environment is read
-//! in [`read_env`] and nowhere else, and a variable never overrides a flag.
+//! Always holds:
+//! - flags take Go `flag` syntax (`-name value`, `-name=value`, `--name
+//!   value`, `--name=value`; a bool flag never takes the next argument);
+//! - a repeated flag keeps its last value;
+//! - the environment is read in [`read_env`] and nowhere else, and a
+//!   variable never overrides a flag.
 
 use std::ffi::OsString;
 

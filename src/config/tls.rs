@@ -10,11 +10,12 @@
 //! and verifies with no CA given, the system's roots (rustls-native-certs:
 //! `SSL_CERT_FILE`/`SSL_CERT_DIR`, else the distribution's bundle).
 //!
-//! Always holds: a file that is named is read and checked even when the
-//! connection stays plain (as consul's Go client does), so a bad file fails
-//! now and not the day https is turned on; a client certificate needs its
-//! key and the key must match it; TLS with verification off is a warning
-//! naming the risk.
+//! Always holds:
+//! - a file that is named is read and checked even when the connection
+//!   stays plain (as consul's Go client does), so a bad file fails now and
+//!   not the day https is turned on;
+//! - a client certificate needs its key and the key must match it;
+//! - TLS with verification off is a warning naming the risk.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

@@ -3,12 +3,15 @@
 //! In: step one's text and where each piece came from. Out: the validated
 //! [`Config`], or the first error, one line naming the flag or variable.
 //!
-//! Always holds: settings are checked in one fixed order (the listeners,
-//! the limits, `-dev`, consul, logging), so a command line with several
-//! mistakes always reports the same one; no error holds a token or a
-//! password; the only IO is [`read_token_file`], the look for a systemd
-//! credential ([`super::check::credential`]) and the DNS lookup of a hostname
-//! (`addr::resolve_host`); the environment is not read here.
+//! Always holds:
+//! - settings are checked in one fixed order (the listeners, the limits,
+//!   `-dev`, consul, logging), so a command line with several mistakes
+//!   always reports the same one;
+//! - no error holds a token or a password;
+//! - the only IO is [`read_token_file`], the look for a systemd credential
+//!   ([`super::check::credential`]) and the DNS lookup of a hostname
+//!   (`addr::resolve_host`);
+//! - the environment is not read here.
 
 use std::time::Duration;
 

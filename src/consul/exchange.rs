@@ -5,10 +5,13 @@
 //!
 //! In: the daemon's consul settings, a method, a target and a body. Out:
 //! the response's status, head and decoded body, or the [`Failure`] the
-//! watch would report. Always holds: every stage has the watch's deadline
-//! (connect, handshake) and the whole exchange [`EXCHANGE_TIMEOUT`]; a
-//! signal that interrupts the wait does not interrupt the request (a
-//! `ramp` stops after the write in flight, never in the middle of it).
+//! watch would report.
+//!
+//! Always holds:
+//! - every stage has the watch's deadline (connect, handshake) and the
+//!   whole exchange [`EXCHANGE_TIMEOUT`];
+//! - a signal that interrupts the wait does not interrupt the request (a
+//!   `ramp` stops after the write in flight, never in the middle of it).
 
 use std::io;
 use std::time::{Duration, Instant};

@@ -5,9 +5,11 @@
 //! In: the acts of the peer (bytes, "nothing yet", FIN, RST), one script
 //! per request it answers. Out: what the client wrote, how often it
 //! connected, and the updates it reported ([`pump`]), or one response's
-//! [`Outcome`] ([`answer_once`], the fuzz targets' driver). Always holds: a
-//! read never blocks (an empty script is `WouldBlock`); FIN and RST stay in
-//! effect once reached, as on a socket.
+//! [`Outcome`] ([`answer_once`], the fuzz targets' driver).
+//!
+//! Always holds:
+//! - a read never blocks (an empty script is `WouldBlock`);
+//! - FIN and RST stay in effect once reached, as on a socket.
 //!
 //! Built for the unit tests and under the `test-peers` feature (the fuzz
 //! crate turns it on); the release binary does not contain it.

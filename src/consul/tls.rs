@@ -2,17 +2,19 @@
 //! nonblocking byte stream, driven by the loop's readiness (no thread, no
 //! blocking handshake).
 //!
-//! In: the stream's bytes (`read_tls`), the client's plaintext
-//! ([`Write`]). Out: plaintext for the client ([`Read`]), TLS records for
-//! the stream (`write_tls`), and the interest the session needs
+//! In: the stream's bytes (`read_tls`), the client's plaintext ([`Write`]).
+//! Out: plaintext for the client ([`Read`]), TLS records for the stream
+//! (`write_tls`), and the interest the session needs
 //! ([`Transport::wants_write`]: records the stream has not taken yet).
-//! Always holds: every call returns `WouldBlock` only when the stream
-//! does, so the loop's edge-triggered readiness stays correct; records of
-//! our own (the handshake, an alert, a key update) are sent before any
-//! more plaintext, and a read sends what is queued first; a TLS failure is
-//! an [`io::Error`] carrying a [`TlsError`], whose text names the cause an
-//! operator can act on (unknown CA, name mismatch, expired, client
-//! certificate required).
+//!
+//! Always holds:
+//! - every call returns `WouldBlock` only when the stream does, so the
+//!   loop's edge-triggered readiness stays correct;
+//! - records of our own (the handshake, an alert, a key update) are sent
+//!   before any more plaintext, and a read sends what is queued first;
+//! - a TLS failure is an [`io::Error`] carrying a [`TlsError`], whose text
+//!   names the cause an operator can act on (unknown CA, name mismatch,
+//!   expired, client certificate required).
 //!
 //! Ends map to their plaintext twins: a `close_notify` is the end of the
 //! stream, as a FIN is; so is a FIN without `close_notify` (a truncated

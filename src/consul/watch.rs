@@ -4,18 +4,23 @@
 //! In: the outcome of each request (a response head and body, or an error)
 //! and the time. Out: the next request's index and start time, and either a
 //! new [`Snapshot`] to swap in, "no change", "too stale", or an error
-//! reason. Always holds: requests start at least [`MIN_GAP`] apart and no
-//! faster than the token bucket allows; after any error the next read is
-//! non-blocking (index 0) and swaps in what it reads; an index that goes
-//! backwards resets to 0; an equal index on a blocking read never swaps;
-//! errors back off 250 ms doubling to 30 s with jitter (the first retry
-//! anywhere in its 250 ms, so a fleet dropped at once reconnects spread
-//! out), reset on success; with `-consul-max-stale` set, requests carry
-//! `stale` and wait at most [`STALE_WAIT_CAP`], and an answer whose
-//! `X-Consul-LastContact` is past the bound (or missing), or whose index is
-//! below the state applied (a follower behind), is never applied and never
-//! moves the index: the next request, at once, goes without `stale` (to
-//! the leader).
+//! reason.
+//!
+//! Always holds:
+//! - requests start at least [`MIN_GAP`] apart and no faster than the token
+//!   bucket allows;
+//! - after any error the next read is non-blocking (index 0) and swaps in
+//!   what it reads;
+//! - an index that goes backwards resets to 0;
+//! - an equal index on a blocking read never swaps;
+//! - errors back off 250 ms doubling to 30 s with jitter (the first retry
+//!   anywhere in its 250 ms, so a fleet dropped at once reconnects spread
+//!   out), reset on success;
+//! - with `-consul-max-stale` set, requests carry `stale` and wait at most
+//!   [`STALE_WAIT_CAP`], and an answer whose `X-Consul-LastContact` is past
+//!   the bound (or missing), or whose index is below the state applied (a
+//!   follower behind), is never applied and never moves the index: the next
+//!   request, at once, goes without `stale` (to the leader).
 
 use std::time::{Duration, Instant};
 

@@ -15,10 +15,12 @@
 //!   state file's grace, the unasked sweep, the expiry, renders, hints;
 //!   [`Core::poll_timeout`] says when it next has work.
 //!
-//! Always holds: every method takes `now` and does no IO but the state
-//! file's writer (a thread of its own, fed a shared snapshot); work in the
-//! background runs in [`Slice`]s of the turn; a connection the loop closed
-//! is never answered (its waits are forgotten at once).
+//! Always holds:
+//! - every method takes `now` and does no IO but the state file's writer (a
+//!   thread of its own, fed a shared snapshot);
+//! - work in the background runs in [`Slice`]s of the turn;
+//! - a connection the loop closed is never answered (its waits are
+//!   forgotten at once).
 
 mod http;
 #[cfg(test)]

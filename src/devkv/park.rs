@@ -1,11 +1,13 @@
 //! Blocking queries of the dev KV, parked until they must be answered.
 //!
-//! In: a [`Wait`] per connection that sent a blocking GET (`park`), the
-//! KV after each write (`woken`), the time (`expired`). Out: the
-//! connections to answer now, each with its wait (the KV renders the
-//! answer). Always holds: a connection has at most one parked query; a
-//! query leaves exactly once (woken, expired or `unpark`ed when its
-//! connection closes), so a connection is never answered twice.
+//! In: a [`Wait`] per connection that sent a blocking GET (`park`), the KV
+//! after each write (`woken`), the time (`expired`). Out: the connections
+//! to answer now, each with its wait (the KV renders the answer).
+//!
+//! Always holds:
+//! - a connection has at most one parked query;
+//! - a query leaves exactly once (woken, expired or `unpark`ed when its
+//!   connection closes), so a connection is never answered twice.
 //!
 //! Connections are named by the caller's handle `C` (the core's
 //! connection id); the caller unparks a handle before reusing it. A few hundred parked queries at

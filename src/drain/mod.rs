@@ -4,13 +4,18 @@
 //!
 //! In: the servers each identity names, and one [`Reading`] per source for
 //! one poll. Out: a [`Poll`]: one [`Row`] per server and source, each
-//! drained or not with the reason. Always holds: pure; drained means every
-//! source reports the server with 0 sessions and 0 queued, and nothing
-//! else does: a source that fails, does not list the server, or (for
-//! Prometheus) has no series or fewer instances than asked for leaves the
-//! server **not drained**, saying why. A status other than `DRAIN` or
-//! `MAINT` is a warning (the server may reach 0 by chance while still
-//! taking new sessions), and under [`Rules::require_drain`] not drained.
+//! drained or not with the reason.
+//!
+//! Always holds:
+//! - pure;
+//! - drained means every source reports the server with 0 sessions and 0
+//!   queued, and nothing else does: a source that fails, does not list the
+//!   server, or (for Prometheus) has no series or fewer instances than
+//!   asked for leaves the server **not drained**, saying why.
+//!
+//! A status other than `DRAIN` or `MAINT` is a warning (the server may
+//! reach 0 by chance while still taking new sessions), and under
+//! [`Rules::require_drain`] not drained.
 //!
 //! [`stat`] reads `show stat`, [`prom`] Prometheus's answer; [`show`]
 //! renders a poll (table, lines, JSON), `poll.rs` holds its types. The

@@ -7,10 +7,13 @@
 //!
 //! In: an answer's bytes in any slices, as they arrive. Out: once its
 //! closing blank line is read (or the peer closed, for `show proc`), what
-//! it says; or why the bytes are not that answer. Always holds: memory is
-//! one line in progress (at most [`MAX_RECORD`]) plus what is kept (the
-//! servers asked for, the workers), however long the answer runs; a
-//! field that is not what haproxy writes there is an error, never a 0.
+//! it says; or why the bytes are not that answer.
+//!
+//! Always holds:
+//! - memory is one line in progress (at most [`MAX_RECORD`]) plus what is
+//!   kept (the servers asked for, the workers), however long the answer
+//!   runs;
+//! - a field that is not what haproxy writes there is an error, never a 0.
 
 use std::collections::{HashMap, HashSet};
 

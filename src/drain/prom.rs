@@ -3,10 +3,13 @@
 //! server, per haproxy instance, the current sessions, queue and status.
 //!
 //! In: the servers; then the answer body of `GET /api/v1/query`. Out: the
-//! query's path and query string; each server's instances. Always holds:
-//! pure; an answer that is not a `success` vector of these metrics with
-//! numeric values is an error naming what is wrong, never an empty result
-//! (the command never reads "no answer" as "no sessions").
+//! query's path and query string; each server's instances.
+//!
+//! Always holds:
+//! - pure;
+//! - an answer that is not a `success` vector of these metrics with numeric
+//!   values is an error naming what is wrong, never an empty result (the
+//!   command never reads "no answer" as "no sessions").
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::Duration;

@@ -4,11 +4,15 @@
 //! sight), a Prometheus instance that reported a server and does not now
 //! (a scrape gap, a stopped haproxy), an instance whose process restarted.
 //!
-//! In: each poll's readings, in order. Out: per source, why a row cannot
-//! be trusted. Always holds: pure; what is seen is never forgotten during
-//! a run (a reload stays a reload until the command ends: the old
-//! process's sessions are not visible later either); memory is the
-//! sources, the servers asked for and their instances.
+//! In: each poll's readings, in order. Out: per source, why a row cannot be
+//! trusted.
+//!
+//! Always holds:
+//! - pure;
+//! - what is seen is never forgotten during a run (a reload stays a reload
+//!   until the command ends: the old process's sessions are not visible
+//!   later either);
+//! - memory is the sources, the servers asked for and their instances.
 
 use std::collections::{BTreeSet, HashMap};
 

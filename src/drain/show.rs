@@ -3,9 +3,12 @@
 //! the `-json` document.
 //!
 //! In: a poll, the rules, the time spent and the timeout. Out: text or a
-//! JSON value. Always holds: pure; a row that is not drained says why on
-//! every form (its problem, its sessions and where, or the status that
-//! `-require-drain` refuses).
+//! JSON value.
+//!
+//! Always holds:
+//! - pure;
+//! - a row that is not drained says why on every form (its problem, its
+//!   sessions and where, or the status that `-require-drain` refuses).
 
 use std::time::Duration;
 

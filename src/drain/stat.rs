@@ -2,14 +2,18 @@
 //! sessions (`scur`), queue (`qcur`) and `status`, sans-IO and streaming.
 //!
 //! In: the answer's bytes in any slices, as they arrive. Out: once the
-//! answer's closing blank line has been read, the servers asked for that
-//! it lists; or why the bytes are not a `show stat` answer. Always holds:
-//! the columns are found by the header's names (`# pxname,svname,…`), not
-//! by position; a quoted field (RFC 4180: `""` is a quote, commas and
-//! newlines are data; haproxy 2.6 quotes `last_agt`, which can hold a
-//! newline) is one field; memory is one record in progress (at most
-//! [`MAX_RECORD`]) plus the servers asked for, however long the answer
-//! runs, so a peer that never stops sending costs only the caller's time.
+//! answer's closing blank line has been read, the servers asked for that it
+//! lists; or why the bytes are not a `show stat` answer.
+//!
+//! Always holds:
+//! - the columns are found by the header's names (`# pxname,svname,…`), not
+//!   by position;
+//! - a quoted field (RFC 4180: `""` is a quote, commas and newlines are
+//!   data; haproxy 2.6 quotes `last_agt`, which can hold a newline) is one
+//!   field;
+//! - memory is one record in progress (at most [`MAX_RECORD`]) plus the
+//!   servers asked for, however long the answer runs, so a peer that never
+//!   stops sending costs only the caller's time.
 
 use std::collections::{HashMap, HashSet};
 

@@ -2,15 +2,17 @@
 //! path that answers before registering anything, the slow path's table
 //! slot, and counting how each connection ended.
 //!
-//! Always holds: a check whose line is in the socket at accept costs four
-//! system calls (`accept4`, `recvfrom`, `sendto`, `close`) and no table
-//! slot; only one that must wait gets a registration and a timer. At
-//! `-max-connections` a new connection evicts the oldest one still waiting
-//! for its line (a flood of idle connections cannot keep haproxy's checks
-//! in the backlog); the gate closes only when none waits for a line. A
-//! source outside `-listen-allow` is closed at accept, unread. Each accept
-//! costs O(1) amortized: the eviction order is a queue, its stale entries
-//! dropped as they reach the front or once they outnumber the open
+//! Always holds:
+//! - a check whose line is in the socket at accept costs four system calls
+//!   (`accept4`, `recvfrom`, `sendto`, `close`) and no table slot;
+//! - only one that must wait gets a registration and a timer.
+//!
+//! At `-max-connections` a new connection evicts the oldest one still
+//! waiting for its line (a flood of idle connections cannot keep haproxy's
+//! checks in the backlog); the gate closes only when none waits for a line.
+//! A source outside `-listen-allow` is closed at accept, unread. Each
+//! accept costs O(1) amortized: the eviction order is a queue, its stale
+//! entries dropped as they reach the front or once they outnumber the open
 //! connections.
 
 use std::time::{Duration, Instant};

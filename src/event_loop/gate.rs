@@ -3,12 +3,16 @@
 //!
 //! In: the open connections at each accept and close, accept errors, the
 //! time. Out: whether to accept now, whether to come back for more without
-//! an event, and when. Always holds: at the limit the gate closes and stays
-//! closed until the open connections fall below 90 % of it (new
-//! connections wait in the kernel's backlog meanwhile), so a fleet at the
-//! limit does not flap; after an error such as EMFILE it pauses for
-//! [`ACCEPT_PAUSE`] instead of spinning on it. Modelled on sozu's
-//! `SessionManager`.
+//! an event, and when.
+//!
+//! Always holds:
+//! - at the limit the gate closes and stays closed until the open
+//!   connections fall below 90 % of it (new connections wait in the
+//!   kernel's backlog meanwhile), so a fleet at the limit does not flap;
+//! - after an error such as EMFILE it pauses for [`ACCEPT_PAUSE`] instead
+//!   of spinning on it.
+//!
+//! Modelled on sozu's `SessionManager`.
 
 use std::io;
 use std::time::{Duration, Instant};

@@ -3,11 +3,13 @@
 //! progress within its per-turn budget, handing complete requests to the
 //! core and writing the answers it gives, now or later.
 //!
-//! Always holds: a full pool evicts the oldest connection that never
-//! completed a request (else the oldest not being answered) and refuses
-//! the new one only when every connection is being answered; a connection
-//! waiting for its answer is never evicted nor timed out by its own
-//! deadline (its wait is the core's); the core hears of every close.
+//! Always holds:
+//! - a full pool evicts the oldest connection that never completed a
+//!   request (else the oldest not being answered) and refuses the new one
+//!   only when every connection is being answered;
+//! - a connection waiting for its answer is never evicted nor timed out by
+//!   its own deadline (its wait is the core's);
+//! - the core hears of every close.
 
 use std::time::Instant;
 

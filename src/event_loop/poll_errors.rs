@@ -2,12 +2,17 @@
 //! fatal only when the failures persist.
 //!
 //! In: each failed and each successful `poll`, and the time. Out: whether
-//! the loop goes on (after a short pause, so a failing `epoll_wait` is not a
-//! busy loop) or gives up. Always holds: one warning per spell of failures;
-//! a spell that lasts [`FATAL_AFTER`] without one successful `poll` ends the
-//! process (exit 1: a supervisor restarts it with a fresh epoll), since
-//! nothing is answered while it lasts. EINTR is not a failure and never
-//! reaches this. Modelled on sozu's `max_poll_errors`.
+//! the loop goes on (after a short pause, so a failing `epoll_wait` is not
+//! a busy loop) or gives up.
+//!
+//! Always holds:
+//! - one warning per spell of failures;
+//! - a spell that lasts [`FATAL_AFTER`] without one successful `poll` ends
+//!   the process (exit 1: a supervisor restarts it with a fresh epoll),
+//!   since nothing is answered while it lasts.
+//!
+//! EINTR is not a failure and never reaches this. Modelled on sozu's
+//! `max_poll_errors`.
 
 use std::time::{Duration, Instant};
 

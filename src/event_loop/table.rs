@@ -3,15 +3,19 @@
 //!
 //! In: connections to keep (`insert`), the readiness each waits for
 //! (`set_interest`), deadlines (`arm`), the time (`expired`). Out: slot
-//! keys, and the connections back on `remove`. Always holds: a connection
-//! in the table is registered with its poll under `base + key`, for exactly
-//! the interest last asked for (re-registered only when it changes); it is
-//! deregistered before its slot is freed, so a reused key never receives
-//! the old socket's events; a slot has at most one live timer record, and
-//! records left by closed or re-armed slots are ignored when they fire
-//! (each record carries the slot's generation) and dropped once they
-//! outnumber the live slots, so the heap stays within about twice the open
-//! connections however fast they churn.
+//! keys, and the connections back on `remove`.
+//!
+//! Always holds:
+//! - a connection in the table is registered with its poll under `base +
+//!   key`, for exactly the interest last asked for (re-registered only when
+//!   it changes);
+//! - it is deregistered before its slot is freed, so a reused key never
+//!   receives the old socket's events;
+//! - a slot has at most one live timer record, and records left by closed
+//!   or re-armed slots are ignored when they fire (each record carries the
+//!   slot's generation) and dropped once they outnumber the live slots, so
+//!   the heap stays within about twice the open connections however fast
+//!   they churn.
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;

@@ -6,10 +6,13 @@
 //! is given).
 //!
 //! In: bytes, in whatever pieces the socket delivered them. Out: a parsed
-//! head, decoded body bytes, or a reason the peer's bytes are not acceptable.
-//! Always holds: no function here does IO, panics on any input, or allocates
-//! more than its input (plus a bounded head); the result never depends on
-//! how the bytes were split.
+//! head, decoded body bytes, or a reason the peer's bytes are not
+//! acceptable.
+//!
+//! Always holds:
+//! - no function here does IO, panics on any input, or allocates more than
+//!   its input (plus a bounded head);
+//! - the result never depends on how the bytes were split.
 
 mod body;
 mod coding;

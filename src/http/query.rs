@@ -2,9 +2,12 @@
 //!
 //! In: a raw query string or a percent-encoded component; or text to escape
 //! and the set of bytes that may stay as they are. Out: decoded pairs or
-//! bytes; escaped text. Always holds: no panics; decoded output is never
-//! longer than its input; escapes are `%XX` with upper-case hex, as Go writes
-//! them.
+//! bytes; escaped text.
+//!
+//! Always holds:
+//! - no panics;
+//! - decoded output is never longer than its input;
+//! - escapes are `%XX` with upper-case hex, as Go writes them.
 
 /// Splits a raw query (`a=1&b&c=x%20y`) into percent-decoded pairs; a flag
 /// without `=` has an empty value. `+` decodes as a space in both name and

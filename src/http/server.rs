@@ -4,15 +4,19 @@
 //!
 //! In: readiness of the socket, the time, and responses from whoever
 //! handles the request. Out: complete requests, what to wait for, and the
-//! connection's deadline. Always holds: a head is at most
-//! [`Limits::max_head`]; a body at most [`Limits::max_put_body`] on `PUT`,
-//! [`SMALL_BODY`] on other methods (read, so that the route can answer
-//! "405 method not allowed"), else 413; a request
-//! that breaks the framing rules gets a 400; both close the connection. One
-//! request is handled at a time (pipelined bytes wait in the buffer, at most
-//! a head's worth plus one read). One call reads at most [`READ_BUDGET`]
-//! bytes and hands out at most one request. Every phase but `Handling` has
-//! a deadline: a connection never holds its slot forever.
+//! connection's deadline.
+//!
+//! Always holds:
+//! - a head is at most [`Limits::max_head`];
+//! - a body at most [`Limits::max_put_body`] on `PUT`, [`SMALL_BODY`] on
+//!   other methods (read, so that the route can answer "405 method not
+//!   allowed"), else 413, and a request that breaks the framing rules
+//!   gets a 400: either closes the connection.
+//!
+//! One request is handled at a time (pipelined bytes wait in the buffer, at
+//! most a head's worth plus one read). One call reads at most
+//! [`READ_BUDGET`] bytes and hands out at most one request. Every phase but
+//! `Handling` has a deadline: a connection never holds its slot forever.
 //!
 //! Phases `ExpectHead`, `ExpectBody`, `Handling`, `Writing`: the table is in
 //! `docs/LIFECYCLE.md`.

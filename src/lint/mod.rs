@@ -3,20 +3,22 @@
 //! keeps the agent's answers from reaching it.
 //!
 //! In: the files as (name, bytes), the agent's listen address and
-//! `-max-line-bytes` ([`Agent`]), the
-//! addresses of the host the lint runs on (for a wildcard listen address),
-//! the environment (for haproxy's `${VAR}` and `.if defined(VAR)`; the
-//! variables haproxy sets itself before reading its configuration are
-//! added, see [`haproxy_variable`]). Out: a
-//! [`Report`]: findings `file:line: backend/server: error|warning: message`,
-//! sorted by file name then line, then the summary line
-//! `N servers with agent-check, E errors, W warnings`. A line haproxy
-//! refuses is an error too: `file:line: error: haproxy refuses this line:
-//! reason`, and the line where the lint stopped making servers
+//! `-max-line-bytes` ([`Agent`]), the addresses of the host the lint runs
+//! on (for a wildcard listen address), the environment (for haproxy's
+//! `${VAR}` and `.if defined(VAR)`; the variables haproxy sets itself
+//! before reading its configuration are added, see [`haproxy_variable`]).
+//! Out: a [`Report`]: findings `file:line: backend/server: error|warning:
+//! message`, sorted by file name then line, then the summary line `N
+//! servers with agent-check, E errors, W warnings`. A line haproxy refuses
+//! is an error too: `file:line: error: haproxy refuses this line: reason`,
+//! and the line where the lint stopped making servers
 //! ([`model::MAX_SERVERS`]) is `file:line: error: the lint stops here:
-//! reason`. Always holds: pure, [`tokenize`] -> [`cond`] -> [`model`] ->
-//! [`rules`]; the command around it (flags, reading the files, the exit
-//! code) is [`crate::cli`]'s.
+//! reason`.
+//!
+//! Always holds:
+//! - pure, [`tokenize`] -> [`cond`] -> [`model`] -> [`rules`];
+//! - the command around it (flags, reading the files, the exit code) is
+//!   [`crate::cli`]'s.
 
 pub mod cond;
 pub mod model;

@@ -3,13 +3,15 @@
 //! reader (journald, a container pipe, a terminal scrolled back).
 //!
 //! In: whole formatted lines, from any thread. Out: the same lines, in
-//! order, on the sink; when the queue is full a line is dropped and
-//! counted ([`Queue::dropped`]), and the writer reports how many were lost
-//! in one line of its own once there is room again. Always holds: a push
-//! takes a mutex for a few instructions and never waits on I/O; memory is
-//! at most [`QUEUE_BYTES`] of lines queued plus the batch being written
-//! (itself at most that); the writer holds the lock only to take what is
-//! queued.
+//! order, on the sink; when the queue is full a line is dropped and counted
+//! ([`Queue::dropped`]), and the writer reports how many were lost in one
+//! line of its own once there is room again.
+//!
+//! Always holds:
+//! - a push takes a mutex for a few instructions and never waits on I/O;
+//! - memory is at most [`QUEUE_BYTES`] of lines queued plus the batch being
+//!   written (itself at most that);
+//! - the writer holds the lock only to take what is queued.
 
 use std::collections::VecDeque;
 use std::io::Write;

@@ -5,11 +5,14 @@
 //! interrupt the one answering thread and need a second thread to report.
 //!
 //! In: a request head and a [`Status`] view of the loop. Out: a response,
-//! or for `/-/metrics` and `/debug/state` a [`Heavy`] render: built a
-//! slice of the loop's time at a time, at most once a second, and shared
-//! by every connection that asks ([`renders`]). Always holds: handlers are
-//! pure over the view, so they never block the loop and tests need no
-//! sockets; the consul token is never part of a view.
+//! or for `/-/metrics` and `/debug/state` a [`Heavy`] render: built a slice
+//! of the loop's time at a time, at most once a second, and shared by every
+//! connection that asks ([`renders`]).
+//!
+//! Always holds:
+//! - handlers are pure over the view, so they never block the loop and
+//!   tests need no sockets;
+//! - the consul token is never part of a view.
 
 mod debug_state;
 pub mod metrics;

@@ -1,21 +1,23 @@
 //! Heavy responses (`/-/metrics`, `/debug/state`), rendered a slice of the
 //! loop's time at a time and shared.
 //!
-//! In: requests for a [`Heavy`] kind (each with the caller's waiter, e.g.
-//! a connection key), the loop's status when a render starts, and a
-//! [`Slice`] per turn. Out: each waiter with the shared body it asked
-//! for. Always holds: a kind is rendered at most once per [`FRESH_FOR`]
-//! while its change count is the same (a request within that of the last
-//! render gets the same bytes: a pipelining flood costs nothing; for
-//! `/debug/state` the count moves with the state, so checks flowing do not
-//! defeat it, for the cheap `/-/metrics` also with every counter); one
-//! render per kind at a time, shared
-//! by every request that came while it was built; the body is one
-//! reference-counted buffer, so a connection that never reads holds a
-//! reference, not a copy: memory is at most a few renders per kind (one
-//! being built, one fresh, and those still being written, each connection
-//! holding one for at most its write timeout), not state size times
-//! connections.
+//! In: requests for a [`Heavy`] kind (each with the caller's waiter, e.g. a
+//! connection key), the loop's status when a render starts, and a [`Slice`]
+//! per turn. Out: each waiter with the shared body it asked for.
+//!
+//! Always holds:
+//! - a kind is rendered at most once per [`FRESH_FOR`] while its change
+//!   count is the same (a request within that of the last render gets the
+//!   same bytes: a pipelining flood costs nothing; for `/debug/state` the
+//!   count moves with the state, so checks flowing do not defeat it, for
+//!   the cheap `/-/metrics` also with every counter);
+//! - one render per kind at a time, shared by every request that came while
+//!   it was built;
+//! - the body is one reference-counted buffer, so a connection that never
+//!   reads holds a reference, not a copy: memory is at most a few renders
+//!   per kind (one being built, one fresh, and those still being written,
+//!   each connection holding one for at most its write timeout), not state
+//!   size times connections.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -3,12 +3,16 @@
 //! In: every answered check (identity, time). Out: per identity with a key,
 //! its last ask, in the snapshot slot ([`Asks`]); per identity without one,
 //! its last ask in a bounded set ([`Strangers`]); the time arithmetic both
-//! share ([`Clock`], [`Tick`]). Always holds: recording an ask for a keyed
-//! identity is one relaxed store into the slot the lookup already found, and
-//! allocates nothing; an identity without a key allocates once, the first
-//! time it is asked, and never past the set's bound (asks beyond it are
-//! counted, not recorded); the set's hasher is randomly seeded, because its
-//! keys come from whoever can reach the agent port.
+//! share ([`Clock`], [`Tick`]).
+//!
+//! Always holds:
+//! - recording an ask for a keyed identity is one relaxed store into the
+//!   slot the lookup already found, and allocates nothing;
+//! - an identity without a key allocates once, the first time it is asked,
+//!   and never past the set's bound (asks beyond it are counted, not
+//!   recorded);
+//! - the set's hasher is randomly seeded, because its keys come from
+//!   whoever can reach the agent port.
 
 use std::collections::hash_map::RandomState;
 use std::collections::HashMap;

@@ -3,12 +3,16 @@
 //!
 //! In: a [`Snapshot`], its prefix and the time ([`encode`]); a file's
 //! bytes, the prefix and the time ([`decode`]). Out: the bytes to write;
-//! the snapshot read back, or why the file cannot be used. Always holds:
-//! pure; a file is used only if it is whole (a checksum line covers every
-//! byte before it, so a file cut at any byte, or with any byte changed, is
-//! refused), of this format and version, for this prefix, and younger than
-//! the maximum age; building from what it holds gives the snapshot that was
-//! written (every key with its raw value and ModifyIndex, valid or not).
+//! the snapshot read back, or why the file cannot be used.
+//!
+//! Always holds:
+//! - pure;
+//! - a file is used only if it is whole (a checksum line covers every byte
+//!   before it, so a file cut at any byte, or with any byte changed, is
+//!   refused), of this format and version, for this prefix, and younger
+//!   than the maximum age;
+//! - building from what it holds gives the snapshot that was written (every
+//!   key with its raw value and ModifyIndex, valid or not).
 //!
 //! Layout: one line of JSON, then `fnv1a64 <16 hex digits>` and a newline.
 //!

@@ -4,13 +4,16 @@
 //! In: each new [`Snapshot`] (from a complete consul read). Out: the
 //! current snapshot, at once; the log lines of what changed (invalid keys
 //! at the swap, per-key changes slice by slice) and, for the metrics, what
-//! each step found. Always holds: the new state answers from the swap on;
-//! the old one is compared (for the change log) and then freed in slices of
-//! the loop's time ([`Slice`]), so a 100,000-key swap never stalls the
-//! loop; a swap arriving while the last is still being retired queues
-//! behind it (never finished in one turn), and the queue is worked in
-//! order, so every change is logged once and against the state it
-//! replaced.
+//! each step found.
+//!
+//! Always holds:
+//! - the new state answers from the swap on;
+//! - the old one is compared (for the change log) and then freed in slices
+//!   of the loop's time ([`Slice`]), so a 100,000-key swap never stalls the
+//!   loop;
+//! - a swap arriving while the last is still being retired queues behind it
+//!   (never finished in one turn), and the queue is worked in order, so
+//!   every change is logged once and against the state it replaced.
 //!
 //! It also answers: [`Swapper::answer`] is the hot path, which records
 //! when each identity was asked (in the current snapshot's slot, or in the
