@@ -153,6 +153,8 @@ class Crate:
 
     def load(self, path, file):
         text = strip(open(file, encoding="utf-8").read())
+        # `pub(in crate::a::b)` names where an item is seen, not an import.
+        text = re.sub(r"pub\s*\(\s*in\s+[^)]*\)", lambda m: "pub" + " " * (len(m.group(0)) - 3), text)
         self.code[file] = text
         self.modules[path] = file
         spans = []

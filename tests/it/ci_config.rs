@@ -579,4 +579,14 @@ fn the_circle_checker_finds_a_circle_and_only_a_circle() {
     ];
     assert_eq!(run(&tests_only, &[]).0, Some(0));
     assert_eq!(run(&tests_only, &["--tests"]).0, Some(1));
+    // A visibility path names where an item is seen; it imports nothing.
+    let visibility = [
+        ("lib.rs", "mod p;\n"),
+        ("p/mod.rs", "mod c;\nfn f() { let _ = self::c::Z; }\n"),
+        ("p/c.rs", "pub(in crate::p) struct Z;\n"),
+    ];
+    assert_eq!(run(&visibility, &["--tests"]).0, Some(0));
+    let imported = [("p/c.rs", "pub struct Z;\nfn g() { crate::p::f(); }\n")];
+    let imported = [visibility[0], visibility[1], imported[0]];
+    assert_eq!(run(&imported, &["--tests"]).0, Some(1));
 }
