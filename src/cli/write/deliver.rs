@@ -69,7 +69,7 @@ pub(crate) enum Answer {
 
 /// A lost answer, settled by reading the written keys again (orphans
 /// left out).
-#[derive(Debug)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Lost {
     /// Why no answer came.
     pub why: String,

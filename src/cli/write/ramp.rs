@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use super::deliver::{self, deliver, KeyWrite, Settled};
+use super::deliver::{self, deliver, KeyWrite, Lost, Settled};
 use super::haproxy::static_weights;
 use super::key::{Held, Target};
 use super::kv::{unix_now, Kv, RECORD_PREFIX};
@@ -349,10 +349,11 @@ fn execute(
     let start = Instant::now();
     let end = SystemTime::now() + writes.last().map_or(Duration::ZERO, |x| x.at);
     let mut shown = String::new();
-    let mut idle = Idle::start(held);
+    let due: Vec<Duration> = writes.iter().map(|w| w.at).collect();
+    let mut idle = Idle::start(held.iter().map(Held::index).collect());
     loop {
         let done = idle.done();
-        idle = match idle.poll(writes, start.elapsed(), stopped(signal)) {
+        idle = match idle.poll(&due, start.elapsed(), stopped(signal)) {
             Polled::Stop(stop) => return stop,
             Polled::Wait(idle, left) => {
                 let line = format!(
@@ -403,7 +404,12 @@ fn step_line(io: &mut Io<'_>, run: &Run<'_>, k: usize, write: &Write1, written_a
 }
 
 /// Sends the write in `flight` guarded by its indexes; its answer.
-fn send(kv: &mut Kv, run: &Run<'_>, writes: &[Write1], flight: &InFlight) -> Answer {
+fn send(
+    kv: &mut Kv,
+    run: &Run<'_>,
+    writes: &[Write1],
+    flight: &InFlight<Vec<u64>>,
+) -> Answer<Vec<u64>> {
     let k = flight.at();
     let write = &writes[k];
     let now = unix_now();
@@ -442,16 +448,16 @@ fn send(kv: &mut Kv, run: &Run<'_>, writes: &[Write1], flight: &InFlight) -> Ans
             // the indexes.
             match kv.read(run.ids) {
                 Ok(held) => Answer::Applied(held.iter().map(Held::index).collect()),
-                Err(e) => Answer::Lost {
+                Err(e) => Answer::Lost(Lost {
                     why: format!("applied, then reading it back failed: {e}"),
-                    applied: false,
-                    held: None,
-                },
+                    held: Err(e),
+                    settled: Settled::Unknown,
+                }),
             }
         }
         deliver::Answer::Conflict(line) => Answer::Conflict(line),
         deliver::Answer::Refused(lines) => Answer::Refused(lines),
-        deliver::Answer::Lost(lost) => match (lost.settled, lost.held) {
+        deliver::Answer::Lost(lost) => match (lost.settled, &lost.held) {
             // A key that moved elsewhere meanwhile: the write can never
             // commit, and someone else holds the key.
             (Settled::Moved(k), Ok(h)) => Answer::Conflict(format!(
@@ -461,11 +467,7 @@ fn send(kv: &mut Kv, run: &Run<'_>, writes: &[Write1], flight: &InFlight) -> Ans
                 h[k].render(),
                 h[k].index()
             )),
-            (settled, held) => Answer::Lost {
-                why: lost.why,
-                applied: settled == Settled::Applied,
-                held: held.ok(),
-            },
+            _ => Answer::Lost(lost),
         },
     }
 }
@@ -512,13 +514,14 @@ fn report(io: &mut Io<'_>, run: &Run<'_>, writes: &[Write1], stop: &Stop) -> u8 
             );
             (FINDING, *done)
         }
-        Stop::Lost {
-            why,
-            at,
-            done,
-            held,
-        } => {
-            lost(io, run, (why, *at, *done), held.as_deref(), writes);
+        Stop::Lost { lost: l, at, done } => {
+            lost(
+                io,
+                run,
+                (&l.why, *at, *done),
+                l.held.as_deref().ok(),
+                writes,
+            );
             (FINDING, *done)
         }
     };

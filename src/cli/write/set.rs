@@ -4,14 +4,16 @@
 
 use std::collections::HashMap;
 use std::io::Read;
+use std::time::Duration;
 
 use serde_json::json;
 
 use super::change::Change;
-use super::deliver::{deliver, Answer, KeyWrite, Lost, Settled};
+use super::deliver::{self, deliver, KeyWrite, Lost, Settled};
 use super::haproxy::static_weights;
 use super::key::{Held, Target};
 use super::kv::{unix_now, Kv, RECORD_PREFIX};
+use super::machine::{Answer, Idle, Polled, Stop};
 use super::recorder::{recorded_reason, Recorder};
 use super::undo::{undo_line, unrestorable};
 use super::words::{parse_sets, parse_unsets};
@@ -319,29 +321,61 @@ fn write(kv: &mut Kv, plan: &Plan<'_>) -> Outcome {
         .iter()
         .map(|ops| (ops.len(), ops.iter().map(|o| o.to_string().len()).sum()))
         .collect();
-    let mut outcome = Outcome::default();
-    for range in batches(&sizes) {
-        let ops: Vec<serde_json::Value> = groups[range.clone()].concat();
-        // Orphans come last: the changes of this batch are the rest.
-        let batch: Vec<usize> = keys[range.clone()]
+    let batches = batches(&sizes);
+    // The changes each transaction writes (orphans come last in a batch:
+    // the changes are the rest), and the orphan records it deletes.
+    let batch = |range: &std::ops::Range<usize>| -> (Vec<usize>, usize) {
+        let changes: Vec<usize> = keys[range.clone()]
             .iter()
             .zip(&positions[range.clone()])
             .filter(|(k, _)| k.target.is_some())
             .map(|(_, &i)| i)
             .collect();
-        let orphans = range.len() - batch.len();
-        match deliver(kv, &keys[range], &ops) {
-            Answer::Applied(_) => {
-                outcome.written.extend_from_slice(&batch);
-                outcome.orphans += orphans;
-                outcome.transactions += 1;
+        let orphans = range.len() - changes.len();
+        (changes, orphans)
+    };
+    // A set is a ramp of one step: its transactions are all due at once,
+    // run by the writers' one step machine, stopping at the first that is
+    // not applied.
+    let due = vec![Duration::ZERO; batches.len()];
+    let mut outcome = Outcome::default();
+    let mut idle = Idle::start(());
+    let stop = loop {
+        let flight = match idle.poll(&due, Duration::ZERO, None) {
+            Polled::Write(flight) => flight,
+            Polled::Stop(stop) => break stop,
+            Polled::Wait(waiting, _) => {
+                idle = waiting;
                 continue;
             }
-            Answer::Conflict(line) => outcome.failed = vec![format!("conflict: {line}")],
-            Answer::Refused(lines) => outcome.failed = lines,
-            Answer::Lost(lost) => settle_lost(plan.changes, &batch, lost, &mut outcome),
+        };
+        let range = batches[flight.at()].clone();
+        let ops: Vec<serde_json::Value> = groups[range.clone()].concat();
+        let answer = match deliver(kv, &keys[range.clone()], &ops) {
+            deliver::Answer::Applied(_) => {
+                let (changes, orphans) = batch(&range);
+                outcome.written.extend_from_slice(&changes);
+                outcome.orphans += orphans;
+                outcome.transactions += 1;
+                Answer::Applied(())
+            }
+            deliver::Answer::Conflict(line) => Answer::Conflict(line),
+            deliver::Answer::Refused(lines) => Answer::Refused(lines),
+            deliver::Answer::Lost(lost) => Answer::Lost(lost),
+        };
+        match flight.answered(answer) {
+            Ok(next) => idle = next,
+            Err(stop) => break stop,
         }
-        break;
+    };
+    match stop {
+        Stop::Done | Stop::Signal { .. } => {}
+        Stop::Conflict { line, .. } => outcome.failed = vec![format!("conflict: {line}")],
+        Stop::Refused { lines, .. } => outcome.failed = lines,
+        Stop::Lost { lost, at, .. } => {
+            let (changes, _) = batch(&batches[at]);
+            settle_lost(plan.changes, &changes, lost, &mut outcome);
+        }
     }
     outcome
 }
