@@ -2,8 +2,8 @@
 //! checks every word, reads the keys, and writes guarded transactions of
 //! the KV contract ([`crate::contract`]), each key with its record.
 //!
-//! - The commands: [`set()`], [`ramp()`] (its steps: [`schedule`], its
-//!   loop: `machine`).
+//! - The commands: [`set()`], [`ramp()`] (its steps: [`schedule`]); the
+//!   one step loop both run: `machine` (a set is a ramp of one step).
 //! - Their words: `words` (identities and values), [`recorder`] (the
 //!   record's `-by`, `-reason`, `-for`, `-until`), `haproxy` (weights
 //!   a static backend ignores).
