@@ -12,7 +12,7 @@
 //! - Deliberate differences: only KV operations (a `Node`, `Service` or
 //!   `Check` operation fails in `Errors`, its fields unchecked); no
 //!   sessions, so `lock`, `unlock` and `check-session` fail as unknown
-//!   verbs. A body Go's decoder refuses gets Go's words ([`super::go_json`],
+//!   verbs. A body Go's decoder refuses gets Go's words (`go_json`,
 //!   which names what it approximates).
 
 use std::time::Instant;
