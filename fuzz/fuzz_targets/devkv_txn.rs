@@ -8,6 +8,7 @@ use std::time::Instant;
 
 use gitlab_haproxy_agent::devkv::store::Store;
 use gitlab_haproxy_agent::devkv::txn::handle;
+use gitlab_haproxy_agent::http::Framing;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
@@ -16,7 +17,13 @@ fuzz_target!(|data: &[u8]| {
     store.put("b", b"50%", 0, None);
     let before = store.clone();
     let index = store.last_index();
-    let resp = handle(&mut store, "", data, Instant::now());
+    let resp = handle(
+        &mut store,
+        "",
+        Framing::Length(data.len() as u64),
+        data,
+        Instant::now(),
+    );
     match resp.status {
         200 => assert!(store.last_index() <= index + 1, "more than one index"),
         400 | 409 | 413 => {

@@ -205,7 +205,7 @@ impl DevKv {
     /// `/v1/txn`: PUT only (consul's `Txn` handler).
     fn txn(&mut self, req: &RequestHead, body: &[u8], now: Instant) -> Response {
         match req.method {
-            Method::Put => super::txn::handle(&mut self.store, &req.query, body, now),
+            Method::Put => super::txn::handle(&mut self.store, &req.query, req.framing, body, now),
             Method::Options => wrapped(200, vec![("Allow", TXN_ALLOW.to_owned())], Vec::new()),
             _ => {
                 let mut resp = error(405, &format!("method {} not allowed", req.method_name));

@@ -1,6 +1,7 @@
 //! The `-dev` consul-compatible KV, pure: an in-memory store with
 //! consul's index, tombstone and blocking-query rules ([`store`]) and the
-//! `/v1/kv/` HTTP API over it ([`api`]), `/v1/txn` ([`txn`]), what both
+//! `/v1/kv/` HTTP API over it ([`api`]), `/v1/txn` ([`txn`], its body
+//! read as Go's JSON decoder reads it: `go_json`), what both
 //! share of consul's HTTP layer (`wire`, a leaf), and the blocked GETs
 //! parked until a write or their wait's end ([`park`]). The event loop
 //! owns the sockets; nothing here does IO or reads the clock.
@@ -11,6 +12,7 @@
 //! client).
 
 pub mod api;
+mod go_json;
 pub mod park;
 pub mod store;
 pub mod txn;

@@ -12,19 +12,21 @@
 //! - Deliberate differences: only KV operations (a `Node`, `Service` or
 //!   `Check` operation fails in `Errors`, its fields unchecked); no
 //!   sessions, so `lock`, `unlock` and `check-session` fail as unknown
-//!   verbs; a body that is not JSON is refused with serde's words, not Go's.
+//!   verbs. A body Go's decoder refuses gets Go's words (`go_json`,
+//!   which names what it approximates).
 
 use std::time::Instant;
 
 use serde::Serialize;
 
+use super::go_json::decode_first;
 use super::store::{Entry, Store};
 use super::wire::{
     dir_entry, error, forward, json_bytes, leader_headers, parse_query_options, wrapped, DirEntry,
     Params, MAX_VALUE_SIZE,
 };
 use crate::gocompat::{go_base64_decode, go_json_field_is, go_quote, GoJson};
-use crate::http::Response;
+use crate::http::{Framing, Response};
 
 /// consul 1.14+'s `maxTxnOps`: more operations are refused with 413.
 pub const MAX_TXN_OPS: usize = 128;
@@ -119,13 +121,20 @@ struct TxnError {
     what: String,
 }
 
-/// Answers `PUT /v1/txn?query` with `body`. consul's `Txn`: the body is
-/// checked first (`convertOps`); a transaction with no write then goes
-/// through `parse` (consistency, `wait`, `index`) to `Txn.Read`, one with a
-/// write to `Txn.Apply` with only its datacenter read (`parseDC`); either
-/// RPC is routed to `?dc=` before it runs (`forward`).
-pub fn handle(store: &mut Store, query: &str, body: &[u8], now: Instant) -> Response {
-    let ops = match decode(body) {
+/// Answers `PUT /v1/txn?query` with `body` (sent with `framing`).
+/// consul's `Txn`: the body is checked first (`convertOps`); a transaction
+/// with no write then goes through `parse` (consistency, `wait`, `index`)
+/// to `Txn.Read`, one with a write to `Txn.Apply` with only its datacenter
+/// read (`parseDC`); either RPC is routed to `?dc=` before it runs
+/// (`forward`).
+pub fn handle(
+    store: &mut Store,
+    query: &str,
+    framing: Framing,
+    body: &[u8],
+    now: Instant,
+) -> Response {
+    let ops = match decode(framing, body) {
         Ok(ops) => ops,
         Err(refused) => return refused,
     };
@@ -145,15 +154,25 @@ pub fn handle(store: &mut Store, query: &str, body: &[u8], now: Instant) -> Resp
 /// The body as consul's `convertOps` reads it, with its refusals in its
 /// order: the body's size (413), its decoding (400), the operation count
 /// (413), each value's size (413).
-fn decode(body: &[u8]) -> Result<Vec<TxnOp>, Response> {
+fn decode(framing: Framing, body: &[u8]) -> Result<Vec<TxnOp>, Response> {
+    // `convertOps`: `txn_max_req_len` (its default, the same 512 KiB as
+    // `kv_max_value_size`), checked on `req.ContentLength` before reading
+    // ("Request body(%d bytes) too large, ..."); a chunked body (Go's
+    // ContentLength -1) is cut by `http.MaxBytesReader` while decoding,
+    // whence the text without the size.
+    const SEE: &str = "https://www.consul.io/docs/agent/config/config-files#txn_max_req_len";
     if body.len() > MAX_VALUE_SIZE {
+        let sent = match framing {
+            Framing::Length(n) => format!("({n} bytes)"),
+            Framing::Chunked | Framing::Close => String::new(),
+        };
         return Err(error(
             413,
-            &format!("Request body too large, max size: {MAX_VALUE_SIZE} bytes. See https://www.consul.io/docs/agent/config/config-files#txn_max_req_len."),
+            &format!("Request body{sent} too large, max size: {MAX_VALUE_SIZE} bytes. See {SEE}."),
         ));
     }
     let unparsed = |e: String| error(400, &format!("Failed to parse body: {e}"));
-    let doc: GoJson = serde_json::from_slice(body).map_err(|e| unparsed(e.to_string()))?;
+    let doc = decode_first(body).map_err(unparsed)?;
     let (count, ops) = decode_ops(&doc).map_err(unparsed)?;
     if count > MAX_TXN_OPS {
         return Err(error(
@@ -504,7 +523,11 @@ mod tests {
         }
 
         fn raw(&mut self, query: &str, body: &[u8]) -> Answered {
-            let r = handle(&mut self.store, query, body, self.now);
+            self.sent(query, Framing::Length(body.len() as u64), body)
+        }
+
+        fn sent(&mut self, query: &str, framing: Framing, body: &[u8]) -> Answered {
+            let r = handle(&mut self.store, query, framing, body, self.now);
             let body = serde_json::from_slice(&r.body)
                 .unwrap_or_else(|_| Value::String(String::from_utf8(r.body).unwrap()));
             Answered {
@@ -776,7 +799,7 @@ mod tests {
         assert_eq!(a.header("X-Consul-KnownLeader"), Some("true"));
         assert_eq!(a.header("X-Consul-LastContact"), Some("0"));
         assert_eq!(a.header("X-Consul-Index"), None, "no setMeta");
-        let r = handle(&mut t.store, "", read.as_bytes(), t.now);
+        let r = handle(&mut t.store, "", Framing::Chunked, read.as_bytes(), t.now);
         let text = String::from_utf8(r.body).unwrap();
         assert!(
             text.ends_with(r#""Errors":null,"Index":0,"LastContact":0,"KnownLeader":true,"ConsistencyLevel":"","NotModified":false,"Backend":0,"ResultsFilteredByACLs":false}"#),
@@ -894,16 +917,41 @@ mod tests {
         assert_eq!(t.store.list("k").count(), 128);
     }
 
+    /// A body Go's decoder refuses is 400 with Go's text after
+    /// `convertOps`' "Failed to parse body: " (`lib.DecodeJSON`: one
+    /// `json.Decoder.Decode`, so what follows the first value is not read).
     #[test]
-    fn a_body_that_is_not_json_is_400() {
+    fn a_body_that_is_not_json_is_400_in_gos_words() {
         let mut t = T::new();
-        let a = t.raw("", b"{not json");
-        assert_eq!(a.status, 400);
-        assert!(a
-            .body
-            .as_str()
-            .unwrap()
-            .starts_with("Failed to parse body: "));
+        let cases: [(&[u8], &str); 5] = [
+            (b"", "EOF"),
+            (
+                b"{not json",
+                "invalid character 'n' looking for beginning of object key string",
+            ),
+            (br#"[{"KV": {"Verb": "set", "Key": "p/a""#, "unexpected EOF"),
+            (
+                br#""set p/a""#,
+                "json: cannot unmarshal string into Go value of type api.TxnOps",
+            ),
+            (
+                b"12 not json",
+                "json: cannot unmarshal number into Go value of type api.TxnOps",
+            ),
+        ];
+        for (body, why) in cases {
+            let a = t.raw("", body);
+            assert_eq!(
+                (a.status, a.body.as_str()),
+                (400, Some(format!("Failed to parse body: {why}").as_str())),
+                "{}",
+                String::from_utf8_lossy(body)
+            );
+        }
+        let (status, _) = t.txn(json!([op("set", "p/a", Some("drain"), 0)]));
+        assert_eq!(status, 200);
+        let a = t.raw("", br#"[{"KV": {"Verb": "get", "Key": "p/a"}}] trailing"#);
+        assert_eq!((a.status, keys(&a.body)), (200, vec!["p/a"]));
     }
 
     /// Writing a key's value again keeps its ModifyIndex and wakes no
@@ -963,18 +1011,31 @@ mod tests {
 
     /// A body over `txn_max_req_len` (512 KiB) is 413 before it is read,
     /// and so is a value over `kv_max_value_size`: `agent/txn_endpoint.go`
-    /// `convertOps` ("Request body too large", "Value for key %q is too
-    /// large").
+    /// `convertOps` ("Request body(%d bytes) too large" on the
+    /// Content-Length, "Request body too large" for a chunked body,
+    /// "Value for key %q is too large").
     #[test]
     fn past_512_kib_a_body_or_a_value_is_413_and_nothing_applied() {
         let mut t = T::new();
-        let a = t.raw("", &vec![b' '; MAX_VALUE_SIZE + 1]);
-        assert_eq!(a.status, 413);
-        assert!(a
-            .body
-            .as_str()
-            .unwrap()
-            .starts_with("Request body too large, max size: 524288 bytes"));
+        let over = vec![b' '; MAX_VALUE_SIZE + 1];
+        let see = "See https://www.consul.io/docs/agent/config/config-files#txn_max_req_len.";
+        let a = t.raw("", &over);
+        assert_eq!(
+            (a.status, a.body.as_str().unwrap()),
+            (
+                413,
+                format!("Request body(524289 bytes) too large, max size: 524288 bytes. {see}")
+                    .as_str()
+            )
+        );
+        let a = t.sent("", Framing::Chunked, &over);
+        assert_eq!(
+            (a.status, a.body.as_str().unwrap()),
+            (
+                413,
+                format!("Request body too large, max size: 524288 bytes. {see}").as_str()
+            )
+        );
         let mut fits = json!([op("set", "p/a", Some(""), 0)])
             .to_string()
             .into_bytes();

@@ -54,3 +54,26 @@ fn a_delete_is_logged_with_the_new_state_index_and_lines_name_the_identity() {
         "{line}"
     );
 }
+
+/// Through the real process: a txn body cut short gets Go's decoder text,
+/// and one past `txn_max_req_len` gets consul's 413 naming its
+/// Content-Length (`agent/txn_endpoint.go` `convertOps`).
+#[test]
+fn a_txn_body_is_refused_in_consuls_words() {
+    let agent = Agent::dev(&[]);
+    let kv = agent.dev_kv.expect("dev KV address logged");
+    let (st, body) = http(kv, "PUT", "/v1/txn", br#"[{"KV": {"Verb": "set""#).unwrap();
+    assert_eq!(
+        (st, String::from_utf8_lossy(&body).as_ref()),
+        (400, "Failed to parse body: unexpected EOF")
+    );
+    let (st, body) = http(kv, "PUT", "/v1/txn", &vec![b' '; 600 * 1024]).unwrap();
+    assert_eq!(
+        (st, String::from_utf8_lossy(&body).as_ref()),
+        (
+            413,
+            "Request body(614400 bytes) too large, max size: 524288 bytes. \
+             See https://www.consul.io/docs/agent/config/config-files#txn_max_req_len."
+        )
+    );
+}
