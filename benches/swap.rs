@@ -1,6 +1,6 @@
 //! `cargo bench --bench swap`: a KV snapshot decoded and swapped.
 //!
-//! 1. In-process: `consul::kv::decode_list` + `state::Snapshot::build` of a
+//! 1. In-process: `kv::decode_list` + `state::Snapshot::build` of a
 //!    consul-shaped recurse listing with 1,000 / 10,000 / 100,000 keys:
 //!    time (median and max of several runs) and allocations (counting
 //!    global allocator).
@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use base64::Engine as _;
 use common::*;
-use gitlab_haproxy_agent::consul::kv::decode_list;
+use gitlab_haproxy_agent::kv::decode_list;
 use gitlab_haproxy_agent::persist::StateFile;
 use gitlab_haproxy_agent::state::Snapshot;
 
