@@ -24,16 +24,12 @@
 
 mod common;
 
-use std::io::{Read, Write};
-use std::net::{SocketAddrV4, TcpStream};
-use std::process::Child;
+use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
+use common::support::{check, metrics, put_many, Agent, Kv, STATE_PREFIX};
 use common::*;
 use gitlab_haproxy_agent::http::{gzip, Inflater};
-
-const PREFIX: &str = "gitlab-haproxy-agent/state";
-const BYTES: &str = "gitlab_haproxy_agent_consul_received_bytes_total";
 
 fn env_usize(name: &str, default: usize) -> usize {
     std::env::var(name)
@@ -42,92 +38,23 @@ fn env_usize(name: &str, default: usize) -> usize {
         .unwrap_or(default)
 }
 
-/// One agent of the fleet; stopped on drop.
-struct Member {
-    child: Child,
-    listen: SocketAddrV4,
-    monitoring: SocketAddrV4,
+/// One agent of the fleet (gzip on or off) watching `consul`.
+fn member(consul: SocketAddr, gzip: bool) -> Agent {
+    let consul = consul.to_string();
+    let gzip = if gzip { "true" } else { "false" };
+    let args = [
+        "-consul-addr",
+        &consul,
+        "-consul-gzip",
+        gzip,
+        "-pprof-addr",
+        "",
+    ];
+    Agent::start(&args, &INFO_LOGS)
 }
 
-impl Member {
-    fn start(consul: SocketAddrV4, gzip: bool) -> Member {
-        let consul = consul.to_string();
-        let gzip = if gzip { "true" } else { "false" };
-        let (child, line) = spawn_agent(&[
-            "-consul-addr",
-            &consul,
-            "-consul-gzip",
-            gzip,
-            "-listen-addr",
-            "127.0.0.1:0",
-            "-monitoring-addr",
-            "127.0.0.1:0",
-            "-pprof-addr",
-            "",
-        ]);
-        Member {
-            child,
-            listen: addr_in(&line, "listen_addr"),
-            monitoring: addr_in(&line, "monitoring_addr"),
-        }
-    }
-
-    fn received(&self) -> f64 {
-        let text = http_get(self.monitoring, "/-/metrics");
-        text.lines()
-            .find_map(|l| l.strip_prefix(BYTES)?.strip_prefix(' ')?.parse().ok())
-            .expect("consul_received_bytes_total")
-    }
-}
-
-impl Drop for Member {
-    fn drop(&mut self) {
-        stop(&mut self.child);
-    }
-}
-
-/// A GET with `Connection: close`: the body.
-fn http_get(addr: SocketAddrV4, path: &str) -> String {
-    let mut s = TcpStream::connect(addr).expect("connect");
-    s.set_read_timeout(Some(Duration::from_secs(10))).ok();
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-    )
-    .expect("GET");
-    let mut out = String::new();
-    let _ = s.read_to_string(&mut out);
-    out.split_once("\r\n\r\n")
-        .map_or(out.clone(), |(_, b)| b.to_owned())
-}
-
-/// The fleet's values: mostly ready, a tenth each drained and at half
-/// weight.
-fn value(i: usize) -> &'static str {
-    match i % 10 {
-        9 => "drain",
-        8 => "50%",
-        _ => "ready",
-    }
-}
-
-/// A consul-shaped listing of `n` keys (as the dev KV renders them).
-fn listing(n: usize) -> Vec<u8> {
-    use base64::Engine as _;
-    let b64 = base64::engine::general_purpose::STANDARD;
-    let entries: Vec<String> = (0..n)
-        .map(|i| {
-            format!(
-                "{{\"LockIndex\":0,\"Key\":\"{PREFIX}/be_{}/srv_{}\",\"Flags\":0,\"Value\":\"{}\",\"CreateIndex\":{},\"ModifyIndex\":{}}}",
-                i / 10,
-                i % 10,
-                b64.encode(value(i)),
-                i + 10,
-                i + 10
-            )
-        })
-        .collect();
-    format!("[{}]", entries.join(",")).into_bytes()
+fn received(member: &Agent) -> f64 {
+    member.metric(metrics::RECEIVED_BYTES)
 }
 
 /// The median of `runs` timings of `f`, in ms.
@@ -144,7 +71,7 @@ fn median_ms(runs: usize, mut f: impl FnMut()) -> f64 {
 }
 
 fn inflate_cost(keys: usize) {
-    let body = listing(keys);
+    let body = listing(keys, 0);
     let z = gzip(&body);
     let mb = body.len() as f64 / 1e6;
     let inflate = median_ms(21, || {
@@ -190,15 +117,15 @@ fn inflate_cost(keys: usize) {
 /// Convergence of one write of `be_0/srv_0 = N%` (a value it never held
 /// before: a write that changes nothing wakes nobody): each member's time
 /// to answer it, or `None` when it did not within `limit`.
-fn converge(fleet: &[Member], kv: &mut Kv, n: usize, limit: Duration) -> Vec<Option<Duration>> {
+fn converge(fleet: &[Agent], kv: &Kv, n: usize, limit: Duration) -> Vec<Option<Duration>> {
     let line = b"be_0/srv_0\n";
-    let want = format!("ready {n}%\n").into_bytes();
+    let want = format!("ready {n}%");
     let mut took = vec![None; fleet.len()];
     let t0 = Instant::now();
-    assert_eq!(kv.put("be_0/srv_0", format!("{n}%").as_bytes()), 200);
+    kv.put(&format!("{STATE_PREFIX}/be_0/srv_0"), &format!("{n}%"));
     while took.iter().any(Option::is_none) && t0.elapsed() < limit {
         for (m, t) in fleet.iter().zip(took.iter_mut()) {
-            if t.is_none() && check(m.listen, line).as_deref() == Some(&want[..]) {
+            if t.is_none() && check(m.listen(), line).as_deref() == Some(&want[..]) {
                 *t = Some(t0.elapsed());
             }
         }
@@ -229,15 +156,12 @@ struct Run {
 
 /// One fleet with gzip on or off: started, synced, `run.writes` writes
 /// (numbered on from `*seq`).
-fn fleet_run(run: &Run, consul: &Agent, gzip: bool, seq: &mut usize) -> Vec<WriteResult> {
+fn fleet_run(run: &Run, consul: &Kv, gzip: bool, seq: &mut usize) -> Vec<WriteResult> {
     let started = Instant::now();
-    let fleet: Vec<Member> = (0..run.agents)
-        .map(|_| Member::start(consul.kv, gzip))
-        .collect();
+    let fleet: Vec<Agent> = (0..run.agents).map(|_| member(consul.addr, gzip)).collect();
     for m in &fleet {
         let left = run.deadline.saturating_duration_since(Instant::now());
-        wait_reply(m.listen, b"bench/sentinel\n", b"drain 100%\n", left)
-            .expect("every agent synced on the prefix");
+        m.wait_reply("bench/sentinel", "drain 100%", left);
     }
     println!(
         "gzip {}: {} agents synced on {} keys in {:.1} s",
@@ -246,7 +170,6 @@ fn fleet_run(run: &Run, consul: &Agent, gzip: bool, seq: &mut usize) -> Vec<Writ
         run.keys,
         started.elapsed().as_secs_f64()
     );
-    let mut kv = Kv::connect(consul.kv);
     let mut results = Vec::new();
     for _ in 0..run.writes {
         if Instant::now() >= run.deadline {
@@ -254,14 +177,14 @@ fn fleet_run(run: &Run, consul: &Agent, gzip: bool, seq: &mut usize) -> Vec<Writ
             break;
         }
         std::thread::sleep(Duration::from_millis(500));
-        let before: f64 = fleet.iter().map(Member::received).sum();
+        let before: f64 = fleet.iter().map(received).sum();
         *seq += 1;
         let limit =
             Duration::from_secs(30).min(run.deadline.saturating_duration_since(Instant::now()));
-        let took = converge(&fleet, &mut kv, *seq, limit);
+        let took = converge(&fleet, consul, *seq, limit);
         // Every agent's read of this write is counted once it answers.
         std::thread::sleep(Duration::from_millis(200));
-        let bytes = fleet.iter().map(Member::received).sum::<f64>() - before;
+        let bytes = fleet.iter().map(received).sum::<f64>() - before;
         let mut done: Vec<Duration> = took.iter().flatten().copied().collect();
         done.sort();
         let (p50, max) = match done.is_empty() {
@@ -297,13 +220,15 @@ fn main() {
 
     // Consul: the dev KV of one process, its own watch on another prefix
     // (so it decodes nothing of the fleet's).
-    let consul = Agent::start(&["-kv-prefix", "bench/consul-itself"]);
-    let mut kv = Kv::connect(consul.kv);
-    let load: Vec<(String, Vec<u8>)> = (0..keys)
-        .map(|i| (format!("be_{}/srv_{}", i / 10, i % 10), value(i).into()))
-        .collect();
-    kv.put_many(&load);
-    kv.put("bench/sentinel", b"drain");
+    let consul = bench_consul(&["-kv-prefix", "bench/consul-itself"]);
+    let load = (0..keys).map(|i| {
+        (
+            format!("{STATE_PREFIX}/be_{}/srv_{}", i / 10, i % 10),
+            fleet_value(i),
+        )
+    });
+    put_many(consul.addr, load);
+    consul.put(&format!("{STATE_PREFIX}/bench/sentinel"), "drain");
     let run = Run {
         agents,
         keys,

@@ -8,8 +8,8 @@ use std::time::Instant;
 
 use common::*;
 use gitlab_haproxy_agent::agent::request;
-use gitlab_haproxy_agent::consul::kv::KvPair;
 use gitlab_haproxy_agent::contract::parse_value;
+use gitlab_haproxy_agent::kv::KvPair;
 use gitlab_haproxy_agent::state::{Clock, Snapshot, Swapper};
 
 fn ns_per_call(mut f: impl FnMut() -> usize) -> f64 {

@@ -25,6 +25,7 @@ mod common;
 use std::net::SocketAddrV4;
 use std::time::{Duration, Instant};
 
+use common::support::{check, Kv, DEV, NO_FIXED_PORTS};
 use common::*;
 
 #[global_allocator]
@@ -129,18 +130,17 @@ fn main() {
             (a, pid, format!("external {a}"))
         }
         None => {
-            let a = Agent::start(&["-read-timeout", "60s"]);
+            let a = bench_agent(&["-read-timeout", "60s"]);
             if cpus >= 2 {
-                pin(a.pid() as i32, &[0]);
+                pin(a.proc.pid() as i32, &[0]);
             }
-            let mut kv = Kv::connect(a.kv);
             let t = Instant::now();
-            kv.load_fleet(1000, a.addr, Duration::from_secs(10));
+            load_fleet(&a.kv(), 1000, a.listen(), Duration::from_secs(10));
             println!(
                 "loaded 1,000 keys through PUTs in {:.0} ms",
                 t.elapsed().as_secs_f64() * 1e3
             );
-            let r = (a.addr, a.pid(), "agent".to_string());
+            let r = (v4(a.listen()), a.proc.pid(), "agent".to_string());
             agent = Some(a);
             r
         }
@@ -257,18 +257,16 @@ fn main() {
     // the watcher's token bucket (5 burst, 1/s) would otherwise delay
     // re-reads on purpose.
     if let Some(a) = agent.as_ref() {
-        let mut kv = Kv::connect(a.kv);
+        let kv = a.kv();
         let mut took = Vec::new();
         for i in 0..kv_writes {
-            let (v, want): (&[u8], &[u8]) = if i % 2 == 0 {
-                (b"maint", b"maint 100%\n")
+            let flip = if i % 2 == 0 {
+                ("bench/flip", "maint", "maint 100%")
             } else {
-                (b"drain", b"drain 100%\n")
+                ("bench/flip", "drain", "drain 100%")
             };
-            kv.put("bench/flip", v);
-            let t0 = Instant::now();
-            match wait_reply(a.addr, b"bench/flip\n", want, Duration::from_secs(2)) {
-                Some(_) => took.push(t0.elapsed().as_nanos() as u64),
+            match write_to_answer(&kv, a, flip, Duration::from_secs(2)) {
+                Some(d) => took.push(d.as_nanos() as u64),
                 None => took.push(u64::MAX),
             }
             std::thread::sleep(Duration::from_millis(1100));
@@ -294,18 +292,15 @@ fn allocations_per_check() {
     use gitlab_haproxy_agent::config::{self, Command};
     use gitlab_haproxy_agent::event_loop::{bind, EventLoop, Listeners};
 
-    let args: Vec<std::ffi::OsString> = DEV_ARGS.iter().map(Into::into).collect();
+    let args: Vec<std::ffi::OsString> = DEV.iter().chain(&NO_FIXED_PORTS).map(Into::into).collect();
     let Ok(Command::Run(mut cfg)) = config::parse(args, &|_| None) else {
         panic!("config");
     };
     let agent = bind(cfg.listen_addr.as_ref().expect("listen")).expect("bind");
     let devkv = bind(cfg.dev_kv_addr.as_ref().expect("kv")).expect("bind kv");
-    let (addr, kv) = match (agent.local_addr().unwrap(), devkv.local_addr().unwrap()) {
-        (std::net::SocketAddr::V4(a), std::net::SocketAddr::V4(k)) => (a, k),
-        _ => panic!("v4"),
-    };
+    let (addr, kv) = (agent.local_addr().unwrap(), devkv.local_addr().unwrap());
     if cfg.consul_follows_dev_kv() {
-        cfg.consul.retarget(kv.into());
+        cfg.consul.retarget(kv);
     }
     let listeners = Listeners {
         agent: Some(agent),
@@ -318,19 +313,11 @@ fn allocations_per_check() {
         count_this_thread();
         let _ = el.run();
     });
-    let mut put = Kv::connect(kv);
-    let keys: Vec<(String, Vec<u8>)> = (0..1000)
-        .map(|i| (format!("be_{}/srv_{}", i / 10, i % 10), b"ready".to_vec()))
-        .collect();
-    put.put_many(&keys);
-    put.put("bench/sentinel", b"drain");
-    wait_reply(
-        addr,
-        b"bench/sentinel\n",
-        b"drain 100%\n",
-        Duration::from_secs(10),
-    )
-    .expect("in-process agent");
+    let kv = Kv {
+        addr: kv,
+        proc: None,
+    };
+    load_fleet(&kv, 1000, addr, Duration::from_secs(10));
     let lines = identity_lines(1000);
     let mut t = Table::new(
         "allocations",

@@ -1,6 +1,6 @@
 //! `cargo bench --bench swap`: a KV snapshot decoded and swapped.
 //!
-//! 1. In-process: `consul::kv::decode_list` + `state::Snapshot::build` of a
+//! 1. In-process: `kv::decode_list` + `state::Snapshot::build` of a
 //!    consul-shaped recurse listing with 1,000 / 10,000 / 100,000 keys:
 //!    time (median and max of several runs) and allocations (counting
 //!    global allocator).
@@ -20,16 +20,14 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use base64::Engine as _;
+use common::support::STATE_PREFIX;
 use common::*;
-use gitlab_haproxy_agent::consul::kv::decode_list;
+use gitlab_haproxy_agent::kv::decode_list;
 use gitlab_haproxy_agent::persist::StateFile;
 use gitlab_haproxy_agent::state::Snapshot;
 
 #[global_allocator]
 static ALLOC: Counting = Counting;
-
-const PREFIX: &str = "gitlab-haproxy-agent/state";
 
 /// `BENCH_FLAGS=N`: every key's consul Flags (an expiry, as `-for` writes
 /// it: e.g. 1800000000); 0 by default.
@@ -40,43 +38,20 @@ fn flags() -> u64 {
         .unwrap_or(0)
 }
 
-fn listing(n: usize) -> Vec<u8> {
-    let b64 = base64::engine::general_purpose::STANDARD;
-    let flags = flags();
-    let mut s = String::with_capacity(n * 200);
-    s.push('[');
-    for i in 0..n {
-        if i > 0 {
-            s.push(',');
-        }
-        let v = match i % 10 {
-            9 => "drain",
-            8 => "50%",
-            _ => "ready",
-        };
-        s.push_str(&format!(
-            "{{\"LockIndex\":0,\"Key\":\"{PREFIX}/be_{}/srv_{}\",\"Flags\":{flags},\"Value\":\"{}\",\"CreateIndex\":{},\"ModifyIndex\":{}}}",
-            i / 10,
-            i % 10,
-            b64.encode(v),
-            i + 10,
-            i + 10
-        ));
-    }
-    s.push(']');
-    s.into_bytes()
-}
-
 /// The expiry count after a swap of `n` keys with Flags (loop work, in
 /// 1 ms slices like the rest): its whole time and its number of slices.
 fn expiry_count(n: usize) {
     use gitlab_haproxy_agent::slice::Slice;
     use gitlab_haproxy_agent::state::expiry::Expiry;
     use gitlab_haproxy_agent::state::{Clock, Swapper};
-    let pairs = decode_list(&listing(n)).expect("decode");
+    let pairs = decode_list(&listing(n, flags())).expect("decode");
     let t0 = Instant::now();
-    let mut state = Swapper::new(PREFIX, Clock::new(t0, std::time::SystemTime::now()), 10);
-    state.swap(Snapshot::build(PREFIX, 1, pairs), t0);
+    let mut state = Swapper::new(
+        STATE_PREFIX,
+        Clock::new(t0, std::time::SystemTime::now()),
+        10,
+    );
+    state.swap(Snapshot::build(STATE_PREFIX, 1, pairs), t0);
     let mut e = Expiry::default();
     e.soon(t0);
     let unix = flags() + 1;
@@ -117,7 +92,7 @@ fn swap_table() {
         ],
     );
     for n in [1_000usize, 10_000, 100_000] {
-        let body = listing(n);
+        let body = listing(n, flags());
         let runs = if n >= 100_000 { 5 } else { 20 };
         let mut dec = Vec::new();
         let mut bld = Vec::new();
@@ -131,7 +106,7 @@ fn swap_table() {
             let t0 = Instant::now();
             let pairs = decode_list(&body).expect("decode");
             let t1 = Instant::now();
-            let snap = Snapshot::build(PREFIX, r as u64 + 1, pairs);
+            let snap = Snapshot::build(STATE_PREFIX, r as u64 + 1, pairs);
             let t2 = Instant::now();
             // The per-key change log the loop computes, a slice a turn.
             let changes = snap.changes_from(&current).len();
@@ -214,9 +189,9 @@ fn state_file_writes() {
         ],
     );
     for n in [1_000usize, 10_000, 100_000] {
-        let pairs = decode_list(&listing(n)).expect("decode");
-        let snap = std::sync::Arc::new(Snapshot::build(PREFIX, 1, pairs));
-        let mut file = StateFile::start(path.clone(), PREFIX.to_owned()).expect("writer");
+        let pairs = decode_list(&listing(n, flags())).expect("decode");
+        let snap = std::sync::Arc::new(Snapshot::build(STATE_PREFIX, 1, pairs));
+        let mut file = StateFile::start(path.clone(), STATE_PREFIX.to_owned()).expect("writer");
         let mut took = Vec::new();
         for _ in 0..5 {
             let before = file.writes();
@@ -287,20 +262,19 @@ fn in_flight_during_swap(table: &mut Table, n: usize, state_file: Option<&std::p
     // Consul is another process, as in production: a second binary in -dev
     // mode serves the KV (its encoding of the 13 MB listing is not the
     // agent's work); the agent under test watches it over TCP.
-    let consul = Agent::start(&[]);
-    let consul_addr = consul.kv.to_string();
+    let consul = bench_consul(&[]);
+    let consul_addr = consul.addr.to_string();
     let file_arg = state_file.map(|p| p.to_string_lossy().into_owned());
     let mut args = vec!["-consul-addr", consul_addr.as_str()];
     if let Some(f) = &file_arg {
         args.extend(["-state-file", f.as_str()]);
     }
-    let agent = Agent::start(&args);
+    let agent = bench_agent(&args);
     if ncpus() >= 2 {
-        pin(agent.pid() as i32, &[0]);
+        pin(agent.proc.pid() as i32, &[0]);
     }
-    let mut kv = Kv::connect(consul.kv);
     let t = Instant::now();
-    kv.load_fleet(n, agent.addr, Duration::from_secs(60));
+    load_fleet(&consul, n, agent.listen(), Duration::from_secs(60));
     println!(
         "loaded {n} keys through PUTs in {:.1} s",
         t.elapsed().as_secs_f64()
@@ -310,7 +284,7 @@ fn in_flight_during_swap(table: &mut Table, n: usize, state_file: Option<&std::p
 
     let gen_cpu = if ncpus() >= 2 { vec![1] } else { vec![] };
     for rep in 0..3 {
-        let addr = agent.addr;
+        let addr = v4(agent.listen());
         let load = Load {
             keep_samples: true,
             cpus: gen_cpu.clone(),
@@ -319,15 +293,14 @@ fn in_flight_during_swap(table: &mut Table, n: usize, state_file: Option<&std::p
         let started = Instant::now();
         let h = std::thread::spawn(move || run(&load));
         std::thread::sleep(Duration::from_millis(1000));
-        let (v, want): (&[u8], &[u8]) = if rep % 2 == 0 {
-            (b"maint", b"maint 100%\n")
+        let flip = if rep % 2 == 0 {
+            ("bench/flip", "maint", "maint 100%")
         } else {
-            (b"drain", b"drain 100%\n")
+            ("bench/flip", "drain", "drain 100%")
         };
         let before = inode(state_file);
         let w0 = Instant::now();
-        kv.put("bench/flip", v);
-        let took = wait_reply(agent.addr, b"bench/flip\n", want, Duration::from_secs(10));
+        let took = write_to_answer(&consul, &agent, flip, Duration::from_secs(10));
         let written = replaced(state_file, before);
         let w1 = written.map_or(Instant::now(), |w| w.max(Instant::now()));
         let o = h.join().unwrap();

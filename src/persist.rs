@@ -400,7 +400,7 @@ impl Writer {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::consul::kv::KvPair;
+    use crate::kv::KvPair;
 
     const PREFIX: &str = "p";
     const DAY: Duration = Duration::from_secs(86_400);

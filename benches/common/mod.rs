@@ -1,33 +1,26 @@
-//! Shared bench code: the project's own agent-check load generator, a
-//! counting global allocator, the agent process under test, and result
-//! output.
+//! What the benches share beyond the tests' support (`support`, included
+//! by path from `tests/it/support/`):
 //!
-//! The load generator is a nonblocking epoll client (std + libc only), one
-//! epoll loop per thread. Per check: `socket`, optional `bind` to a
-//! `127.0.0.x` source (`IP_BIND_ADDRESS_NO_PORT`), nonblocking `connect`,
-//! `send` of the line right away (on loopback the handshake is done when
-//! `connect` returns; otherwise it waits for `EPOLLOUT`), `epoll_ctl(ADD)`
-//! edge-triggered, `recv` until EOF, then `SO_LINGER {1, 0}` and `close`:
-//! the responder closed first, so its socket sits in `FIN_WAIT2` and our RST
-//! removes both ends at once: no `TIME_WAIT` piles up on either side, and
-//! the 28k ephemeral ports of one source address are reused at once.
-//! Latency: from just before `connect()` to EOF after the reply; in the open
-//! loop from the check's *scheduled* start (arrival k is due at t0 + k/R),
-//! so a stalled responder cannot hide latency (no coordinated omission).
-//! Every loop is bounded by the run's deadline and a per-check timeout.
+//! - the agent-check load generator ([`run`]; its method in the comment
+//!   that opens its section);
+//! - a counting global allocator;
+//! - CPU pinning, `getrusage` and `/proc/stat` readers;
+//! - the binary and the consul stand-in as the benches start them (info
+//!   logs), the fleet's keys and listings, write-to-answer timing;
+//! - result tables under `target/bench-results/`.
 #![allow(dead_code)]
 
-// The process readers the integration tests use (`/proc`, the agent's
-// `listening` line): one copy for both.
-#[path = "../../tests/it/support/process.rs"]
-pub mod process;
+// The integration tests' support (the agent and the dev KV as guarded
+// processes, checks, metric names, `/proc` readers): one copy for both.
+#[path = "../../tests/it/support/mod.rs"]
+pub mod support;
+
+use support::{poll_reply, process, put_many, Agent, Kv, NO_FIXED_PORTS, STATE_PREFIX};
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpStream};
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -86,6 +79,20 @@ pub fn allocs() -> (u64, u64) {
 }
 
 // ---------------------------------------------------------------- load
+
+// The load generator is a nonblocking epoll client (std + libc only), one
+// epoll loop per thread. Per check: `socket`, optional `bind` to a
+// `127.0.0.x` source (`IP_BIND_ADDRESS_NO_PORT`), nonblocking `connect`,
+// `send` of the line right away (on loopback the handshake is done when
+// `connect` returns; otherwise it waits for `EPOLLOUT`), `epoll_ctl(ADD)`
+// edge-triggered, `recv` until EOF, then `SO_LINGER {1, 0}` and `close`:
+// the responder closed first, so its socket sits in `FIN_WAIT2` and our RST
+// removes both ends at once: no `TIME_WAIT` piles up on either side, and
+// the 28k ephemeral ports of one source address are reused at once.
+// Latency: from just before `connect()` to EOF after the reply; in the open
+// loop from the check's *scheduled* start (arrival k is due at t0 + k/R),
+// so a stalled responder cannot hide latency (no coordinated omission).
+// Every loop is bounded by the run's deadline and a per-check timeout.
 
 #[derive(Clone, Copy, Debug)]
 pub enum Mode {
@@ -679,216 +686,95 @@ pub fn raise_nofile() -> u64 {
     }
 }
 
-/// The release binary under test, started in `-dev` mode on loopback port 0;
-/// killed on drop.
-pub struct Agent {
-    pub child: Child,
-    pub addr: SocketAddrV4,
-    pub kv: SocketAddrV4,
+/// The agent's environment in the benches: logs at info (the tests log at
+/// debug), so the log costs the measured loop nothing and a long run keeps
+/// few lines.
+pub const INFO_LOGS: [(&str, &str); 1] = [("GITLAB_LOG_LEVEL", "info")];
+
+/// The release binary in `-dev` on loopback port 0 (no monitoring or
+/// pprof), logging at info, with `extra` flags; killed on drop.
+pub fn bench_agent(extra: &[&str]) -> Agent {
+    Agent::dev_with(&[&NO_FIXED_PORTS[..], extra].concat(), &INFO_LOGS)
 }
 
-/// Starts the agent binary with exactly `args` (JSON logs at info, stderr
-/// drained by a thread) and waits for its `listening` line, which names
-/// the addresses it bound ([`addr_in`]).
-pub fn spawn_agent(args: &[&str]) -> (Child, String) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_gitlab-haproxy-agent"))
-        .args(args)
-        .env("GITLAB_LOG_LEVEL", "info")
-        .env("GITLAB_LOG_FORMAT", "json")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start the agent binary");
-    let stderr = child.stderr.take().expect("stderr");
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let mut tx = Some(tx);
-        for line in BufReader::new(stderr).lines() {
-            let Ok(line) = line else { break };
-            if line.contains("\"msg\":\"listening\"") {
-                if let Some(tx) = tx.take() {
-                    let _ = tx.send(line);
-                }
-            }
-        }
+/// A consul stand-in: the binary's dev KV alone, logging at info, with
+/// `extra` flags.
+pub fn bench_consul(extra: &[&str]) -> Kv {
+    let any = "127.0.0.1:0".parse().expect("loopback");
+    Kv::dev_with(any, extra, &INFO_LOGS)
+}
+
+/// The IPv4 address the load generator connects to.
+pub fn v4(addr: SocketAddr) -> SocketAddrV4 {
+    match addr {
+        SocketAddr::V4(a) => a,
+        SocketAddr::V6(a) => panic!("not IPv4: {a}"),
+    }
+}
+
+/// PUTs `n` fleet identities (`be_N/srv_M` = `ready`, as the load
+/// generators ask for), then waits until `agent` answers a sentinel key
+/// written after them: the agent holds them all.
+pub fn load_fleet(kv: &Kv, n: usize, agent: SocketAddr, limit: Duration) {
+    let keys = (0..n).map(|i| {
+        (
+            format!("{STATE_PREFIX}/be_{}/srv_{}", i / 10, i % 10),
+            "ready",
+        )
     });
-    let line = rx
-        .recv_timeout(Duration::from_secs(10))
-        .expect("agent logged \"listening\"");
-    (child, line)
+    put_many(kv.addr, keys);
+    kv.put(&format!("{STATE_PREFIX}/bench/sentinel"), "drain");
+    let pause = Duration::from_millis(10);
+    poll_reply(agent, "bench/sentinel", "drain 100%", limit, pause)
+        .expect("the agent answers the loaded keys");
 }
 
-/// An IPv4 address named in the `listening` line (`listen_addr`, ...).
-pub fn addr_in(line: &str, name: &str) -> SocketAddrV4 {
-    match process::logged_addr(line, name) {
-        Some(SocketAddr::V4(a)) => a,
-        other => panic!("{name} in {line}: {other:?}"),
-    }
-}
-
-/// SIGTERM, then SIGKILL after 5 s.
-pub fn stop(child: &mut Child) {
-    // SAFETY: signalling our own child by its PID.
-    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while Instant::now() < deadline {
-        if let Ok(Some(_)) = child.try_wait() {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let _ = child.kill();
-    let _ = child.wait();
-}
-
-/// The agent under test: `-dev` on loopback port 0, no monitoring or pprof.
-pub const DEV_ARGS: [&str; 9] = [
-    "-dev",
-    "-listen-addr",
-    "127.0.0.1:0",
-    "-dev-kv-addr",
-    "127.0.0.1:0",
-    "-monitoring-addr",
-    "",
-    "-pprof-addr",
-    "",
-];
-
-impl Agent {
-    pub fn start(extra: &[&str]) -> Agent {
-        let mut args = DEV_ARGS.to_vec();
-        args.extend_from_slice(extra);
-        let (child, line) = spawn_agent(&args);
-        let (addr, kv) = (addr_in(&line, "listen_addr"), addr_in(&line, "dev_kv_addr"));
-        Agent { child, addr, kv }
-    }
-
-    pub fn pid(&self) -> u32 {
-        self.child.id()
-    }
-}
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        stop(&mut self.child);
-    }
-}
-
-/// A keep-alive HTTP/1.1 client for dev KV writes.
-pub struct Kv {
-    s: BufReader<TcpStream>,
-}
-
-impl Kv {
-    pub fn connect(addr: SocketAddrV4) -> Kv {
-        let s = TcpStream::connect(addr).expect("dev KV connect");
-        s.set_nodelay(true).ok();
-        s.set_read_timeout(Some(Duration::from_secs(30))).ok();
-        Kv {
-            s: BufReader::new(s),
-        }
-    }
-
-    /// PUT `/v1/kv/gitlab-haproxy-agent/state/<identity>`; the status.
-    pub fn put(&mut self, identity: &str, value: &[u8]) -> u16 {
-        let head = format!(
-            "PUT /v1/kv/gitlab-haproxy-agent/state/{identity} HTTP/1.1\r\nHost: kv\r\nContent-Length: {}\r\n\r\n",
-            value.len()
-        );
-        let w = self.s.get_mut();
-        w.write_all(head.as_bytes()).expect("PUT head");
-        w.write_all(value).expect("PUT body");
-        self.response()
-    }
-
-    /// Writes many PUTs before reading their responses (pipelined, in
-    /// batches), for loading large key sets quickly.
-    /// PUTs `n` fleet identities (`be_N/srv_M` = `ready`, as the load
-    /// generators ask for), then waits until `agent` answers a sentinel key
-    /// written after them: the agent holds them all.
-    pub fn load_fleet(&mut self, n: usize, agent: SocketAddrV4, limit: Duration) {
-        let keys: Vec<(String, Vec<u8>)> = (0..n)
-            .map(|i| (format!("be_{}/srv_{}", i / 10, i % 10), b"ready".to_vec()))
-            .collect();
-        self.put_many(&keys);
-        self.put("bench/sentinel", b"drain");
-        wait_reply(agent, b"bench/sentinel\n", b"drain 100%\n", limit)
-            .expect("agent answers the loaded keys");
-    }
-
-    pub fn put_many(&mut self, keys: &[(String, Vec<u8>)]) {
-        for chunk in keys.chunks(256) {
-            let mut out = Vec::new();
-            for (k, v) in chunk {
-                out.extend_from_slice(
-                    format!("PUT /v1/kv/gitlab-haproxy-agent/state/{k} HTTP/1.1\r\nHost: kv\r\nContent-Length: {}\r\n\r\n", v.len())
-                        .as_bytes(),
-                );
-                out.extend_from_slice(v);
-            }
-            self.s.get_mut().write_all(&out).expect("PUTs");
-            for _ in chunk {
-                assert_eq!(self.response(), 200, "PUT status");
-            }
-        }
-    }
-
-    fn response(&mut self) -> u16 {
-        let mut status = 0;
-        let mut len = 0usize;
-        let mut line = String::new();
-        loop {
-            line.clear();
-            if self.s.read_line(&mut line).expect("response") == 0 {
-                panic!("dev KV closed");
-            }
-            let l = line.trim_end();
-            if l.is_empty() {
-                break;
-            }
-            if status == 0 {
-                status = l
-                    .split(' ')
-                    .nth(1)
-                    .and_then(|v| v.parse().ok())
-                    .unwrap_or(0);
-            } else if let Some((k, v)) = l.split_once(':') {
-                if k.eq_ignore_ascii_case("content-length") {
-                    len = v.trim().parse().unwrap_or(0);
-                }
-            }
-        }
-        let mut body = vec![0; len];
-        self.s.read_exact(&mut body).expect("body");
-        status
-    }
-}
-
-/// One blocking check (connect, send, read to EOF).
-pub fn check(addr: SocketAddrV4, line: &[u8]) -> Option<Vec<u8>> {
-    let mut s = TcpStream::connect(addr).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(2))).ok();
-    s.write_all(line).ok()?;
-    let mut got = Vec::new();
-    s.read_to_end(&mut got).ok()?;
-    Some(got)
-}
-
-/// Waits (bounded) until `line` is answered with `want`.
-pub fn wait_reply(
-    addr: SocketAddrV4,
-    line: &[u8],
-    want: &[u8],
-    within: Duration,
+/// Writes `value` for `identity` under the default prefix, then polls
+/// `agent` without a pause until it answers `want`: the time from the
+/// write's answer, `None` past `limit`.
+pub fn write_to_answer(
+    kv: &Kv,
+    agent: &Agent,
+    (identity, value, want): (&str, &str, &str),
+    limit: Duration,
 ) -> Option<Duration> {
-    let t = Instant::now();
-    while t.elapsed() < within {
-        if check(addr, line).as_deref() == Some(want) {
-            return Some(t.elapsed());
-        }
+    kv.put(&format!("{STATE_PREFIX}/{identity}"), value);
+    poll_reply(agent.listen(), identity, want, limit, Duration::ZERO).ok()
+}
+
+/// The fleet's values: mostly ready, a tenth each drained and at half
+/// weight.
+pub fn fleet_value(i: usize) -> &'static str {
+    match i % 10 {
+        9 => "drain",
+        8 => "50%",
+        _ => "ready",
     }
-    None
+}
+
+/// A consul-shaped recurse listing (as the dev KV renders it) of `n` fleet
+/// keys (`be_N/srv_M` = [`fleet_value`]) under the default prefix, each
+/// with consul Flags `flags`.
+pub fn listing(n: usize, flags: u64) -> Vec<u8> {
+    use base64::Engine as _;
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let mut s = String::with_capacity(n * 200);
+    s.push('[');
+    for i in 0..n {
+        if i > 0 {
+            s.push(',');
+        }
+        s.push_str(&format!(
+            "{{\"LockIndex\":0,\"Key\":\"{STATE_PREFIX}/be_{}/srv_{}\",\"Flags\":{flags},\"Value\":\"{}\",\"CreateIndex\":{},\"ModifyIndex\":{}}}",
+            i / 10,
+            i % 10,
+            b64.encode(fleet_value(i)),
+            i + 10,
+            i + 10
+        ));
+    }
+    s.push(']');
+    s.into_bytes()
 }
 
 // ---------------------------------------------------------------- output

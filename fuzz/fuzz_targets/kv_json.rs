@@ -1,10 +1,10 @@
-//! `consul::kv::decode_list` then `state::Snapshot::build`: never panic, and
+//! `kv::decode_list` then `state::Snapshot::build`: never panic, and
 //! the snapshot is consistent with the contract it was built by.
 //!
 //! Input: a response body as consul would send it for `?recurse`.
 #![no_main]
 
-use gitlab_haproxy_agent::consul::kv::{decode_list, ListDecoder};
+use gitlab_haproxy_agent::kv::{decode_list, ListDecoder};
 use gitlab_haproxy_agent::contract::parse_value;
 use gitlab_haproxy_agent::slice::Slice;
 use gitlab_haproxy_agent::state::Snapshot;

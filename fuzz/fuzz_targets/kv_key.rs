@@ -8,7 +8,7 @@
 #![no_main]
 
 use gitlab_haproxy_agent::agent::request::{self, Request};
-use gitlab_haproxy_agent::consul::kv::KvPair;
+use gitlab_haproxy_agent::kv::KvPair;
 use gitlab_haproxy_agent::contract::parse_identity;
 use gitlab_haproxy_agent::state::{InvalidReason, Snapshot};
 use libfuzzer_sys::fuzz_target;

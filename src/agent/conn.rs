@@ -179,7 +179,7 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::consul::kv::KvPair;
+    use crate::kv::KvPair;
     use crate::state::{Snapshot, Tick};
 
     /// A connected pair: our mio end (as accepted) and the peer's std end.

@@ -18,9 +18,9 @@ use serde::Serialize;
 use super::fetch::http_get;
 use super::write::{Kv, RECORD_PREFIX};
 use super::{target, usage_error, Args, Io, FINDING, OK};
-use crate::consul::kv::KvPair;
 use crate::contract::record::{self, Record};
 use crate::debug_doc::{Document, IdentityRow, Source};
+use crate::kv::KvPair;
 
 /// The whole request, connect to last byte.
 const DEADLINE: Duration = Duration::from_secs(30);

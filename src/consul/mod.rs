@@ -19,8 +19,3 @@ pub mod stream;
 pub mod tls;
 pub mod transport;
 pub mod watch;
-
-/// KV JSON decoding moved to [`crate::kv`] (a leaf: the state and the
-/// writers read its pairs without naming consul); this path stays until
-/// the rooms still using it have moved.
-pub use crate::kv;

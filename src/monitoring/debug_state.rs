@@ -487,7 +487,7 @@ pub fn debug_state(st: &Status<'_>, state: Option<Arc<Snapshot>>, only_diverted:
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::consul::kv::KvPair;
+    use crate::kv::KvPair;
     use crate::monitoring::metrics::Metrics;
     use crate::monitoring::status::{StateFileStatus, WatchStatus};
     use crate::state::unasked::Unasked;

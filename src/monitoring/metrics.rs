@@ -870,7 +870,7 @@ mod tests {
     /// fired for keys that are asked.
     #[test]
     fn diverted_keys_last_asks_are_capped_most_recently_asked_first() {
-        use crate::consul::kv::KvPair;
+        use crate::kv::KvPair;
         use crate::state::unasked::Unasked;
         use crate::state::{Clock, Swapper};
         let t0 = Instant::now();

@@ -99,8 +99,8 @@ fn text(status: u16, body: &str) -> Response {
 mod tests {
     use super::*;
     use crate::consul::client::Traffic;
-    use crate::consul::kv::KvPair;
     use crate::http::{parse_request_head, Parse};
+    use crate::kv::KvPair;
     use crate::monitoring::debug_state::debug_state;
     use crate::monitoring::metrics::Metrics;
     use crate::slice::Slice;

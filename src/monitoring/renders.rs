@@ -207,7 +207,7 @@ impl<W> Renders<W> {
 mod tests {
     use super::*;
     use crate::consul::client::Traffic;
-    use crate::consul::kv::KvPair;
+    use crate::kv::KvPair;
     use crate::monitoring::metrics::Metrics;
     use crate::monitoring::status::WatchStatus;
     use crate::state::unasked::Unasked;

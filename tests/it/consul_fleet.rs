@@ -9,7 +9,7 @@
 //! Every agent here runs with `-consul-wait 1s`, as in `consul_faults.rs`.
 
 use crate::support;
-use crate::support::metrics::{errors, SWAPS};
+use crate::support::metrics::{errors, RECEIVED_BYTES as BYTES, SWAPS};
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -26,7 +26,6 @@ use base64::Engine as _;
 use gitlab_haproxy_agent::http::{parse_request_head, render_response, Parse, Response};
 
 const SYNC: Duration = Duration::from_secs(15);
-const BYTES: &str = "gitlab_haproxy_agent_consul_received_bytes_total";
 const LAST_CONTACT: &str = "gitlab_haproxy_agent_consul_last_contact_seconds";
 const KNOWN_LEADER: &str = "gitlab_haproxy_agent_consul_known_leader";
 const REASKED: &str = "gitlab_haproxy_agent_consul_stale_reasked_total";

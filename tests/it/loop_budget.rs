@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use crate::support::process::rss_kib;
 use crate::support::{check, metric_value, put_many, wait_for, Agent, Checker, BIN};
 
-const PREFIX: &str = "gitlab-haproxy-agent/state";
+use crate::support::STATE_PREFIX as PREFIX;
 
 /// A `-dev` agent holding `n` drained keys (`be_api/srv<i>`; the checker
 /// asks for `be_web/srv1`), synced.

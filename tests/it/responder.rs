@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use crate::support::{check, dev_agent, wait_for, Agent, Kv};
 
-const PREFIX: &str = "gitlab-haproxy-agent/state";
+use crate::support::STATE_PREFIX as PREFIX;
 
 /// Writes `value` for `identity` (already percent-encoded where needed)
 /// and waits until the agent's state has swapped past it.

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use crate::support::proxy::{Mode, Proxy};
 use crate::support::{check, http, unique_prefix, wait_for, Agent, Kv};
-use gitlab_haproxy_agent::consul::kv::KvPair;
+use gitlab_haproxy_agent::kv::KvPair;
 use gitlab_haproxy_agent::state::{file, Snapshot};
 
 const SYNC: Duration = Duration::from_secs(10);

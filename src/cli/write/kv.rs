@@ -16,11 +16,11 @@ use super::key::Held;
 use crate::config::Command;
 use crate::consul::error::ErrorReason;
 use crate::consul::exchange::Exchange;
-use crate::consul::kv::{decode_list, KvPair};
 use crate::contract::expiry::of_flags;
 use crate::contract::identity::state_key;
 use crate::contract::txn::{parse_answer, TxnAnswer};
 use crate::http::{percent_encode, EncodeSet};
+use crate::kv::{decode_list, KvPair};
 
 /// The flag naming the records' prefix (default: `meta_prefix`).
 pub const RECORD_PREFIX: &str = "record-prefix";

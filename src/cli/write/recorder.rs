@@ -15,10 +15,10 @@ use super::change::Carried;
 use super::key::{Held, Target};
 use super::kv::RECORD_PREFIX;
 use crate::cli::Args;
-use crate::consul::kv::KvPair;
 use crate::contract::expiry::{of_flags, parse_until};
 use crate::contract::record::{cut, Record, MAX_COMMAND, MAX_TEXT};
 use crate::contract::Desired;
+use crate::kv::KvPair;
 
 /// The writer's words for its records: `-by`, `-reason`, `-for` or
 /// `-until`, and the command line, checked (exit 2 otherwise).

@@ -20,9 +20,9 @@ use super::words::{parse_sets, parse_unsets};
 use crate::cli::Args;
 use crate::cli::{usage_error, Io, FINDING, OK, USAGE};
 use crate::columns::counted;
-use crate::consul::kv::KvPair;
 use crate::contract::txn::batches;
 use crate::contract::Desired;
+use crate::kv::KvPair;
 
 pub const SET_HELP: &str = "\
 usage: gitlab-haproxy-agent set [-f FILE|-] [-reason TEXT]

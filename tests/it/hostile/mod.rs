@@ -23,7 +23,7 @@ mod consul;
 mod kv;
 mod listeners;
 
-const PREFIX: &str = "gitlab-haproxy-agent/state";
+use crate::support::STATE_PREFIX as PREFIX;
 
 fn alive(agent: &mut Agent) {
     assert!(

@@ -1,8 +1,11 @@
-//! The agent's metric series the tests read, by name (one spelling for
-//! every test module).
+//! The agent's metric series the tests and benches read, by name (one
+//! spelling for all of them).
 
 /// State swaps: a KV change applied.
 pub const SWAPS: &str = "gitlab_haproxy_agent_state_swaps_total";
+
+/// Bytes read from consul (what consul served).
+pub const RECEIVED_BYTES: &str = "gitlab_haproxy_agent_consul_received_bytes_total";
 
 /// Consul reads that failed, for `reason`.
 pub fn errors(reason: &str) -> String {

@@ -5,7 +5,9 @@
 //! deadline-bounded polling.
 //!
 //! Every process started here is killed by PID when its guard drops, even
-//! when a test fails.
+//! when a test fails. The benches use it too (`benches/common` includes
+//! this folder by path): they start the binary logging at info (the `env`
+//! of [`Agent::start`]) and poll replies without a pause ([`poll_reply`]).
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -27,6 +29,12 @@ pub const NO_FIXED_PORTS: [&str; 6] = [
     "-pprof-addr",
     "",
 ];
+
+/// `-dev` with its dev KV on `127.0.0.1:0` ([`Agent::dev`]).
+pub const DEV: [&str; 3] = ["-dev", "-dev-kv-addr", "127.0.0.1:0"];
+
+/// The default `-kv-prefix`.
+pub const STATE_PREFIX: &str = "gitlab-haproxy-agent/state";
 
 /// No setting from the test runner's environment leaks into the agent.
 pub fn clean_env(cmd: &mut Command) {
@@ -141,8 +149,8 @@ pub struct Agent {
 
 impl Agent {
     /// Starts the binary with `args` (every listener defaults to
-    /// `127.0.0.1:0` unless `args` sets it) and waits for its
-    /// `listening` line.
+    /// `127.0.0.1:0` unless `args` sets it; logs at debug unless `env` says
+    /// otherwise) and waits for its `listening` line.
     pub fn start(args: &[&str], env: &[(&str, &str)]) -> Agent {
         Agent::start_under(&[], args, env)
     }
@@ -208,9 +216,12 @@ impl Agent {
     /// The binary in `-dev` mode (its own dev KV on `127.0.0.1:0`) with
     /// `extra` flags, not waited on.
     pub fn dev(extra: &[&str]) -> Agent {
-        let mut args = vec!["-dev", "-dev-kv-addr", "127.0.0.1:0"];
-        args.extend_from_slice(extra);
-        Agent::start(&args, &[])
+        Agent::dev_with(extra, &[])
+    }
+
+    /// [`Agent::dev`] with `env` (the benches: info logs).
+    pub fn dev_with(extra: &[&str], env: &[(&str, &str)]) -> Agent {
+        Agent::start(&[&DEV[..], extra].concat(), env)
     }
 
     /// The dev KV of an agent in `-dev` mode (the agent owns the process).
@@ -233,17 +244,10 @@ impl Agent {
 
     /// Waits until the reply for `identity` is `want`.
     pub fn wait_reply(&self, identity: &str, want: &str, limit: Duration) {
-        let line = format!("{identity}\n");
-        let mut last = None;
-        let deadline = Instant::now() + limit;
-        while Instant::now() < deadline {
-            last = self.check(&line);
-            if last.as_deref() == Some(want) {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(10));
+        let pause = Duration::from_millis(10);
+        if let Err(last) = poll_reply(self.listen(), identity, want, limit, pause) {
+            panic!("{identity}: expected {want:?} within {limit:?}, last reply {last:?}");
         }
-        panic!("{identity}: expected {want:?} within {limit:?}, last reply {last:?}");
     }
 
     /// GET on the monitoring listener: (status, body).
@@ -272,6 +276,29 @@ pub fn metric_value(text: &str, series: &str) -> Option<f64> {
             .and_then(|r| r.strip_prefix(' '))
             .and_then(|v| v.trim().parse().ok())
     })
+}
+
+/// Asks `addr` for `identity` every `pause` (zero: at once again, to time
+/// the answer) until the reply is `want`: how long that took, or the last
+/// reply once `limit` has passed.
+pub fn poll_reply(
+    addr: SocketAddr,
+    identity: &str,
+    want: &str,
+    limit: Duration,
+    pause: Duration,
+) -> Result<Duration, Option<String>> {
+    let line = format!("{identity}\n");
+    let start = Instant::now();
+    let mut last = None;
+    while start.elapsed() < limit {
+        last = check(addr, line.as_bytes());
+        if last.as_deref() == Some(want) {
+            return Ok(start.elapsed());
+        }
+        std::thread::sleep(pause);
+    }
+    Err(last)
 }
 
 /// One agent-check connection: send `request`, read until EOF; `None` if
@@ -362,8 +389,14 @@ impl Kv {
 
     /// The dev KV on a given address (to restart "consul" on the same port).
     pub fn dev_at(addr: SocketAddr) -> Kv {
+        Kv::dev_with(addr, &[], &[])
+    }
+
+    /// [`Kv::dev_at`] with `extra` flags (its own `-kv-prefix`) and `env`
+    /// (the benches: info logs).
+    pub fn dev_with(addr: SocketAddr, extra: &[&str], env: &[(&str, &str)]) -> Kv {
         let at = addr.to_string();
-        let args = [
+        let mut args = vec![
             "-dev",
             "-listen-addr",
             "",
@@ -374,7 +407,8 @@ impl Kv {
             "-dev-kv-addr",
             &at,
         ];
-        let a = Agent::start(&args, &[]);
+        args.extend_from_slice(extra);
+        let a = Agent::start(&args, env);
         Kv {
             addr: a.dev_kv.expect("dev KV address logged"),
             proc: Some(a),

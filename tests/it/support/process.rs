@@ -1,5 +1,4 @@
-//! A process seen from outside, for the tests and the benches alike (the
-//! benches include this file by path):
+//! A process seen from outside:
 //!
 //! - the addresses the agent's `listening` line names;
 //! - what `/proc/<pid>/` says: resident memory, CPU ticks, descriptors.
