@@ -27,8 +27,9 @@ pub struct Write1 {
     pub targets: Vec<Target>,
 }
 
-/// The answer to a write, as the command read it: [`deliver`]'s four
-/// meanings, `Applied` carrying what the next write is guarded by.
+/// The answer to a write, as the command read it: the four meanings of
+/// [`super::deliver::deliver`], `Applied` carrying what the next write is
+/// guarded by.
 #[derive(Debug)]
 pub enum Answer<G> {
     /// Applied: for `ramp`, each key's new ModifyIndex (0 for a deleted
