@@ -15,7 +15,8 @@
 //!   strings replaced as Go's `unquote` does (U+FFFD). Approximated: a lone
 //!   UTF-16 surrogate escape (Go: U+FFFD), nesting deeper than serde's 128
 //!   (Go: 10,000) and a number outside f64 (Go: a type error naming it)
-//!   keep serde's text; Go's `exceeded max depth` is never reached first.
+//!   keep serde's text; the scan counts no depth, so a body left open past
+//!   10,000 levels is `unexpected EOF` where Go says `exceeded max depth`.
 
 use crate::gocompat::GoJson;
 

@@ -613,7 +613,11 @@ fn resume_lines(run: &Run<'_>, writes: &[Write1], k: usize) -> Vec<String> {
                 vec![command_line("set", &common, &words)]
             }
             Some(Target::Unset) if k == n => {
-                let common = [run.daemon, &run.records].concat();
+                // `unset` takes only where the records live: the record
+                // goes with the key, so its words would be refused.
+                let flag = format!("-{RECORD_PREFIX}");
+                let prefix = run.records.chunks(2).filter(|w| w[0] == flag);
+                let common = [run.daemon, &prefix.flatten().cloned().collect::<Vec<_>>()].concat();
                 vec![command_line("unset", &common, &ids)]
             }
             _ => Vec::new(),

@@ -109,6 +109,40 @@ fn sigint_and_sigterm_stop_a_ramp_after_a_whole_step_and_print_the_resume() {
     }
 }
 
+/// Stopped after its last step, before `-then unset`: the resume is the
+/// `unset`, without the record's words (`unset` refuses them: the record
+/// goes with the key), and it runs.
+#[test]
+fn a_ramp_stopped_before_then_unset_resumes_with_an_unset_that_runs() {
+    let kv = Kv::dev();
+    let p = unique_prefix("ramp_then_unset");
+    let schedule = [
+        "-from", "50%", "-to", "100%", "-over", "6s", "-steps", "2", "-then", "unset", "-reason",
+        "ramp up", "-by", "ops",
+    ];
+    let child = spawn_piped(ramp(kv.addr, &p, 2, &schedule));
+    wait_for(8 * SEC, "the last step (ready 100%, before -then)", || {
+        (one_step(kv.addr, &p, 2).as_deref() == Some("ready")).then_some(())
+    });
+    // SAFETY: kill(2) on our own child's PID.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let (code, out, err) = triple(child.wait_with_output().unwrap());
+    assert_eq!(code, 130, "{out}{err}");
+    let resume = line_after(&out, "resume: ");
+    assert!(
+        resume.starts_with("gitlab-haproxy-agent unset "),
+        "{resume}"
+    );
+    assert!(
+        !resume.contains("-reason") && !resume.contains("-by"),
+        "{resume}"
+    );
+    let (code, out, err) = sh(resume);
+    assert_eq!(code, 0, "{resume}: {out}{err}");
+    assert_eq!(one_step(kv.addr, &p, 2), None, "deleted");
+    assert_eq!(record(kv.addr, &format!("{}/be/s0", meta(&p))), None);
+}
+
 #[test]
 fn sigkill_mid_ramp_leaves_one_whole_step_in_every_key() {
     let kv = Kv::dev();
